@@ -1,0 +1,366 @@
+"""The IR: the `Ops` enum and `UOp`, an immutable, hash-consed graph node.
+
+`UOp(op, dtype, src, arg, tag)` returns the existing node when an identical one is alive, so graph equality is
+object identity and `dict`/`set` lookups on nodes are O(1). Nodes hold no back-references; a node that nothing
+references is collected and leaves the cache. Operator overloads build ALU nodes, so index math reads like Python.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import weakref
+from enum import Enum, auto
+from typing import Any, Callable, Iterable, Iterator
+
+from plugrad.dtype import ConstType, DType, PtrDType, dtypes, truncate
+
+
+class Ops(Enum):
+  """Every operation in the IR. Groups are in `GroupOp`; the comment above each block says what its nodes mean."""
+  # graph roots and ordering: SINK gathers outputs; AFTER(x, *deps) is x, ordered after deps; GROUP bundles without value
+  SINK = auto(); AFTER = auto(); GROUP = auto(); NOOP = auto()
+  # function calls: CALL(body, *args) runs body (a graph over PARAM placeholders) on args; PARAM(arg=slot index)
+  CALL = auto(); PARAM = auto()
+  # constants and variables: CONST(arg=value), VCONST(arg=tuple), DEFINE_VAR(arg=(name, min, max)), BIND(var, CONST)
+  CONST = auto(); VCONST = auto(); DEFINE_VAR = auto(); BIND = auto()
+  # buffers and devices (tensor level): BUFFER(UNIQUE, DEVICE, arg=size), BUFFER_VIEW, COPY, ASSIGN, CONTIGUOUS, DETACH
+  UNIQUE = auto(); DEVICE = auto(); BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto()
+  CONTIGUOUS = auto(); DETACH = auto(); KERNEL = auto()
+  # movement (tensor level, arg is the new shape/order/padding)
+  RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
+  # reduce: REDUCE_AXIS(x, arg=(op, axes)) at tensor level; REDUCE(x, *ranges, arg=op) in kernels
+  REDUCE_AXIS = auto(); REDUCE = auto()
+  # memory (kernel level): DEFINE_GLOBAL/LOCAL/REG(arg=slot) pointers, INDEX(ptr, idx[, gate]), LOAD(index[, alt]), STORE(index, val)
+  DEFINE_GLOBAL = auto(); DEFINE_LOCAL = auto(); DEFINE_REG = auto(); INDEX = auto(); LOAD = auto(); STORE = auto()
+  # ranges and control flow: RANGE(end, arg=id) is a loop variable, END(value, *ranges) closes loops; SPECIAL is a gpu id
+  RANGE = auto(); END = auto(); IF = auto(); ENDIF = auto(); BARRIER = auto(); SPECIAL = auto()
+  # vectors: VECTORIZE(*scalars), GEP(vec, arg=lanes)
+  VECTORIZE = auto(); GEP = auto()
+  # type conversion
+  CAST = auto(); BITCAST = auto()
+  # unary ALU
+  EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIPROCAL = auto(); NEG = auto(); TRUNC = auto()
+  # binary ALU (IDIV and MOD truncate toward zero, as C does)
+  ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); POW = auto()
+  CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); XOR = auto(); OR = auto(); AND = auto(); SHL = auto(); SHR = auto()
+  THREEFRY = auto()
+  # ternary ALU
+  WHERE = auto(); MULACC = auto()
+  # escape hatch: CUSTOM(arg=format string) renders literally
+  CUSTOM = auto()
+
+  def __repr__(self) -> str: return f"Ops.{self.name}"
+
+
+class GroupOp:
+  """Named sets of ops used by rules and checks."""
+  Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC})
+  Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+                      Ops.XOR, Ops.OR, Ops.AND, Ops.SHL, Ops.SHR, Ops.THREEFRY})
+  Ternary = frozenset({Ops.WHERE, Ops.MULACC})
+  ALU = Unary | Binary | Ternary
+  Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+  Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.XOR, Ops.OR, Ops.AND})
+  Associative = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX})
+  Movement = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP})
+  Buffer = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_REG})
+  Memory = frozenset({Ops.INDEX, Ops.LOAD, Ops.STORE})
+  Reduce = frozenset({Ops.REDUCE_AXIS, Ops.REDUCE})
+  Control = frozenset({Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF, Ops.BARRIER, Ops.SPECIAL})
+  Irreducible = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.SPECIAL, Ops.RANGE})
+
+
+# ***** python semantics of the ALU ops (constant folding and the PYTHON device) *****
+def _cdiv(a, b): return int(a / b) if isinstance(a, float) or isinstance(b, float) else (abs(a) // abs(b)) * (1 if (a < 0) == (b < 0) else -1)
+def _cmod(a, b): return a - b * _cdiv(a, b)
+def _safe_log2(x): return math.log2(x) if x > 0 else (-math.inf if x == 0 else math.nan)
+def _safe_sqrt(x): return math.sqrt(x) if x >= 0 else math.nan
+def _safe_recip(x): return 1 / x if x != 0 else math.copysign(math.inf, x)
+def _safe_exp2(x):
+  try: return 2.0 ** x
+  except OverflowError: return math.inf
+def _safe_sin(x): return math.sin(x) if math.isfinite(x) else math.nan
+def _safe_fdiv(a, b): return a / b if b != 0 else (math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1, b))
+def _safe_pow(a, b):
+  try: return a ** b if not (a < 0 and b != int(b)) else math.nan
+  except (OverflowError, ZeroDivisionError): return math.inf
+
+python_alu: dict[Ops, Callable] = {
+  Ops.EXP2: _safe_exp2, Ops.LOG2: _safe_log2, Ops.SIN: _safe_sin, Ops.SQRT: _safe_sqrt, Ops.RECIPROCAL: _safe_recip,
+  Ops.NEG: lambda x: (not x) if isinstance(x, bool) else -x, Ops.TRUNC: lambda x: x if not math.isfinite(x) else float(math.trunc(x)),
+  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _safe_fdiv, Ops.MAX: max, Ops.POW: _safe_pow,
+  Ops.IDIV: lambda a, b: _cdiv(a, b) if b != 0 else 0, Ops.MOD: lambda a, b: _cmod(a, b) if b != 0 else 0,
+  Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq, Ops.XOR: operator.xor, Ops.OR: operator.or_, Ops.AND: operator.and_,
+  Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c}
+
+
+def exec_alu(op: Ops, dtype: DType, operands: Iterable[ConstType]) -> ConstType:
+  """Evaluate ALU `op` on Python numbers with the result truncated to `dtype` (C semantics: IDIV/MOD truncate)."""
+  vals = tuple(operands)
+  if dtype.count > 1: return tuple(exec_alu(op, dtype.scalar(), [v[i] if isinstance(v, tuple) else v for v in vals]) for i in range(dtype.count))
+  return truncate(dtype)(python_alu[op](*vals))
+
+
+# ***** structural checks: malformed nodes fail at construction, naming the op *****
+_ARITY: dict[Ops, tuple[int, int]] = {**{o: (1, 1) for o in GroupOp.Unary}, **{o: (2, 2) for o in GroupOp.Binary},
+  **{o: (3, 3) for o in GroupOp.Ternary}, Ops.CONST: (0, 1), Ops.VCONST: (0, 1), Ops.DEFINE_VAR: (0, 0), Ops.BIND: (2, 2),
+  Ops.CAST: (1, 1), Ops.BITCAST: (1, 1), Ops.GEP: (1, 1), Ops.RANGE: (1, 1), Ops.INDEX: (2, 3), Ops.LOAD: (1, 3),
+  Ops.STORE: (2, 3), Ops.PARAM: (0, 1), Ops.CALL: (1, 1 << 30)}
+
+
+class UOpSpecError(TypeError):
+  """A UOp was built with the wrong number of sources or wrong dtypes for its op."""
+
+
+def _check(op: Ops, dtype: DType, src: tuple, arg) -> None:
+  if (ar := _ARITY.get(op)) is not None and not ar[0] <= len(src) <= ar[1]:
+    want = str(ar[0]) if ar[0] == ar[1] else f"{ar[0]}..{ar[1]}"
+    raise UOpSpecError(f"{op} takes {want} sources, got {len(src)}: {[s.op for s in src]}")
+  for s in src:
+    if not isinstance(s, UOp): raise UOpSpecError(f"{op} source must be a UOp, got {type(s).__name__} {s!r}")
+  if op in GroupOp.Comparison:
+    if dtype.scalar() != dtypes.bool: raise UOpSpecError(f"{op} must have dtype bool, got {dtype}")
+    if src[0].dtype != src[1].dtype: raise UOpSpecError(f"{op} compares mismatched dtypes {src[0].dtype} and {src[1].dtype}")
+  elif op is Ops.WHERE:
+    if src[0].dtype.scalar() != dtypes.bool: raise UOpSpecError(f"Ops.WHERE condition must be bool, got {src[0].dtype}")
+    if not src[1].dtype == src[2].dtype == dtype: raise UOpSpecError(f"Ops.WHERE branches {src[1].dtype}, {src[2].dtype} must match {dtype}")
+  elif op in GroupOp.ALU and op not in (Ops.SHL, Ops.SHR, Ops.THREEFRY):
+    for s in src:
+      if s.dtype != dtype: raise UOpSpecError(f"{op} of dtype {dtype} has a source of dtype {s.dtype}")
+  elif op is Ops.CONST and not src and arg is None: raise UOpSpecError("Ops.CONST needs a value in arg")
+  elif op is Ops.DEFINE_VAR and not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], str)):
+    raise UOpSpecError(f"Ops.DEFINE_VAR arg must be (name, min, max), got {arg!r}")
+
+
+# ***** the node *****
+class UOp:
+  """An immutable IR node. Build with `UOp(op, dtype, src, arg, tag)`; identical nodes are the same object."""
+  __slots__ = ("op", "dtype", "src", "arg", "tag", "_cache", "__weakref__")
+  _nodes: dict[tuple, weakref.ref] = {}
+  op: Ops
+  dtype: DType
+  src: tuple[UOp, ...]
+  arg: Any
+  tag: Any
+
+  def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None) -> UOp:
+    key = (op, dtype, src, arg, tag)
+    if (ref := UOp._nodes.get(key)) is not None and (node := ref()) is not None: return node
+    if type(src) is not tuple: src = tuple(src); return UOp(op, dtype, src, arg, tag)
+    _check(op, dtype, src, arg)
+    node = object.__new__(cls)
+    for k, v in zip(("op", "dtype", "src", "arg", "tag", "_cache"), (op, dtype, src, arg, tag, None)): object.__setattr__(node, k, v)
+    UOp._nodes[key] = weakref.ref(node)
+    return node
+
+  def __del__(self) -> None:
+    try:
+      key = (self.op, self.dtype, self.src, self.arg, self.tag)
+      if (ref := UOp._nodes.get(key)) is not None and ref() in (None, self): del UOp._nodes[key]
+    except (AttributeError, TypeError): pass  # interpreter shutdown or a half-built node
+
+  def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
+  def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable: can't set {name!r}")
+
+  def _cached(self) -> dict:
+    if self._cache is None: object.__setattr__(self, "_cache", {})
+    return self._cache
+
+  def replace(self, **kwargs) -> UOp:
+    """A copy with some of op/dtype/src/arg/tag changed (the same object if nothing changes)."""
+    for k in kwargs:
+      if k not in ("op", "dtype", "src", "arg", "tag"): raise TypeError(f"UOp.replace got an unknown field {k!r}")
+    return UOp(kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg),
+               kwargs.get("tag", self.tag))
+
+  # ----- graph walks (iterative: graphs can be far deeper than Python's recursion limit) -----
+  def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
+    """All nodes reachable from self, each after its sources (an insertion-ordered dict used as a set).
+    `gate(node)` returning False stops the walk from entering that node's sources (the node itself is kept)."""
+    if gate is None and (c := self._cache) is not None and "topo" in c: return c["topo"]
+    out: dict[UOp, None] = {}
+    stack: list[tuple[UOp, bool]] = [(self, False)]
+    while stack:
+      node, expanded = stack.pop()
+      if node in out: continue
+      if expanded: out[node] = None; continue
+      stack.append((node, True))
+      if gate is None or gate(node): stack.extend((s, False) for s in reversed(node.src) if s not in out)
+    if gate is None: self._cached()["topo"] = out
+    return out
+
+  def backward_slice(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
+    """Every node self depends on, excluding self."""
+    ret = dict(self.toposort(gate)); del ret[self]
+    return ret
+
+  def substitute(self, mapping: dict[UOp, UOp], walk: bool = False, name: str | None = None) -> UOp:
+    """Replace nodes by identity using `mapping`; walk=True does one pass without rewriting inside replacements."""
+    from plugrad.uop.rewrite import graph_rewrite, pm_substitute
+    return graph_rewrite(self, pm_substitute, ctx=mapping, bottom_up=True, walk=walk, name=name or "substitute")
+
+  # ----- construction helpers -----
+  @staticmethod
+  def const(dtype: DType, b: ConstType | tuple) -> UOp:
+    """A constant of `dtype` (a tuple makes a VCONST of a vector dtype)."""
+    if isinstance(b, UOp): raise TypeError(f"UOp.const takes a Python number, got a UOp {b.op}")
+    if isinstance(b, tuple):
+      if dtype.count == 1: dtype = dtype.vec(len(b))
+      return UOp(Ops.VCONST, dtype, arg=dtypes.as_const(b, dtype))
+    return UOp(Ops.CONST, dtype, arg=dtypes.as_const(b, dtype))
+  def const_like(self, b: ConstType) -> UOp: return UOp.const(self.dtype, b)
+
+  @staticmethod
+  def variable(name: str, min_val: ConstType, max_val: ConstType, dtype: DType = dtypes.index) -> UOp:
+    """A named integer variable with inclusive bounds, e.g. a symbolic sequence length."""
+    if not isinstance(name, str) or not name: raise ValueError(f"variable name must be a non-empty str, got {name!r}")
+    if isinstance(min_val, UOp) or isinstance(max_val, UOp) or min_val > max_val:
+      raise ValueError(f"variable {name!r} needs constant bounds with min <= max, got {min_val!r}..{max_val!r}")
+    return UOp(Ops.DEFINE_VAR, dtype, arg=(name, min_val, max_val))
+
+  def bind(self, val: int) -> UOp:
+    """Bind this variable to a concrete value (checked against its bounds)."""
+    if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a DEFINE_VAR can be bound, not {self.op}")
+    if not isinstance(val, int) or isinstance(val, bool): raise TypeError(f"bind value of {self.arg[0]!r} must be an int, got {val!r}")
+    if not self.arg[1] <= val <= self.arg[2]: raise ValueError(f"bind value {val} out of range [{self.arg[1]}, {self.arg[2]}] for {self.arg[0]!r}")
+    return UOp(Ops.BIND, self.dtype, (self, self.const_like(val)))
+
+  def unbind(self) -> tuple[UOp, int]:
+    """(variable, value) of a BIND."""
+    if self.op is not Ops.BIND: raise TypeError(f"unbind needs a BIND, got {self.op}")
+    return self.src[0], self.src[1].arg
+
+  @property
+  def expr(self) -> str:
+    if self.op is not Ops.DEFINE_VAR: raise TypeError(f"expr is the name of a DEFINE_VAR, not of {self.op}")
+    return self.arg[0]
+
+  def alu(self, op: Ops, *src: UOp) -> UOp:
+    """An ALU node of `op` over self and `src`; comparisons give bool (vectors keep their width)."""
+    out = dtypes.bool.vec(self.dtype.count) if op in GroupOp.Comparison else (src[-1] if op is Ops.WHERE else self).dtype
+    return UOp(op, out, (self, *src))
+
+  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+  def bitcast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.BITCAST, dtype, (self,))
+  def where(self, x, y) -> UOp:
+    """x where self is true else y; one of x, y must be a UOp, the other may be a Python number."""
+    if isinstance(x, UOp): y = x.ufix(y)
+    elif isinstance(y, UOp): x = y.ufix(x)
+    else: raise TypeError("UOp.where needs at least one UOp branch to take the dtype from")
+    return UOp(Ops.WHERE, x.dtype, (self, x, y))
+  def maximum(self, x) -> UOp: return self.alu(Ops.MAX, self.ufix(x))
+  def minimum(self, x) -> UOp: return -(-self).maximum(-self.ufix(x))
+  def eq(self, x) -> UOp: return self.alu(Ops.CMPEQ, self.ufix(x))
+  def ne(self, x) -> UOp: return self.alu(Ops.CMPNE, self.ufix(x))
+  def logical_not(self) -> UOp: return self.ne(True)
+  def sink(self, *srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, (self, *srcs))
+  @staticmethod
+  def sink_of(*srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, srcs)
+
+  def ufix(self, x) -> UOp:
+    """`x` as a UOp of self's dtype (Python numbers become constants; a float with an int self makes an error)."""
+    if isinstance(x, UOp): return x
+    if isinstance(x, float) and not dtypes.is_float(self.dtype) and x != int(x):
+      raise TypeError(f"can't combine float {x} with a {self.dtype} expression")
+    return self.const_like(x)
+
+  # ----- operator overloads (identity `==` is kept: use .eq/.ne for comparisons) -----
+  def _bin(self, op: Ops, x, reverse=False) -> UOp:
+    other = self.ufix(x)
+    return other.alu(op, self) if reverse else self.alu(op, other)
+  def __add__(self, x): return self._bin(Ops.ADD, x)
+  def __radd__(self, x): return self._bin(Ops.ADD, x, True)
+  def __sub__(self, x): return self._bin(Ops.ADD, -self.ufix(x))
+  def __rsub__(self, x): return self.ufix(x).alu(Ops.ADD, -self)
+  def __mul__(self, x): return self._bin(Ops.MUL, x)
+  def __rmul__(self, x): return self._bin(Ops.MUL, x, True)
+  def __floordiv__(self, x): return self._bin(Ops.IDIV, x)
+  def __rfloordiv__(self, x): return self._bin(Ops.IDIV, x, True)
+  def __truediv__(self, x): return self._bin(Ops.FDIV, x)
+  def __rtruediv__(self, x): return self._bin(Ops.FDIV, x, True)
+  def __mod__(self, x): return self._bin(Ops.MOD, x)
+  def __rmod__(self, x): return self._bin(Ops.MOD, x, True)
+  def __neg__(self):
+    if self.dtype.scalar() == dtypes.bool: return self.logical_not()
+    return self.alu(Ops.NEG) if dtypes.is_float(self.dtype) else self * -1
+  def __and__(self, x): return self._bin(Ops.AND, x)
+  def __rand__(self, x): return self._bin(Ops.AND, x, True)
+  def __or__(self, x): return self._bin(Ops.OR, x)
+  def __ror__(self, x): return self._bin(Ops.OR, x, True)
+  def __xor__(self, x): return self._bin(Ops.XOR, x)
+  def __rxor__(self, x): return self._bin(Ops.XOR, x, True)
+  def __lshift__(self, x): return self._bin(Ops.SHL, x)
+  def __rshift__(self, x): return self._bin(Ops.SHR, x)
+  def __lt__(self, x): return self._bin(Ops.CMPLT, x)
+  def __gt__(self, x): return self._bin(Ops.CMPLT, x, True)
+  def __le__(self, x): return (self > x).logical_not()
+  def __ge__(self, x): return (self < x).logical_not()
+  __hash__ = object.__hash__
+  def __eq__(self, x): return self is x
+  def __bool__(self) -> bool:
+    """Non-bool nodes are truthy; a bool expression is decided by range analysis or raises (use resolve())."""
+    if self.dtype != dtypes.bool: return True
+    if self.vmin == self.vmax: return bool(self.vmin)
+    raise TypeError(f"truth value of symbolic {self.render(simplify=False)} is undecided; use resolve(expr, default)")
+
+  # ----- analysis -----
+  @property
+  def vmin(self) -> ConstType: return self._min_max[0]
+  @property
+  def vmax(self) -> ConstType: return self._min_max[1]
+  @property
+  def _min_max(self) -> tuple[ConstType, ConstType]:
+    if (c := self._cache) is not None and "mm" in c: return c["mm"]
+    from plugrad.uop.symbolic import min_max
+    order: list[UOp] = []  # post-order of the nodes whose bounds are not known yet
+    stack, seen = [(self, False)], set()
+    while stack:
+      n, done = stack.pop()
+      if done: order.append(n); continue
+      if n in seen or (n._cache is not None and "mm" in n._cache): continue
+      seen.add(n)
+      stack.append((n, True))
+      stack.extend((s, False) for s in n.src)
+    for n in order: n._cached()["mm"] = min_max(n)
+    return self._cache["mm"]
+
+  def simplify(self) -> UOp:
+    """This expression rewritten by the symbolic rule set."""
+    from plugrad.uop.symbolic import pm_symbolic
+    from plugrad.uop.rewrite import graph_rewrite
+    return graph_rewrite(self, pm_symbolic, name="simplify")
+
+  def ssimplify(self) -> UOp | ConstType:
+    """simplify(), returning a Python number when the result is a constant."""
+    s = self.simplify()
+    return s.arg if s.op is Ops.CONST else s
+
+  def render(self, simplify: bool = True) -> str:
+    """The expression as a string, e.g. `(a*4+b)`; nodes with no infix form render as `OP(...)`."""
+    from plugrad.uop.render import render_expr
+    return render_expr(self.simplify() if simplify else self)
+
+  def __repr__(self) -> str: return pretty(self)
+
+  def __iter__(self) -> Iterator[UOp]: raise TypeError(f"UOp {self.op} is not iterable")
+
+
+def pretty(u: UOp, max_lines: int = 60) -> str:
+  """A readable multi-line repr: each shared node is printed once and referred to by its number."""
+  topo = list(u.toposort())
+  if len(topo) == 1 or len(topo) > max_lines:
+    sz = f" <{len(topo)} nodes>" if len(topo) > 1 else ""
+    return f"UOp({u.op}, {u.dtype!r}, arg={u.arg!r}{', tag=' + repr(u.tag) if u.tag is not None else ''}, src=({len(u.src)} nodes)){sz}" \
+      if u.src else f"UOp({u.op}, {u.dtype!r}, arg={u.arg!r}{', tag=' + repr(u.tag) if u.tag is not None else ''})"
+  num = {n: i for i, n in enumerate(topo)}
+  lines = [f"  %{num[n]} = {n.op.name} {n.dtype!r} {'(' + ', '.join(f'%{num[s]}' for s in n.src) + ')' if n.src else ''}"
+           f"{' arg=' + repr(n.arg) if n.arg is not None else ''}{' tag=' + repr(n.tag) if n.tag is not None else ''}" for n in topo]
+  return "UOp graph:\n" + "\n".join(lines)
+
+
+def ucache_size() -> int:
+  """How many nodes are alive in the hash-cons cache (for tests and leak checks)."""
+  return sum(1 for r in UOp._nodes.values() if r() is not None)
+
+
+def is_ptr(dt: DType) -> bool: return isinstance(dt, PtrDType)
