@@ -24,7 +24,7 @@ class AddrSpace(Enum):
   REG = "reg"
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
   """A scalar or vector element type. `count` > 1 marks a vector of `count` scalars of `_scalar`."""
   priority: int
@@ -34,9 +34,14 @@ class DType:
   count: int = 1
   _scalar: DType | None = None
 
-  def __post_init__(self): object.__setattr__(self, "_hash", hash((type(self).__name__, self.name, self.count, self.priority) + self._extra_key()))
+  def __post_init__(self):
+    object.__setattr__(self, "_key", (type(self).__name__, self.name, self.count, self.priority, self.itemsize) + self._extra_key())
+    object.__setattr__(self, "_hash", hash(self._key))
   def _extra_key(self) -> tuple: return ()
-  def __hash__(self) -> int: return self._hash  # cached: dtypes are hashed on every UOp construction
+  # equality and hash are on a cached key: dtypes are compared and hashed on every UOp construction
+  def __hash__(self) -> int: return self._hash
+  def __eq__(self, other) -> bool: return self is other or (isinstance(other, DType) and self._hash == other._hash and self._key == other._key)
+  def __ne__(self, other) -> bool: return not self.__eq__(other)
   def __repr__(self) -> str: return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self._scalar.name}.vec({self.count})"
   def __reduce__(self): return (_scalar_by_name, (self.name,)) if self.count == 1 else (DType.vec, (self.scalar(), self.count))
 
@@ -64,7 +69,7 @@ class DType:
   def vcount(self) -> int: return self.count
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class PtrDType(DType):
   """A pointer to `_base` elements in `addrspace`; `v` > 1 is a vector of pointers, `size` the buffer length."""
   _base: DType = None  # type: ignore[assignment]
@@ -156,7 +161,7 @@ class dtypes:
     """The dtype for a numpy dtype; raises TypeError for numpy types plugrad does not have."""
     nd = np.dtype(x)
     for dt in DTYPES_DICT.values():
-      if dt.np == nd: return dt
+      if dt.np is not None and dt.np == nd: return dt  # the None check matters: np.dtype(None) is float64, so None == float64
     raise TypeError(f"numpy dtype {nd} has no plugrad dtype")
 
   @staticmethod

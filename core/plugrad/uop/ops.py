@@ -50,6 +50,7 @@ class Ops(Enum):
   CUSTOM = auto()
 
   def __repr__(self) -> str: return f"Ops.{self.name}"
+  __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is a slow Python-level call
 
 
 class GroupOp:
