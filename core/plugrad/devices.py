@@ -1,0 +1,92 @@
+"""`python -m plugrad.devices` / `plugrad-devices`: installed plugins, their devices, availability, and a smoke test.
+
+Exit status is non-zero only when the device requested with DEV (or --device) is unusable or fails its smoke test,
+or when the plugin set itself cannot load (conflicting plugins, strict mode).
+"""
+from __future__ import annotations
+import argparse
+import os
+import platform
+import sys
+import tempfile
+from plugrad.device import PATH_DEVICES, Buffer, Device, DeviceError, canonicalize, parse_device
+from plugrad.plugins.loader import PluginError, PluginRegistry, get_registry
+from plugrad.plugins.spec import PLUGIN_API_VERSION
+
+def _tensor_smoke(name: str) -> tuple[bool, str] | None:
+  try: from plugrad.tensor import Tensor  # type: ignore[import-not-found]
+  except ImportError: return None
+  out = (Tensor([1, 2, 3], device=name) * 2).tolist()
+  return out == [2, 4, 6], f"Tensor([1,2,3])*2 -> {out}"
+
+def smoke(name: str) -> tuple[bool, str]:
+  """Run `[1,2,3]*2` on device `name` (via Tensor when it exists, else a hand-written kernel or an alloc round trip)."""
+  import numpy as np
+  from plugrad.dtype import dtypes
+  try:
+    dev = Device[name]
+    if dev.compute and (res := _tensor_smoke(name)) is not None: return res
+    buf = Buffer(name, 3, dtypes.int32).copyin(np.array([1, 2, 3], np.int32))
+    if getattr(dev, "fake", False): return True, "fake device: alloc/copy/launch accepted, no data kept, no compute"
+    if dev.compute and dev.smoke_kernel is not None:
+      dev.load("smoke", dev.compiler.compile_cached(dev.smoke_kernel))(buf._buf, wait=True)
+      out = buf.numpy().tolist()
+      return out == [2, 4, 6], f"[1,2,3]*2 -> {out} (hand-written kernel)"
+    out = buf.numpy().tolist()
+    return out == [1, 2, 3], f"alloc round-trip -> {out}; {'no compute' if not dev.compute else 'no smoke kernel'}"
+  except Exception as e:
+    return False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+
+def _smoke_name(name: str, tmp: str) -> str:
+  return f"{name}:{os.path.join(tmp, 'smoke.bin')}" if name in PATH_DEVICES else name
+
+def report(reg: PluginRegistry, run_smoke: bool, tmp: str) -> None:
+  """Print every plugin distribution with its devices."""
+  for dist in reg.plugin_dists():
+    eps = ", ".join(dist.entry_points) or "-"
+    print(f"{dist.name} {dist.version} (entry points: {eps})" + ("" if dist.status == "loaded" else f": {dist.status.upper()}"
+          + (f" ({dist.error})" if dist.error else " by PLUGRAD_DISABLE_PLUGINS")))
+    for e in sorted((e for e in reg.devices.values() if e.dist is dist), key=lambda e: -e.spec.priority):
+      a = e.availability()
+      state = f"available ({a.reason})" if a.ok and a.reason else "available" if a.ok else f"UNAVAILABLE: {a.reason}"
+      print(f"  {e.name:<8} priority {e.spec.priority:>4}  api {'.'.join(map(str, e.spec.api_version))}  "
+            f"renderers: {', '.join(e.spec.renderers) or '-'}  {state}")
+      if run_smoke and a.ok:
+        ok, msg = smoke(_smoke_name(e.name, tmp))
+        print(f"  {'':<8} smoke: {'PASS' if ok else 'FAIL'} ({msg})")
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(prog="plugrad-devices", description=__doc__.splitlines()[0] if __doc__ else None)
+  ap.add_argument("--no-smoke", action="store_true", help="skip the per-device smoke tests")
+  ap.add_argument("--device", default=os.environ.get("DEV", "").strip(), help="device whose failure sets the exit status (default: $DEV)")
+  args = ap.parse_args(argv)
+  try: import importlib.metadata as md; core_ver = md.version("plugrad")
+  except Exception: core_ver = "?"
+  print(f"plugrad {core_ver}, plugin API {PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}, python {platform.python_version()}")
+  try: reg = get_registry()
+  except PluginError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  with tempfile.TemporaryDirectory(prefix="plugrad-devices-") as tmp:
+    report(reg, not args.no_smoke, tmp)
+    print(f"default device: {_default()}")
+    if not args.device: return 0
+    return _check_requested(args.device, tmp)
+
+def _default() -> str:
+  try: return Device.DEFAULT
+  except (DeviceError, ValueError) as e: return f"none ({str(e).splitlines()[0]})"
+
+def _check_requested(name: str, tmp: str) -> int:
+  try:
+    Device.entry(name)
+    name = canonicalize(name)
+    if parse_device(name).device in PATH_DEVICES and parse_device(name).path is None: name = _smoke_name(name, tmp)
+  except (DeviceError, ValueError) as e:
+    print(f"requested device {name}: FAIL\n{e}", file=sys.stderr)
+    return 1
+  ok, msg = smoke(name)
+  print(f"requested device {name}: {'PASS' if ok else 'FAIL'} ({msg})")
+  return 0 if ok else 1
+
+if __name__ == "__main__": sys.exit(main())

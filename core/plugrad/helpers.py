@@ -1,0 +1,33 @@
+"""Small shared helpers: typed environment lookups and well-known paths."""
+from __future__ import annotations
+import os
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T", int, float, str, bool)
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+def getenv(key: str, default: T) -> T:
+  """Read environment variable `key`, converted to the type of `default`; a bad value raises ValueError naming the variable."""
+  raw = os.environ.get(key)
+  if raw is None: return default
+  try:
+    if isinstance(default, bool):
+      if raw.strip().lower() in _TRUE: return True
+      if raw.strip().lower() in _FALSE: return False
+      raise ValueError
+    return type(default)(raw.strip()) if not isinstance(default, str) else raw
+  except ValueError:
+    want = "a boolean (1/0, true/false)" if isinstance(default, bool) else f"of type {type(default).__name__}"
+    raise ValueError(f"environment variable {key}={raw!r} is not {want}") from None
+
+def getenv_list(key: str) -> list[str]:
+  """A comma-separated environment variable as a list of stripped, non-empty, lower-cased items."""
+  return [x.strip().lower() for x in os.environ.get(key, "").split(",") if x.strip()]
+
+def cache_dir() -> Path:
+  """Root of plugrad's on-disk caches: $PLUGRAD_CACHE_DIR, else ~/.cache/plugrad (XDG_CACHE_HOME respected)."""
+  if (d := os.environ.get("PLUGRAD_CACHE_DIR")): return Path(d).expanduser()
+  return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "plugrad"
+
+DEBUG: int = getenv("DEBUG", 0)

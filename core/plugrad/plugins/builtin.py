@@ -1,0 +1,13 @@
+"""Core's own plugin: registers the built-in devices through the same hook third parties use.
+
+NULL (priority -100, always available) accepts allocations and launches but stores and computes nothing:
+schedule and codegen tests use it when no real backend matters. PYTHON joins with the Tensor/codegen issue.
+"""
+from __future__ import annotations
+from plugrad.plugins.hookspecs import hookimpl
+from plugrad.plugins.spec import PLUGIN_API_VERSION, Availability, DeviceSpec
+
+@hookimpl
+def plugrad_devices() -> list[DeviceSpec]:
+  return [DeviceSpec("NULL", -100, PLUGIN_API_VERSION, lambda: Availability.yes("built in"), "plugrad.plugins.null:NullDevice",
+                     renderers=("NULL",), description="fake device: allocates handles, compiles and runs nothing")]
