@@ -16,7 +16,8 @@ from plugrad.plugins.spec import PLUGIN_API_VERSION
 def _tensor_smoke(name: str) -> tuple[bool, str] | None:
   try: from plugrad.tensor import Tensor  # type: ignore[import-not-found]
   except ImportError: return None
-  out = (Tensor([1, 2, 3], device=name) * 2).tolist()
+  try: out = (Tensor([1, 2, 3], device=name) * 2).tolist()
+  except NotImplementedError: return None  # the device's renderer can't render kernels yet: use its hand-written kernel
   return out == [2, 4, 6], f"Tensor([1,2,3])*2 -> {out}"
 
 def smoke(name: str) -> tuple[bool, str]:
@@ -25,9 +26,11 @@ def smoke(name: str) -> tuple[bool, str]:
   from plugrad.dtype import dtypes
   try:
     dev = Device[name]
+    if getattr(dev, "fake", False):
+      Buffer(name, 3, dtypes.int32).copyin(np.array([1, 2, 3], np.int32))
+      return True, "fake device: alloc/copy/launch accepted, no data kept, no compute"
     if dev.compute and (res := _tensor_smoke(name)) is not None: return res
     buf = Buffer(name, 3, dtypes.int32).copyin(np.array([1, 2, 3], np.int32))
-    if getattr(dev, "fake", False): return True, "fake device: alloc/copy/launch accepted, no data kept, no compute"
     if dev.compute and dev.smoke_kernel is not None:
       dev.load("smoke", dev.compiler.compile_cached(dev.smoke_kernel))(buf._buf, wait=True)
       out = buf.numpy().tolist()

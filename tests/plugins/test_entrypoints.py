@@ -88,7 +88,7 @@ def test_devices_cli_exit_codes(dev, rc, needle):
   p = run_py(["-m", "plugrad.devices"], DEV=dev)
   assert p.returncode == rc, p.stdout + p.stderr
   assert needle in p.stdout + p.stderr
-  assert "smoke: PASS ([1,2,3]*2 -> [2, 4, 6]" in p.stdout and "smoke: PASS (alloc round-trip -> [1, 2, 3]; no compute)" in p.stdout
+  assert "smoke: PASS (Tensor([1,2,3])*2 -> [2, 4, 6])" in p.stdout and "smoke: PASS (alloc round-trip -> [1, 2, 3]; no compute)" in p.stdout
 
 def test_devices_cli_reports_unavailable_without_failing(tmp_path):
   p = run_py(["-m", "plugrad.devices"], CC="no-such-cc-xyz")

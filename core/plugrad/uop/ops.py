@@ -48,6 +48,8 @@ class Ops(Enum):
   WHERE = auto(); MULACC = auto()
   # escape hatch: CUSTOM(arg=format string) renders literally
   CUSTOM = auto()
+  # AT(x, gate, *idxs): the scalar value of tensor x at integer indices idxs (scheduler-internal; loads gated by gate)
+  AT = auto()
 
   def __repr__(self) -> str: return f"Ops.{self.name}"
   __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is a slow Python-level call
@@ -106,7 +108,8 @@ def exec_alu(op: Ops, dtype: DType, operands: Iterable[ConstType]) -> ConstType:
 _ARITY: dict[Ops, tuple[int, int]] = {**{o: (1, 1) for o in GroupOp.Unary}, **{o: (2, 2) for o in GroupOp.Binary},
   **{o: (3, 3) for o in GroupOp.Ternary}, Ops.CONST: (0, 1), Ops.VCONST: (0, 1), Ops.DEFINE_VAR: (0, 0), Ops.BIND: (2, 2),
   Ops.CAST: (1, 1), Ops.BITCAST: (1, 1), Ops.GEP: (1, 1), Ops.RANGE: (1, 1), Ops.INDEX: (2, 3), Ops.LOAD: (1, 3),
-  Ops.STORE: (2, 3), Ops.PARAM: (0, 1), Ops.CALL: (1, 1 << 30)}
+  Ops.STORE: (2, 3), Ops.PARAM: (0, 1), Ops.CALL: (1, 1 << 30), Ops.AT: (2, 1 << 30), Ops.REDUCE_AXIS: (1, 1), Ops.COPY: (2, 2),
+  Ops.ASSIGN: (2, 2), Ops.CONTIGUOUS: (1, 1), Ops.DETACH: (1, 1), **{o: (1, 1) for o in GroupOp.Movement}}
 
 
 class UOpSpecError(TypeError):
@@ -340,6 +343,19 @@ class UOp:
     """The expression as a string, e.g. `(a*4+b)`; nodes with no infix form render as `OP(...)`."""
     from plugrad.uop.render import render_expr
     return render_expr(self.simplify() if simplify else self)
+
+  @property
+  def shape(self) -> tuple:
+    """The tensor shape of a tensor-level node (ints or symbolic UOps); () for scalars."""
+    if (c := self._cache) is not None and "shape" in c: return c["shape"]
+    from plugrad.uop.shape import shape_of
+    ret = self._cached()["shape"] = shape_of(self)
+    return ret
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self):
+    from plugrad.uop.symbolic import prod
+    return prod(self.shape)
 
   def __repr__(self) -> str: return pretty(self)
 

@@ -11,8 +11,9 @@ import tempfile
 import time
 from typing import Any
 import numpy as np
-from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program, Renderer
+from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program
 from plugrad.helpers import getenv
+from plugrad.codegen.cstyle import CStyleRenderer
 from plugrad_cpu import find_cc
 
 class CPUAllocator(LRUAllocator):
@@ -28,8 +29,8 @@ class CPUAllocator(LRUAllocator):
   def _transfer(self, dest: np.ndarray, src: np.ndarray, nbytes: int, src_dev: Compiled, dest_dev: Compiled) -> None:
     dest[:nbytes] = src[:nbytes]
 
-class ClangRenderer(Renderer):
-  """C renderer capabilities; `render` arrives with the codegen issue."""
+class ClangRenderer(CStyleRenderer):
+  """C for clang/gcc: the shared C-style renderer with host types."""
   name, device, suffix = "CLANG", "CPU", "CLANG"
   supports_float4, global_max = True, None
 

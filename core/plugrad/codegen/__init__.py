@@ -1,0 +1,53 @@
+"""Codegen: kernel AST -> linearized program -> source, packaged as a ProgramSpec."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plugrad.codegen.linearize import linearize
+from plugrad.runtime.renderer import Renderer
+from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.symbolic import prod, sint
+
+
+@dataclass
+class ProgramSpec:
+  """A rendered kernel: its name, source, linear uops, parameters and cost estimates."""
+  name: str
+  src: str
+  uops: list[UOp]
+  globals: list[UOp]            # DEFINE_GLOBAL per slot
+  vars: list[UOp]               # DEFINE_VAR in parameter order
+  global_size: list[sint] = field(default_factory=lambda: [1, 1, 1])
+  local_size: list[int] | None = None
+  flops: sint = 0
+  mem_bytes: int = 0
+
+
+def kernel_name(ast: UOp) -> str:
+  """E_<dims> for elementwise kernels, r_<dims>_<reduce dims> when the kernel reduces; symbolic dims print as their name."""
+  ranges = sorted((n for n in ast.toposort() if n.op is Ops.RANGE), key=lambda r: r.arg[0])
+  def dim(r: UOp) -> str: return str(r.src[0].arg) if r.src[0].op is Ops.CONST else "s"
+  g = [dim(r) for r in ranges if r.arg[1] == "global"] or ["1"]
+  red = [dim(r) for r in ranges if r.arg[1] != "global"]
+  return ("r_" if red else "E_") + "_".join(g + red)
+
+
+def estimate_flops(uops: list[UOp]) -> sint:
+  """ALU operations executed, each weighted by the trip count of its enclosing loops."""
+  flops: sint = 0
+  mult: list[sint] = []
+  for u in uops:
+    if u.op is Ops.RANGE: mult.append(u.src[0].arg if u.src[0].op is Ops.CONST else u.src[0])
+    elif u.op is Ops.END: mult.pop()
+    elif u.op in GroupOp.ALU and u.dtype.scalar().name not in ("int32", "int64", "bool"): flops = flops + prod(mult)
+  return flops
+
+
+def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
+  """Linearize and render a kernel AST for `renderer`."""
+  uops = linearize(ast)
+  name = kernel_name(ast)
+  glbls = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
+  mem = sum(g.dtype.size * g.dtype.base.itemsize for g in glbls if isinstance(g.dtype.size, int) and g.dtype.size > 0)
+  return ProgramSpec(name, renderer.render(name, uops), uops, glbls, [u for u in uops if u.op is Ops.DEFINE_VAR],
+                     flops=estimate_flops(uops), mem_bytes=mem)

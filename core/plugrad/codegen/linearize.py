@@ -1,0 +1,108 @@
+"""Linearize a kernel AST into the flat UOp program that renderers and the PYTHON device consume.
+
+The AST is SINK(STORE(INDEX(DEFINE_GLOBAL, idx[, gate]), value), ...) whose values use RANGE loop variables
+(arg = (id, "global" | "reduce")) and REDUCE(value, *ranges, arg=op) nodes. The output list opens every
+global range first (in id order), then emits each node after its sources. A REDUCE becomes an accumulator:
+
+  DEFINE_REG acc; STORE(INDEX(acc, 0), identity); RANGE r...; <body>; STORE(INDEX(acc, 0), acc OP body);
+  END r...; LOAD(INDEX(AFTER(acc, END), 0))
+
+Loop-invariant parts of a reduce body are emitted before its loops, so a value is only used inside the scope
+that declared it. `dtypes.index` is lowered to int32 (int64 when some index value does not fit in int32).
+See docs/kernel_ir.md for the contract.
+"""
+from __future__ import annotations
+
+import sys
+
+from plugrad.dtype import AddrSpace, DType, dtypes
+from plugrad.uop.ops import Ops, UOp
+
+
+def reduce_identity(op: Ops, dt: DType):
+  if op is Ops.ADD: return 0
+  if op is Ops.MUL: return 1
+  if op is Ops.MAX: return dtypes.min(dt)
+  raise ValueError(f"no identity for reduce op {op}")
+
+
+class Linearizer:
+  def __init__(self, ast: UOp):
+    self.ast = ast
+    idx_nodes = [n for n in ast.toposort() if n.dtype == dtypes.index]
+    big = any(n.vmin < -2**31 or n.vmax >= 2**31 for n in idx_nodes)
+    self.idx_dtype = dtypes.int64 if big else dtypes.int32
+    self.out: list[UOp] = []
+    self.done: dict[UOp, UOp] = {}
+    self.rsets: dict[UOp, frozenset[UOp]] = {}
+    self.open: set[UOp] = set()
+    self.n_acc = 0
+
+  def rset(self, n: UOp) -> frozenset[UOp]:
+    """The RANGEs `n` depends on that are still open at `n` (a REDUCE closes its own)."""
+    for x in n.toposort():
+      if x in self.rsets: continue
+      r = frozenset().union(*(self.rsets[s] for s in x.src)) if x.src else frozenset()
+      if x.op is Ops.RANGE: r = r | {x}
+      if x.op is Ops.REDUCE: r = r - set(x.src[1:])
+      self.rsets[x] = r
+    return self.rsets[n]
+
+  def dt(self, d: DType) -> DType: return self.idx_dtype if d == dtypes.index else d
+
+  def push(self, n: UOp) -> UOp:
+    self.out.append(n)
+    return n
+
+  def emit(self, node: UOp) -> UOp:
+    if (d := self.done.get(node)) is not None: return d
+    if node.op is Ops.REDUCE: return self.emit_reduce(node)
+    new_src = tuple(self.emit(s) for s in node.src)
+    n = UOp(node.op, self.dt(node.dtype), new_src, node.arg, node.tag)
+    self.done[node] = self.push(n)
+    return n
+
+  def emit_reduce(self, red: UOp) -> UOp:
+    body, ranges = red.src[0], red.src[1:]
+    self.rset(red)
+    for n in body.toposort():  # hoist everything (also inside nested reduces) that doesn't need the new loops
+      if n not in self.done and self.rsets[n] <= self.open and n.op is not Ops.RANGE: self.emit(n)
+    dt = self.dt(red.dtype)
+    acc = self.push(UOp(Ops.DEFINE_REG, dt.ptr(1, AddrSpace.REG), arg=self.n_acc))
+    self.n_acc += 1
+    zero = self.emit(UOp.const(self.idx_dtype, 0))
+    slot = self.push(UOp(Ops.INDEX, acc.dtype, (acc, zero)))
+    init = self.push(UOp(Ops.STORE, dtypes.void, (slot, self.emit(UOp.const(dt, reduce_identity(red.arg, dt))))))
+    opened = [self.emit(UOp(Ops.RANGE, r.dtype, r.src, r.arg)) for r in ranges]
+    self.open.update(ranges)
+    val = self.emit(body)
+    cur = self.push(UOp(Ops.LOAD, dt, (slot, init)))  # the init source orders this load after the reset
+    self.push(UOp(Ops.STORE, dtypes.void, (slot, self.push(UOp(red.arg, dt, (cur, val))))))
+    end = None
+    for r in reversed(opened): end = self.push(UOp(Ops.END, dtypes.void, (r,) if end is None else (r, end)))
+    self.open.difference_update(ranges)
+    after = self.push(UOp(Ops.AFTER, acc.dtype, (acc, end)))
+    res = self.push(UOp(Ops.LOAD, dt, (self.push(UOp(Ops.INDEX, acc.dtype, (after, zero))),)))
+    self.done[red] = res
+    return res
+
+  def run(self) -> list[UOp]:
+    topo = self.ast.toposort()
+    for n in sorted((n for n in topo if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg): self.emit(n)
+    for n in sorted((n for n in topo if n.op is Ops.DEFINE_VAR), key=lambda n: n.arg[0]): self.emit(n)
+    globals_ = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda n: n.arg[0])
+    for r in globals_: self.emit(r)
+    self.open.update(globals_)
+    for s in self.ast.src: self.emit(s)
+    end = None
+    for r in reversed(globals_): end = self.push(UOp(Ops.END, dtypes.void, (self.done[r],) if end is None else (self.done[r], end)))
+    return self.out
+
+
+def linearize(ast: UOp) -> list[UOp]:
+  """The flat program for a kernel AST (see the module docstring)."""
+  if ast.op is not Ops.SINK: raise ValueError(f"linearize needs a SINK kernel AST, got {ast.op}")
+  old = sys.getrecursionlimit()
+  sys.setrecursionlimit(max(old, 20000))
+  try: return Linearizer(ast).run()
+  finally: sys.setrecursionlimit(old)

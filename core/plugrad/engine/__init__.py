@@ -1,0 +1,1 @@
+"""Engine: running schedules (realize), the JIT, memory planning."""

@@ -1,0 +1,107 @@
+"""Indexing: turn "tensor x at indices idxs" (AT nodes) into scalar kernel expressions, one rule per tensor op.
+
+A kernel is built by asking for its output at loop indices (RANGEs) and pushing AT down the tensor graph with
+`pm_index`: movement ops become index arithmetic, PAD adds a validity gate, REDUCE_AXIS opens new ranges and a
+REDUCE node, and realized buffers become gated LOADs from kernel parameters (DEFINE_GLOBAL).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plugrad.dtype import dtypes
+from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.symbolic import sint
+from plugrad.uop.upat import PatternMatcher, UPat
+
+TRUE = UOp.const(dtypes.bool, True)
+
+
+def idx_const(v: int) -> UOp: return UOp.const(dtypes.index, v)
+def as_index(x: sint) -> UOp: return x if isinstance(x, UOp) else idx_const(x)
+
+
+@dataclass
+class KernelContext:
+  """What one kernel collects while it is built: its buffer parameters, loop ranges and bound variables."""
+  bufs: list[UOp] = field(default_factory=list)  # BUFFER uops; the position is the DEFINE_GLOBAL slot
+  n_ranges: int = 0
+  var_vals: dict[UOp, int] = field(default_factory=dict)
+
+  def new_range(self, size: sint, kind: str) -> UOp:
+    self.n_ranges += 1
+    return UOp(Ops.RANGE, dtypes.index, (as_index(size),), arg=(self.n_ranges - 1, kind))
+
+  def param(self, buf: UOp) -> UOp:
+    if buf not in self.bufs: self.bufs.append(buf)
+    return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg), arg=self.bufs.index(buf))
+
+
+def strides_for(shape: tuple) -> tuple:
+  """Contiguous (row-major) strides of `shape`."""
+  out, acc = [], 1
+  for s in reversed(shape):
+    out.append(acc)
+    acc = acc * s
+  return tuple(reversed(out))
+
+
+def flatten(idxs: tuple[UOp, ...], shape: tuple) -> UOp:
+  """The row-major linear index of `idxs` in `shape`."""
+  ret = idx_const(0)
+  for i, st in zip(idxs, strides_for(shape)): ret = ret + i * st
+  return ret
+
+
+def _reshape_idxs(idxs: tuple[UOp, ...], new: tuple, old: tuple) -> tuple[UOp, ...]:
+  # fast path: only size-1 dims added or removed
+  if [s for s in new if s != 1] == [s for s in old if s != 1]:
+    it = iter(i for i, s in zip(idxs, new) if s != 1)
+    return tuple(idx_const(0) if s == 1 else next(it) for s in old)
+  flat = flatten(idxs, new)
+  return tuple(idx_const(0) if s == 1 else (flat // st) % s for s, st in zip(old, strides_for(old)))
+
+
+def _at(x: UOp, gate: UOp, idxs) -> UOp: return UOp(Ops.AT, x.dtype, (x, gate, *idxs))
+
+
+def push_at(ctx: KernelContext, at: UOp) -> UOp | None:
+  """One step of indexing: AT(x, gate, *idxs) rewritten according to x's op."""
+  x, gate, idxs = at.src[0], at.src[1], at.src[2:]
+  op, s = x.op, x.src
+  if op is Ops.BUFFER:
+    return UOp(Ops.LOAD, x.dtype, (UOp(Ops.INDEX, x.dtype.ptr(x.arg), (ctx.param(x), idxs[0]) + (() if gate is TRUE else (gate,))),))
+  if op is Ops.CONST: return UOp.const(x.dtype, x.arg)
+  if op is Ops.BIND:
+    var, val = x.unbind()
+    if ctx.var_vals.setdefault(var, val) != val: raise RuntimeError(f"bind mismatch on {var.arg[0]}: {ctx.var_vals[var]} != {val}")
+    return var
+  if op is Ops.DEFINE_VAR: return x
+  if op is Ops.RESHAPE: return _at(s[0], gate, _reshape_idxs(idxs, x.shape, s[0].shape))
+  if op is Ops.PERMUTE:
+    src_idx = [None] * len(idxs)
+    for i, o in enumerate(x.arg): src_idx[o] = idxs[i]
+    return _at(s[0], gate, src_idx)
+  if op is Ops.EXPAND: return _at(s[0], gate, tuple(idx_const(0) if so == 1 else i for i, so in zip(idxs, s[0].shape)))
+  if op is Ops.SHRINK: return _at(s[0], gate, tuple(i + b if b != 0 else i for i, (b, _) in zip(idxs, x.arg)))
+  if op is Ops.FLIP: return _at(s[0], gate, tuple((sz - 1) - i if f else i for i, f, sz in zip(idxs, x.arg, x.shape)))
+  if op is Ops.PAD:
+    valid, new_idx = TRUE, []
+    for i, (b, a), sz in zip(idxs, x.arg, s[0].shape):
+      if b != 0 or a != 0: valid = valid & (i < b).ne(True) & (i < b + sz)
+      new_idx.append(i - b if b != 0 else i)
+    return valid.where(_at(s[0], gate & valid, new_idx), UOp.const(x.dtype, 0))
+  if op is Ops.REDUCE_AXIS:
+    rop, axes = x.arg
+    src_idx, ranges = list(idxs), []
+    for a in axes:
+      if s[0].shape[a] == 1: src_idx[a] = idx_const(0)
+      else: ranges.append(ctx.new_range(s[0].shape[a], "reduce")); src_idx[a] = ranges[-1]
+    inner = _at(s[0], gate, src_idx)
+    return UOp(Ops.REDUCE, x.dtype, (inner, *ranges), arg=rop) if ranges else inner
+  if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+    return UOp(op, x.dtype, tuple(_at(v, gate, idxs if v.shape else ()) for v in s), x.arg)
+  if op in (Ops.CONTIGUOUS, Ops.DETACH): return _at(s[0], gate, idxs)
+  raise RuntimeError(f"the scheduler can't index {op} (shape {x.shape}) inside a kernel")
+
+
+pm_index = PatternMatcher([(UPat(Ops.AT, name="at"), push_at)])

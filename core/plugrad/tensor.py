@@ -1,0 +1,380 @@
+"""Tensor: the lazy user-facing array. Every operation builds UOps; `realize()` schedules, compiles and runs them.
+
+This module holds the Tensor class with its construction, the primitive operations every other op is written
+in (elementwise ALU with broadcasting and promotion, the six movement ops, reductions, casts) and realization.
+Composite ops live in mixin modules (see plugrad/tensor_ops/) and only call these primitives.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from plugrad.device import Device, canonicalize
+from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
+from plugrad.engine.realize import buffer_for, run_schedule
+from plugrad.schedule.kernelize import buffer_of, create_schedule, device_of, is_buffer_view, new_buffer
+from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.tensor_ops.creation import CreationMixin
+from plugrad.tensor_ops.elementwise import ElementwiseMixin
+from plugrad.tensor_ops.movement import MovementMixin
+from plugrad.tensor_ops.nn import NnMixin
+from plugrad.tensor_ops.reduce import ReduceMixin
+from plugrad.uop.symbolic import prod, resolve, sint
+
+_all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+
+
+def _canon_device(device: str | None) -> str:
+  return canonicalize(device) if device is not None else canonicalize(Device.DEFAULT)
+
+
+def _np_to_uop(arr: np.ndarray, device: str) -> UOp:
+  """A realized buffer on `device` holding a copy of `arr`, viewed in arr's shape."""
+  dt = dtypes.from_np(arr.dtype)
+  buf = new_buffer(device, max(arr.size, 1) if arr.ndim == 0 else arr.size, dt)
+  if arr.size: buffer_for(buf).copyin(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+  return _view(buf, arr.shape)
+
+
+def _view(u: UOp, shape: tuple) -> UOp: return u if u.shape == tuple(shape) else UOp(Ops.RESHAPE, u.dtype, (u,), tuple(shape))
+
+
+def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple) -> UOp:
+  c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), dtypes.as_const(value, dtype))
+  if not shape: return c
+  c = UOp(Ops.RESHAPE, dtype, (c,), (1,) * len(shape))
+  return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
+
+
+def _check_shape(shape: Sequence) -> tuple:
+  for s in shape:
+    if isinstance(s, bool) or not isinstance(s, (int, UOp)) or (isinstance(s, int) and s < 0):
+      raise ValueError(f"invalid shape {tuple(shape)}: dimensions must be non-negative ints")
+  return tuple(shape)
+
+
+def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
+  if isinstance(data, (bool, int, float)):
+    return _const_uop(data, dtype or dtypes.from_py(data), device, ())
+  if isinstance(data, (bytes, bytearray, memoryview)): return _np_to_uop(np.frombuffer(bytes(data), np.uint8), device)
+  if isinstance(data, (list, tuple)):
+    want = dtype or dtypes.from_py(data)
+    try: arr = np.array(data, dtype=want.np if want.np is not None else np.float32)
+    except ValueError as e: raise ValueError(f"can't make a tensor from a ragged or malformed nested list: {e}") from None
+    return _cast_np(arr, want, device)
+  if isinstance(data, np.ndarray):
+    if data.dtype == np.float16 or data.dtype.kind in "biuf":
+      return _cast_np(data, dtype or dtypes.from_np(data.dtype), device)
+    raise TypeError(f"can't make a tensor from a numpy array of dtype {data.dtype}")
+  raise TypeError(f"can't make a tensor from {type(data).__name__}")
+
+
+def _cast_np(arr: np.ndarray, dtype: DType, device: str) -> UOp:
+  if dtype.np is not None: return _np_to_uop(arr.astype(dtype.np, copy=False), device)
+  return Tensor(_np_to_uop(arr.astype(np.float32), device)).cast(dtype).uop
+
+
+class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin):
+  """A lazily evaluated n-dimensional array on a device."""
+  __slots__ = ("uop", "requires_grad", "grad", "_ctx", "__weakref__")
+  training: bool = False
+  no_grad: bool = False
+
+  def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
+    dt = to_dtype(dtype) if dtype is not None else None
+    if isinstance(data, UOp): uop = data
+    else:
+      uop = _from_data(data, _canon_device(device), dt)
+      if dt is not None and uop.dtype != dt: uop = UOp(Ops.CAST, dt, (uop,))
+    self.uop: UOp = uop
+    self.requires_grad, self.grad, self._ctx = requires_grad, None, None
+    _all_tensors.add(self)
+
+  # ***** properties *****
+  @property
+  def shape(self) -> tuple[sint, ...]: return self.uop.shape
+  @property
+  def dtype(self) -> DType: return self.uop.dtype
+  @property
+  def device(self) -> str: return device_of(self.uop)
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> sint: return prod(self.shape)
+  def nbytes(self) -> sint: return self.numel() * self.dtype.itemsize
+  def element_size(self) -> int: return self.dtype.itemsize
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype!r} on {self.device}{' realized' if is_buffer_view(self.uop) else ''}>"
+  def __hash__(self) -> int: return id(self)
+
+  # ***** realization *****
+  def schedule(self, *others: Tensor):
+    """The schedule items (kernels and copies) that would realize these tensors, without running them."""
+    return create_schedule([t.uop for t in (self, *others) if not is_buffer_view(t.uop)])[0]
+
+  def realize(self, *others: Tensor) -> Tensor:
+    """Compute this tensor (and `others`) into device buffers."""
+    Tensor.realize_all(self, *others)
+    return self
+
+  @staticmethod
+  def realize_all(*tensors: Tensor) -> None:
+    targets = list(dict.fromkeys(t.uop for t in tensors if not is_buffer_view(t.uop)))
+    if not targets: return
+    items, becomes = create_schedule(targets)
+    run_schedule(items)
+    for t in list(_all_tensors):
+      if not is_buffer_view(t.uop): t.uop = becomes.get(t.uop) or t.uop.substitute(becomes, walk=True)
+
+  def _host_view(self) -> tuple[Any, tuple]:
+    """A realized contiguous Buffer for this tensor and its shape."""
+    t = self if _is_contiguous(self.uop) else self.contiguous()
+    t.realize()
+    if not _is_contiguous(t.uop): t = t.contiguous().realize()
+    return buffer_for(buffer_of(t.uop)), t.shape
+
+  def numpy(self) -> np.ndarray:
+    """The values as a numpy array (a copy)."""
+    for s in self.shape:
+      if isinstance(s, UOp): raise ValueError(f"can't convert a tensor with symbolic shape {self.shape} to numpy")
+    if self.dtype.np is None: return self.cast(dtypes.float32).numpy()
+    if self.numel() == 0: return np.zeros(self.shape, self.dtype.np)
+    buf, shape = self._host_view()
+    return buf.numpy()[:prod(shape)].reshape(shape).copy()
+
+  def tolist(self) -> Any: return self.numpy().tolist()
+  def data(self) -> memoryview:
+    """The values as a memoryview shaped like the tensor."""
+    arr = self.numpy()
+    return memoryview(arr).cast(arr.dtype.char, arr.shape) if arr.ndim else memoryview(arr.reshape(1)).cast(arr.dtype.char)
+  def item(self) -> ConstType:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+    return self.numpy().reshape(()).item()
+
+  def to(self, device: str | None) -> Tensor:
+    """This tensor on `device` (itself if it is there already)."""
+    device = _canon_device(device)
+    if device == self.device: return self
+    return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, UOp(Ops.DEVICE, arg=device))))
+
+  def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+
+  # ***** creation helpers *****
+  @staticmethod
+  def full(shape: Sequence[sint] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
+    shape = _check_shape((shape,) if isinstance(shape, int) else tuple(shape))
+    dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+    return Tensor(_const_uop(fill_value, dt, _canon_device(device), shape), **kw)
+  @staticmethod
+  def zeros(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
+    return Tensor.full(_argshape(shape), 0, dtype or dtypes.default_float, device, **kw)
+  @staticmethod
+  def ones(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
+    return Tensor.full(_argshape(shape), 1, dtype or dtypes.default_float, device, **kw)
+  @staticmethod
+  def empty(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
+    shape = _check_shape(_argshape(shape))
+    dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+    return Tensor(_view(new_buffer(_canon_device(device), prod(shape), dt), shape), **kw)
+
+  def _const_like(self, v: ConstType, dtype: DType | None = None) -> Tensor:
+    return Tensor(_const_uop(v, dtype or self.dtype, self.device, self.shape))
+
+  # ***** movement primitives *****
+  def reshape(self, shape, *args) -> Tensor:
+    new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, int) else shape)
+    if new.count(-1) > 1: raise ValueError(f"reshape can infer only one dimension, got {new}")
+    if -1 in new:
+      known = prod([s for s in new if s != -1])
+      if known == 0 or self.numel() % known != 0: raise ValueError(f"can't reshape {self.shape} to {new}")
+      new = tuple(self.numel() // known if s == -1 else s for s in new)
+    new = _check_shape(new)
+    if resolve(prod(new) != self.numel() if isinstance(prod(new), int) and isinstance(self.numel(), int) else False, True):
+      raise ValueError(f"can't reshape tensor of shape {self.shape} ({self.numel()} elements) to {new}")
+    return self if new == self.shape else Tensor(UOp(Ops.RESHAPE, self.dtype, (self.uop,), new))
+
+  def permute(self, order, *args) -> Tensor:
+    order = tuple(self._axis(a) for a in ((order, *args) if args or isinstance(order, int) else order))
+    if sorted(order) != list(range(self.ndim)): raise ValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
+    return self if order == tuple(range(self.ndim)) else Tensor(UOp(Ops.PERMUTE, self.dtype, (self.uop,), order))
+
+  def expand(self, shape, *args) -> Tensor:
+    new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, int) else shape)
+    if len(new) < self.ndim: raise ValueError(f"can't expand {self.shape} to fewer dims {new}")
+    x = self.reshape((1,) * (len(new) - self.ndim) + self.shape) if len(new) > self.ndim else self
+    new = tuple(o if n == -1 else n for o, n in zip(x.shape, new))
+    for o, n in zip(x.shape, new):
+      if o != n and o != 1: raise ValueError(f"can't expand {self.shape} to {new}: dims must match or be 1")
+    return x if new == x.shape else Tensor(UOp(Ops.EXPAND, self.dtype, (x.uop,), _check_shape(new)))
+
+  def _pad(self, pads: tuple[tuple[sint, sint], ...]) -> Tensor:
+    if all(b == 0 and a == 0 for b, a in pads): return self
+    if any(isinstance(v, int) and v < 0 for p in pads for v in p): raise ValueError(f"negative padding {pads} (use shrink)")
+    return Tensor(UOp(Ops.PAD, self.dtype, (self.uop,), tuple(pads)))
+
+  def shrink(self, arg: Sequence[tuple[sint, sint] | None]) -> Tensor:
+    if len(arg) != self.ndim: raise ValueError(f"shrink needs {self.ndim} (start, end) pairs, got {len(arg)}")
+    bounds = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
+    for (b, e), s in zip(bounds, self.shape):
+      if isinstance(b, int) and isinstance(e, int) and isinstance(s, int) and not 0 <= b <= e <= s:
+        raise ValueError(f"shrink {bounds} out of range for shape {self.shape}")
+    if all(b == 0 and e == s for (b, e), s in zip(bounds, self.shape)): return self
+    return Tensor(UOp(Ops.SHRINK, self.dtype, (self.uop,), bounds))
+
+  def flip(self, axis, *args) -> Tensor:
+    axes = {self._axis(a) for a in ((axis, *args) if args or isinstance(axis, int) else axis)}
+    return Tensor(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim)))) if axes else self
+
+  def _axis(self, a: int, ndim: int | None = None) -> int:
+    n = self.ndim if ndim is None else ndim
+    if not isinstance(a, int) or isinstance(a, bool): raise TypeError(f"axis must be an int, got {a!r}")
+    if not -max(n, 1) <= a < max(n, 1): raise IndexError(f"axis {a} is out of range for a tensor of {n} dims (shape {self.shape})")
+    return a + n if a < 0 else a
+
+  # ***** elementwise primitives *****
+  def _broadcast_shape(self, *others: Tensor) -> tuple:
+    shapes = [self.shape, *(o.shape for o in others)]
+    n = max(len(s) for s in shapes)
+    padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for dims in zip(*padded):
+      big = [d for d in dims if not (isinstance(d, int) and d == 1)]
+      if any(d is not big[0] and d != big[0] for d in big[1:]):
+        raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
+      out.append(big[0] if big else 1)
+    return tuple(out)
+
+  def _to_tensor(self, x: Any, reverse_dtype: bool = False) -> Tensor:
+    if isinstance(x, Tensor): return x
+    if isinstance(x, (bool, int, float)):
+      if isinstance(x, float) and not dtypes.is_float(self.dtype): dt = least_upper_float(self.dtype)
+      elif isinstance(x, int) and not isinstance(x, bool) and self.dtype == dtypes.bool: dt = dtypes.default_int
+      else: dt = self.dtype
+      return Tensor(_const_uop(x, dt, self.device, ()))
+    return Tensor(x, device=self.device)
+
+  def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
+    x, y = self, self._to_tensor(y)
+    if reverse: x, y = y, x
+    if match_dtype and x.dtype != y.dtype:
+      out = least_upper_dtype(x.dtype, y.dtype)
+      x, y = x.cast(out), y.cast(out)
+    shape = x._broadcast_shape(y)
+    return x._expand_to(shape), y._expand_to(shape)
+
+  def _expand_to(self, shape: tuple) -> Tensor:
+    if self.shape == shape: return self
+    return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape) if self.ndim < len(shape) else self.expand(shape)
+
+  def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
+    return Tensor(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
+
+  def _binop(self, op: Ops, y: Any, reverse: bool = False) -> Tensor:
+    a, b = self._broadcasted(y, reverse)
+    return a._alu(op, b, dtype=dtypes.bool if op in GroupOp.Comparison else None)
+
+  def cast(self, dtype: DType | str) -> Tensor:
+    dt = to_dtype(dtype)
+    return self if dt == self.dtype else Tensor(UOp(Ops.CAST, dt, (self.uop,)))
+
+  def bitcast(self, dtype: DType | str) -> Tensor:
+    dt = to_dtype(dtype)
+    if dt == self.dtype: return self
+    if dt.itemsize != self.dtype.itemsize:
+      if not self.shape: raise ValueError(f"can't bitcast a 0-d {self.dtype} tensor to {dt} of another size")
+      last = self.shape[-1] * self.dtype.itemsize
+      if last % dt.itemsize: raise ValueError(f"can't bitcast last dim of {self.shape} ({self.dtype}) to {dt}")
+      raw = self.contiguous().realize()
+      buf = buffer_of(raw.uop)
+      view = UOp(Ops.BUFFER_VIEW, dt, (buf,), (buf.arg * self.dtype.itemsize // dt.itemsize, 0))
+      return Tensor(_view(view, (*self.shape[:-1], last // dt.itemsize)))
+    return Tensor(UOp(Ops.BITCAST, dt, (self.uop,)))
+
+  # ***** reduce primitive *****
+  def _reduce(self, op: Ops, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    axes = tuple(range(self.ndim)) if axis is None else tuple(sorted({self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis)}))
+    new_shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
+    if not axes: return self
+    for a in axes:
+      if self.shape[a] == 0:
+        if op is Ops.MAX: raise RuntimeError(f"max/min of an empty axis {a} of shape {self.shape}")
+        ident = 0 if op is Ops.ADD else 1
+        out = Tensor.full(tuple(1 if i in axes else s for i, s in enumerate(self.shape)), ident, self.dtype, self.device)
+        return out if keepdim else out.reshape(new_shape)
+    ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+    return ret if keepdim else ret.reshape(new_shape)
+
+  def sum(self, axis=None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+    acc = to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype)
+    ret = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
+    return ret.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) and self.dtype != acc else ret
+
+  def max(self, axis=None, keepdim: bool = False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
+  def prod(self, axis=None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+    return self.cast(to_dtype(dtype) if dtype is not None else self.dtype)._reduce(Ops.MUL, axis, keepdim)
+
+  # ***** operators *****
+  def add(self, x, reverse: bool = False) -> Tensor: return self._binop(Ops.ADD, x, reverse)
+  def mul(self, x, reverse: bool = False) -> Tensor: return self._binop(Ops.MUL, x, reverse)
+  def sub(self, x, reverse: bool = False) -> Tensor:
+    a, b = self._broadcasted(x, reverse)
+    return a._alu(Ops.ADD, -b)
+  def neg(self) -> Tensor:
+    if self.dtype == dtypes.bool: return self.logical_not()
+    return self._alu(Ops.NEG) if dtypes.is_float(self.dtype) else self * -1
+  def logical_not(self) -> Tensor: return self._binop(Ops.CMPNE, True) if self.dtype == dtypes.bool else self.cast(dtypes.bool).logical_not()
+  def div(self, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+    a, b = self._broadcasted(x, reverse, match_dtype=False)
+    if rounding_mode is None:
+      out = least_upper_float(least_upper_dtype(a.dtype, b.dtype))
+      return a.cast(out)._alu(Ops.FDIV, b.cast(out))
+    raise NotImplementedError(f"div rounding_mode {rounding_mode!r}")
+  def maximum(self, x) -> Tensor: return self._binop(Ops.MAX, x)
+  def exp2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.EXP2)
+  def log2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.LOG2)
+  def exp(self) -> Tensor: return (self.cast(least_upper_float(self.dtype)) * (1 / math.log(2))).exp2()
+  def log(self) -> Tensor: return self.log2() * math.log(2)
+  def sqrt(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.SQRT)
+  def relu(self) -> Tensor: return self.maximum(0)
+  def where(self, x, y) -> Tensor:
+    cond = self.cast(dtypes.bool)
+    xt, yt = cond._to_tensor(x), cond._to_tensor(y)
+    if xt.dtype != yt.dtype:
+      out = least_upper_dtype(xt.dtype, yt.dtype) if isinstance(x, Tensor) and isinstance(y, Tensor) else (xt if isinstance(x, Tensor) else yt).dtype
+      xt, yt = xt.cast(out), yt.cast(out)
+    shape = cond._broadcast_shape(xt, yt)
+    return cond._expand_to(shape)._alu(Ops.WHERE, xt._expand_to(shape), yt._expand_to(shape), dtype=xt.dtype)
+
+  def __add__(self, x): return self.add(x)
+  def __radd__(self, x): return self.add(x, True)
+  def __sub__(self, x): return self.sub(x)
+  def __rsub__(self, x): return self.sub(x, True)
+  def __mul__(self, x): return self.mul(x)
+  def __rmul__(self, x): return self.mul(x, True)
+  def __truediv__(self, x): return self.div(x)
+  def __rtruediv__(self, x): return self.div(x, True)
+  def __neg__(self): return self.neg()
+  def __lt__(self, x): return self._binop(Ops.CMPLT, x)
+  def __gt__(self, x): return self._binop(Ops.CMPLT, x, True)
+  def __ge__(self, x): return (self < x).logical_not()
+  def __le__(self, x): return (self > x).logical_not()
+  def __eq__(self, x): return self._binop(Ops.CMPEQ, x)  # type: ignore[override]
+  def __ne__(self, x): return self._binop(Ops.CMPNE, x)  # type: ignore[override]
+  def __bool__(self): raise TypeError("the truth value of a Tensor is ambiguous; use .item() or .numpy()")
+
+
+def _argshape(shape: tuple) -> tuple:
+  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): return tuple(shape[0])
+  return tuple(shape)
+
+
+def _is_contiguous(u: UOp) -> bool:
+  """A BUFFER (or BUFFER_VIEW) seen through reshapes only: its memory is the tensor in row-major order."""
+  while u.op is Ops.RESHAPE: u = u.src[0]
+  return u.op is Ops.BUFFER
+

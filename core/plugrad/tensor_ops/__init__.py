@@ -1,0 +1,1 @@
+"""Op-group mixins of Tensor: creation, movement, elementwise math, reductions, nn functional."""

@@ -1,0 +1,33 @@
+"""Shape inference for tensor-level UOps (movement ops, reduces, elementwise ops, buffers, copies).
+
+Shapes are tuples of `sint` (int or a symbolic index UOp). Movement ops carry their target in `arg`:
+RESHAPE/EXPAND the new shape, PERMUTE the order, PAD ((before, after), ...), SHRINK ((start, end), ...),
+FLIP a tuple of bools; REDUCE_AXIS arg is (op, axes) and keeps reduced axes as size 1.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plugrad.uop.ops import GroupOp, Ops
+
+if TYPE_CHECKING:
+  from plugrad.uop.ops import UOp
+
+_SHAPELESS = (Ops.CONST, Ops.VCONST, Ops.DEFINE_VAR, Ops.BIND, Ops.DEVICE, Ops.UNIQUE, Ops.SINK, Ops.RANGE, Ops.SPECIAL, Ops.AT)
+
+
+def shape_of(u: UOp) -> tuple:
+  op, arg = u.op, u.arg
+  if op in _SHAPELESS: return ()
+  if op is Ops.BUFFER: return (arg,)
+  if op is Ops.BUFFER_VIEW: return (arg[0],)
+  if op in (Ops.RESHAPE, Ops.EXPAND): return tuple(arg)
+  src = u.src[0].shape if u.src else ()
+  if op is Ops.PERMUTE: return tuple(src[i] for i in arg)
+  if op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(src, arg))
+  if op is Ops.SHRINK: return tuple(e - b for b, e in arg)
+  if op is Ops.FLIP: return src
+  if op is Ops.REDUCE_AXIS: return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
+  if op in GroupOp.ALU:  # the widest source: a WHERE may mix a tensor with scalar constants
+    return max((s.shape for s in u.src), key=len)
+  return src  # CAST, BITCAST, CONTIGUOUS, DETACH, COPY, ASSIGN, AFTER, BUFFER_VIEW ...
