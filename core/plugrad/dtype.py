@@ -6,6 +6,7 @@ documented in docs/dtypes.md and summarised in `PROMO_LATTICE` below.
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -189,12 +190,15 @@ FINFO = {dtypes.fp8e4m3: (4, 3), dtypes.fp8e5m2: (5, 2), dtypes.float16: (5, 10)
          dtypes.float32: (8, 23), dtypes.float64: (11, 52)}
 DTYPES_DICT: dict[str, DType] = {k: v for k, v in vars(dtypes).items() if isinstance(v, DType) and k == v.name and v.priority >= 0}
 _STR_ALIASES = {"half": dtypes.float16, "float": dtypes.float32, "double": dtypes.float64, "long": dtypes.int64, "int": dtypes.int32,
+                "uint": dtypes.uint32, "char": dtypes.int8, "uchar": dtypes.uint8, "short": dtypes.int16, "ushort": dtypes.uint16,
+                "ulong": dtypes.uint64,
                 "bf16": dtypes.bfloat16, "fp16": dtypes.float16, "fp32": dtypes.float32, "fp64": dtypes.float64}
 
 
 def to_dtype(x: DType | str | np.dtype | type) -> DType:
   """Coerce a DType, a name like "float32"/"half", a numpy dtype or a Python type (bool/int/float) to a DType."""
   if isinstance(x, DType): return x
+  if x is None: raise TypeError("to_dtype(None): no dtype given")
   if isinstance(x, str):
     if x in DTYPES_DICT: return DTYPES_DICT[x]
     if x in _STR_ALIASES: return _STR_ALIASES[x]
@@ -274,6 +278,7 @@ def _round_f16(x) -> float:
   except OverflowError: return math.copysign(math.inf, float(x))
 
 
+@functools.lru_cache(maxsize=None)
 def truncate(dt: DType):
   """A function mapping a Python number to the value it has after a cast to `dt`."""
   dt = dt.scalar()

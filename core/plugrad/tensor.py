@@ -57,6 +57,7 @@ def _check_shape(shape: Sequence) -> tuple:
 
 
 def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
+  if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
     return _const_uop(data, dtype or dtypes.from_py(data), device, ())
   if isinstance(data, (bytes, bytearray, memoryview)): return _np_to_uop(np.frombuffer(bytes(data), np.uint8), device)
@@ -125,16 +126,21 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def realize_all(*tensors: Tensor) -> None:
     targets = list(dict.fromkeys(t.uop for t in tensors if not is_buffer_view(t.uop)))
     if not targets: return
-    items, becomes = create_schedule(targets)
+    tset = set(targets)
+    keep: set[UOp] = set()  # nodes other live tensors still reference: their buffers must not be reused
+    for t in list(_all_tensors):
+      if t.uop not in tset and not is_buffer_view(t.uop): keep.update(t.uop.toposort(gate=lambda x: not is_buffer_view(x)))
+    items, becomes = create_schedule(targets, keep)
     run_schedule(items)
     for t in list(_all_tensors):
-      if not is_buffer_view(t.uop): t.uop = becomes.get(t.uop) or t.uop.substitute(becomes, walk=True)
+      if not is_buffer_view(t.uop):
+        b = becomes.get(t.uop)
+        t.uop = b if b is not None else t.uop.substitute(becomes, walk=True)
 
   def _host_view(self) -> tuple[Any, tuple]:
     """A realized contiguous Buffer for this tensor and its shape."""
-    t = self if _is_contiguous(self.uop) else self.contiguous()
-    t.realize()
-    if not _is_contiguous(t.uop): t = t.contiguous().realize()
+    self.realize()
+    t = self if _is_contiguous(self.uop) else self.contiguous().realize()
     return buffer_for(buffer_of(t.uop)), t.shape
 
   def numpy(self) -> np.ndarray:
@@ -297,7 +303,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   # ***** reduce primitive *****
   def _reduce(self, op: Ops, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    axes = tuple(range(self.ndim)) if axis is None else tuple(sorted({self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis)}))
+    axis_list = [] if self.ndim == 0 and axis in (0, -1, (), None) else \
+      list(range(self.ndim)) if axis is None else [self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis)]
+    if len(set(axis_list)) != len(axis_list): raise ValueError(f"duplicate axis in {axis} for shape {self.shape}")
+    axes = tuple(sorted(axis_list))
     new_shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
     if not axes: return self
     for a in axes:
@@ -314,7 +323,12 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     ret = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
     return ret.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) and self.dtype != acc else ret
 
-  def max(self, axis=None, keepdim: bool = False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
+  def max(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Maximum over axis; a nan anywhere in the reduced elements gives nan (as numpy)."""
+    m = self._reduce(Ops.MAX, axis, keepdim)
+    if not dtypes.is_float(self.dtype): return m
+    has_nan = self._binop(Ops.CMPNE, self).cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
+    return has_nan.where(float("nan"), m)
   def prod(self, axis=None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
     return self.cast(to_dtype(dtype) if dtype is not None else self.dtype)._reduce(Ops.MUL, axis, keepdim)
 
@@ -333,8 +347,15 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if rounding_mode is None:
       out = least_upper_float(least_upper_dtype(a.dtype, b.dtype))
       return a.cast(out)._alu(Ops.FDIV, b.cast(out))
-    raise NotImplementedError(f"div rounding_mode {rounding_mode!r}")
-  def maximum(self, x) -> Tensor: return self._binop(Ops.MAX, x)
+    if rounding_mode == "floor": return self.floordiv(x, reverse)
+    if rounding_mode == "trunc": return self.idiv(x, reverse) if not dtypes.is_float(least_upper_dtype(a.dtype, b.dtype)) else a.div(b).trunc()
+    raise ValueError(f"div rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+  def maximum(self, x) -> Tensor:
+    """Elementwise max; nan in either input gives nan (as numpy)."""
+    a, b = self._broadcasted(x)
+    m = a._alu(Ops.MAX, b)
+    if not dtypes.is_float(a.dtype): return m
+    return a._binop(Ops.CMPNE, a).where(a, b._binop(Ops.CMPNE, b).where(b, m))
   def exp2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.EXP2)
   def log2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.LOG2)
   def exp(self) -> Tensor: return (self.cast(least_upper_float(self.dtype)) * (1 / math.log(2))).exp2()
@@ -361,8 +382,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def __neg__(self): return self.neg()
   def __lt__(self, x): return self._binop(Ops.CMPLT, x)
   def __gt__(self, x): return self._binop(Ops.CMPLT, x, True)
-  def __ge__(self, x): return (self < x).logical_not()
-  def __le__(self, x): return (self > x).logical_not()
+  def __ge__(self, x): return self._binop(Ops.CMPLT, x, True) | self._binop(Ops.CMPEQ, x)  # nan compares false, unlike not(<)
+  def __le__(self, x): return self._binop(Ops.CMPLT, x) | self._binop(Ops.CMPEQ, x)
   def __eq__(self, x): return self._binop(Ops.CMPEQ, x)  # type: ignore[override]
   def __ne__(self, x): return self._binop(Ops.CMPNE, x)  # type: ignore[override]
   def __bool__(self): raise TypeError("the truth value of a Tensor is ambiguous; use .item() or .numpy()")

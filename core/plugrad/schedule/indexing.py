@@ -32,8 +32,9 @@ class KernelContext:
     return UOp(Ops.RANGE, dtypes.index, (as_index(size),), arg=(self.n_ranges - 1, kind))
 
   def param(self, buf: UOp) -> UOp:
+    """The DEFINE_GLOBAL for a BUFFER (or a scheduler placeholder PARAM, whose arg is (kind, i, size, device))."""
     if buf not in self.bufs: self.bufs.append(buf)
-    return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg), arg=self.bufs.index(buf))
+    return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg if buf.op is Ops.BUFFER else buf.arg[2]), arg=self.bufs.index(buf))
 
 
 def strides_for(shape: tuple) -> tuple:
@@ -68,8 +69,9 @@ def push_at(ctx: KernelContext, at: UOp) -> UOp | None:
   """One step of indexing: AT(x, gate, *idxs) rewritten according to x's op."""
   x, gate, idxs = at.src[0], at.src[1], at.src[2:]
   op, s = x.op, x.src
-  if op is Ops.BUFFER:
-    return UOp(Ops.LOAD, x.dtype, (UOp(Ops.INDEX, x.dtype.ptr(x.arg), (ctx.param(x), idxs[0]) + (() if gate is TRUE else (gate,))),))
+  if op in (Ops.BUFFER, Ops.PARAM):
+    size = x.arg if op is Ops.BUFFER else x.arg[2]
+    return UOp(Ops.LOAD, x.dtype, (UOp(Ops.INDEX, x.dtype.ptr(size), (ctx.param(x), idxs[0]) + (() if gate is TRUE else (gate,))),))
   if op is Ops.CONST: return UOp.const(x.dtype, x.arg)
   if op is Ops.BIND:
     var, val = x.unbind()

@@ -1,6 +1,446 @@
-"""Tensor ops mixin: movement. Methods here are written only in terms of Tensor's primitives (see plugrad/tensor.py)."""
+"""Tensor ops mixin: movement and indexing. Methods here are written only in terms of Tensor's primitives (see plugrad/tensor.py).
+
+Basic indexing (ints, slices with any step, None, Ellipsis) is pure movement ops: no kernel. Advanced indexing
+(int/bool tensors, lists) follows numpy's rules and is built as one-hot comparisons against an arange and a sum,
+which fuses. `__setitem__` stores into the realized buffer through an ASSIGN node, or rebuilds an unrealized tensor
+functionally with `where`.
+"""
 from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from plugrad.dtype import dtypes, least_upper_dtype
+from plugrad.uop.ops import Ops
+
+
+def _T():
+  from plugrad.tensor import Tensor
+  return Tensor
+
+
+def _ints(args: tuple) -> tuple:
+  return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
+def _combine(a: Any, b: Any) -> Any:
+  """a + b of two same-dtype tensors where at most one is nonzero at every position (OR for bool)."""
+  return a._alu(Ops.OR if a.dtype == dtypes.bool else Ops.ADD, b)
+
+
+def _not_bits(x: Any) -> Any:
+  """An order-reversing bijection: -x for floats, ~x for ints (min(x) = f(max(f(x))))."""
+  if dtypes.is_float(x.dtype): return x._alu(Ops.NEG)
+  return x._alu(Ops.XOR, x._const_like(-1 if not dtypes.is_unsigned(x.dtype) else dtypes.max(x.dtype)))
 
 
 class MovementMixin:
   __slots__ = ()
+
+  # ***** shape views *****
+  def view(self, shape, *args) -> Any: return self.reshape(shape, *args)
+
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Any:
+    order = list(range(self.ndim))
+    a, b = self._axis(dim0), self._axis(dim1)
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+
+  @property
+  def T(self) -> Any: return self if self.ndim < 2 else self.transpose()
+
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Any:
+    if self.ndim == 0: return self.reshape(1)
+    s, e = self._axis(start_dim), self._axis(end_dim)
+    if s > e: raise ValueError(f"flatten start_dim {start_dim} comes after end_dim {end_dim} for shape {self.shape}")
+    return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+  def unflatten(self, dim: int, sizes: Sequence[int]) -> Any:
+    d = self._axis(dim)
+    sizes = tuple(sizes)
+    if sizes.count(-1) == 1:
+      known = math.prod(s for s in sizes if s != -1)
+      if known == 0 or self.shape[d] % known: raise ValueError(f"unflatten: can't split dim {dim} of size {self.shape[d]} into {sizes}")
+      sizes = tuple(self.shape[d] // known if s == -1 else s for s in sizes)
+    if math.prod(sizes) != self.shape[d]: raise ValueError(f"unflatten: sizes {sizes} don't multiply to dim {dim} of size {self.shape[d]}")
+    return self.reshape(self.shape[:d] + sizes + self.shape[d + 1:])
+
+  def squeeze(self, dim: int | Sequence[int] | None = None) -> Any:
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    dims = {self._axis(d) for d in ((dim,) if isinstance(dim, int) else dim)} if self.ndim else set()
+    return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in dims and s == 1)))
+
+  def unsqueeze(self, dim: int) -> Any:
+    d = self._axis(dim, self.ndim + 1)
+    return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+  # ***** padding *****
+  def _pad_pairs(self, padding) -> list[tuple[int, int]]:
+    padding = tuple(padding)
+    if padding and all(p is None or isinstance(p, (tuple, list)) for p in padding):
+      if len(padding) != self.ndim: raise ValueError(f"pad: {len(padding)} (before, after) pairs for a tensor of shape {self.shape}")
+      pairs = [(0, 0) if p is None else tuple(p) for p in padding]
+      if any(len(p) != 2 for p in pairs): raise ValueError(f"pad: each entry must be a (before, after) pair, got {padding}")
+    else:
+      if len(padding) % 2 or len(padding) // 2 > self.ndim:
+        raise ValueError(f"pad: flat padding {padding} must have an even length <= 2*ndim for shape {self.shape}")
+      pairs = [(0, 0)] * self.ndim
+      for i in range(len(padding) // 2): pairs[self.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
+    for p in pairs:
+      if any(isinstance(v, bool) or not isinstance(v, int) for v in p): raise TypeError(f"pad amounts must be ints, got {padding}")
+    return [tuple(p) for p in pairs]
+
+  def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Any:
+    """Pad with torch's flat format (last dim first) or a tuple of (before, after) pairs per dim; negative pads shrink."""
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+      raise ValueError(f"pad mode {mode!r} is not one of constant, reflect, replicate, circular")
+    pairs = self._pad_pairs(padding)
+    for (b, a), s in zip(pairs, self.shape):
+      if -b - a > s or -b > s or -a > s: raise ValueError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
+    x = self.shrink(tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape)))
+    pos = [(max(0, b), max(0, a)) for b, a in pairs]
+    if mode == "constant":
+      ret = x._pad(tuple(pos))
+      if value != 0 and any(b or a for b, a in pos):
+        mask = _T().ones(x.shape, dtype=dtypes.bool, device=x.device)._pad(tuple(pos))
+        ret = mask.where(ret, value)
+      return ret
+    for d, (b, a) in enumerate(pos):
+      if not b and not a: continue
+      s = x.shape[d]
+      if mode == "reflect" and (b >= s or a >= s): raise ValueError(f"reflect pad ({b}, {a}) must be smaller than dim {d} of size {s}")
+      if mode == "circular" and (b > s or a > s): raise ValueError(f"circular pad ({b}, {a}) can't exceed dim {d} of size {s}")
+      if s == 0: raise ValueError(f"can't {mode}-pad dim {d} of size 0")
+      def sl(lo, hi, d=d): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+      if mode == "reflect": left, right = sl(1, b + 1).flip(d), sl(s - a - 1, s - 1).flip(d)
+      elif mode == "replicate":
+        left = sl(0, 1).expand(tuple(b if i == d else n for i, n in enumerate(x.shape)))
+        right = sl(s - 1, s).expand(tuple(a if i == d else n for i, n in enumerate(x.shape)))
+      else: left, right = sl(s - b, s), sl(0, a)
+      x = left.cat(x, right, dim=d)
+    return x
+
+  # ***** joining and splitting *****
+  def cat(self, *args, dim: int = 0) -> Any:
+    ts = [self, *args]
+    if any(t.ndim == 0 for t in ts): raise ValueError(f"cat: zero-dimensional tensors can't be concatenated, got {[tuple(x.shape) for x in ts]}")
+    d = self._axis(dim)
+    for t in ts:
+      if t.ndim != self.ndim or any(i != d and a != b for i, (a, b) in enumerate(zip(t.shape, self.shape))):
+        raise ValueError(f"cat: shapes {[tuple(x.shape) for x in ts]} must match except in dim {dim}")
+    dt = least_upper_dtype(*(t.dtype for t in ts))
+    ts = [t.cast(dt) for t in ts]
+    total, off, ret = sum(t.shape[d] for t in ts), 0, None
+    for t in ts:
+      p = t._pad(tuple((off, total - off - t.shape[d]) if i == d else (0, 0) for i in range(t.ndim)))
+      off += t.shape[d]
+      ret = p if ret is None else _combine(ret, p)
+    return ret
+
+  def stack(self, *args, dim: int = 0) -> Any:
+    ts = [self, *args]
+    for t in ts:
+      if t.shape != self.shape: raise ValueError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in ts]}")
+    d = self._axis(dim, self.ndim + 1)
+    return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
+
+  def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple:
+    d = self._axis(dim)
+    n = self.shape[d]
+    if isinstance(sizes, int):
+      if sizes <= 0: raise ValueError(f"split size must be positive, got {sizes}")
+      sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
+    if sum(sizes) != n: raise ValueError(f"split sizes {list(sizes)} must sum to dim {dim} of size {n}")
+    out, off = [], 0
+    for s in sizes:
+      out.append(self.shrink(tuple((off, off + s) if i == d else None for i in range(self.ndim))))
+      off += s
+    return tuple(out)
+
+  def chunk(self, chunks: int, dim: int = 0) -> tuple:
+    if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk count must be a positive int, got {chunks!r}")
+    d = self._axis(dim)
+    return self.split(max(1, -(-self.shape[d] // chunks)), d)
+
+  def repeat(self, repeats, *args) -> Any:
+    reps = _ints((repeats, *args))
+    if len(reps) < self.ndim: raise ValueError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {reps}")
+    base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
+    inter = tuple(v for s in base.shape for v in (1, s))
+    exp = tuple(v for r, s in zip(reps, base.shape) for v in (r, s))
+    return base.reshape(inter).expand(exp).reshape(tuple(r * s for r, s in zip(reps, base.shape)))
+
+  def repeat_interleave(self, repeats: int, dim: int | None = None) -> Any:
+    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeat_interleave needs an int repeats >= 0, got {repeats!r}")
+    x, d = (self.flatten(), 0) if dim is None else (self, self._axis(dim))
+    x = x.unsqueeze(d + 1)
+    return x.expand(x.shape[:d + 1] + (repeats,) + x.shape[d + 2:]).flatten(d, d + 1)
+
+  def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Any:
+    if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
+    shifts, dims = (shifts,) if isinstance(shifts, int) else tuple(shifts), (dims,) if isinstance(dims, int) else tuple(dims)
+    if len(shifts) != len(dims): raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    x = self
+    for sh, dm in zip(shifts, dims):
+      d = x._axis(dm)
+      s = x.shape[d]
+      if s == 0 or sh % s == 0: continue
+      k = sh % s
+      rep = x.repeat(tuple(2 if i == d else 1 for i in range(x.ndim)))
+      x = rep.shrink(tuple((s - k, 2 * s - k) if i == d else None for i in range(x.ndim)))
+    return x
+
+  # ***** gather / scatter *****
+  def _onehot(self, idx: Any, n: int) -> Any:
+    """idx[..., None] == arange(n) with negative indices wrapped."""
+    idx = idx.cast(dtypes.int32) if idx.dtype != dtypes.int32 else idx
+    idx = (idx < 0).where(idx + n, idx)
+    return idx.unsqueeze(-1)._binop(Ops.CMPEQ, _T().arange(n, device=self.device))
+
+  def _check_index_tensor(self, name: str, index: Any, dim: int) -> None:
+    if not dtypes.is_int(index.dtype): raise TypeError(f"{name}: index must be an int tensor, got {index.dtype}")
+    if index.ndim != self.ndim: raise ValueError(f"{name}: index {index.shape} must have as many dims as input {self.shape}")
+    for i, (a, b) in enumerate(zip(index.shape, self.shape)):
+      if i != dim and a > b: raise ValueError(f"{name}: index {index.shape} is larger than input {self.shape} in dim {i}")
+
+  def gather(self, dim: int, index: Any) -> Any:
+    """out[i][j] = self[index[i][j]][j] (dim 0); index may be smaller than self outside `dim`."""
+    d = self._axis(dim)
+    self._check_index_tensor("gather", index, d)
+    x = self.shrink(tuple(None if i == d else (0, s) for i, s in enumerate(index.shape)))
+    x = x.unsqueeze(-1).transpose(d, -1)  # self's `dim` moved last, size 1 left in its place
+    return self._onehot(index, self.shape[d]).where(x, 0).sum(-1, dtype=x.dtype) if self.dtype != dtypes.bool else \
+      self._onehot(index, self.shape[d]).where(x, False).max(-1)
+
+  def _scatter_parts(self, dim: int, index: Any, src: Any):
+    """(mask, srcv, hit): mask[..., s] says index picks target s, srcv is src cut to index's shape with a trailing 1."""
+    d = self._axis(dim)
+    self._check_index_tensor("scatter", index, d)
+    if not isinstance(src, type(self)): srcv = _T().full(index.shape, src, self.dtype, self.device)
+    else:
+      if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
+        raise ValueError(f"scatter: index {index.shape} must not be larger than src {src.shape}")
+      srcv = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
+    return d, self._onehot(index, self.shape[d]), srcv.unsqueeze(-1)
+
+  def _scatter_back(self, d: int, red: Any, index_shape: tuple, fill: Any) -> Any:
+    """A tensor reduced over index's `d` (trailing axis = target position) moved into self's layout, padded with fill."""
+    red = red.unsqueeze(d).transpose(d, -1).squeeze(-1)
+    pads = tuple((0, 0) if i == d else (0, s - n) for i, (n, s) in enumerate(zip(red.shape, self.shape)))
+    if fill == 0 or red.dtype == dtypes.bool and not fill: return red._pad(pads)
+    return red.pad(pads, value=fill)
+
+  def scatter(self, dim: int, index: Any, src: Any, reduce: str | None = None) -> Any:
+    """self[index[i][j]][j] = src[i][j] (dim 0); with duplicate targets the last one wins. reduce: None, 'add', 'multiply'."""
+    if reduce is not None:
+      if reduce not in ("add", "multiply"): raise ValueError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+      return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
+    d, m, srcv = self._scatter_parts(dim, index, src)
+    pos = _T().arange(1, index.shape[d] + 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(index.ndim)) + (1,))
+    last = m.where(pos, 0).max(d, keepdim=True)
+    sel = m._alu(Ops.AND, pos._binop(Ops.CMPEQ, last))
+    val = sel.where(srcv, 0).sum(d, dtype=self.dtype) if self.dtype != dtypes.bool else sel.where(srcv, False).max(d)
+    hit = m.max(d)
+    return self._scatter_back(d, hit, index.shape, False).where(self._scatter_back(d, val, index.shape, 0), self)
+
+  def scatter_reduce(self, dim: int, index: Any, src: Any, reduce: str, include_self: bool = True) -> Any:
+    """Reduce src values into self at index along dim: 'sum', 'prod', 'mean', 'amax', 'amin' (torch semantics)."""
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+      raise ValueError(f"scatter_reduce reduce must be sum/prod/mean/amax/amin, got {reduce!r}")
+    d, m, srcv = self._scatter_parts(dim, index, src)
+    hit = self._scatter_back(d, m.max(d), index.shape, False)
+    if reduce in ("sum", "mean"):
+      red = self._scatter_back(d, m.where(srcv, 0).sum(d, dtype=self.dtype), index.shape, 0)
+      ret = red + self if include_self else red
+      if reduce == "mean":
+        cnt = self._scatter_back(d, m.cast(dtypes.int32).sum(d), index.shape, 0) + (1 if include_self else 0)
+        ret = ret / cnt.maximum(1)
+        ret = ret.cast(self.dtype) if dtypes.is_float(self.dtype) else ret.cast(dtypes.float64).cast(self.dtype)
+    elif reduce == "prod":
+      red = self._scatter_back(d, m.where(srcv, 1).prod(d), index.shape, 1)
+      ret = red * self if include_self else red
+    else:
+      f = (lambda t: t) if reduce == "amax" else _not_bits
+      lo = dtypes.min(self.dtype)
+      red = f(self._scatter_back(d, m.where(f(srcv), lo).max(d), index.shape, lo))
+      ret = red.maximum(self) if reduce == "amax" and include_self else f(f(red).maximum(f(self))) if include_self else red
+    return hit.where(ret.cast(self.dtype), self)
+
+  def masked_fill(self, mask: Any, value: Any) -> Any:
+    if self._broadcast_shape(mask) != self.shape: raise ValueError(f"masked_fill: mask {mask.shape} can't broadcast to {self.shape}")
+    if isinstance(value, type(self)): value = value.cast(self.dtype)
+    return mask.where(value, self)
+
+  # ***** indexing *****
+  def _parse_index(self, index: Any) -> tuple[list, bool]:
+    """Index entries with Ellipsis expanded and bool masks turned into int tensors; and whether any tensor index is present."""
+    Tensor = _T()
+    entries = list(index) if isinstance(index, tuple) else [index]
+    out = []
+    for e in entries:
+      if isinstance(e, np.integer): e = int(e)
+      if isinstance(e, (list, np.ndarray)):
+        arr = np.asarray(e)
+        if arr.size == 0: arr = arr.astype(np.int32)
+        if arr.dtype.kind not in "biu": raise IndexError(f"only int or bool arrays are valid indices, got {arr.dtype}")
+        e = Tensor(arr.astype(np.bool_ if arr.dtype.kind == "b" else np.int32), device=self.device)
+        e = (e, arr) if arr.dtype.kind != "b" else e
+      elif isinstance(e, Tensor):
+        if not (dtypes.is_int(e.dtype) or e.dtype == dtypes.bool): raise IndexError(f"tensors used as indices must be int or bool, got {e.dtype}")
+      elif isinstance(e, bool) or not (e is None or e is Ellipsis or isinstance(e, (int, slice))):
+        raise IndexError(f"only ints, slices, None, Ellipsis, int/bool tensors and lists are valid indices, got {e!r}")
+      out.append(e)
+    if sum(e is Ellipsis for e in out) > 1: raise IndexError("an index can only have a single Ellipsis")
+    def ndims(e): return e.ndim if isinstance(e, Tensor) and e.dtype == dtypes.bool else 0 if e is None or e is Ellipsis else 1
+    used = sum(ndims(e) for e in out)
+    if used > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim} (shape {self.shape}): {used} indexed")
+    fill = [slice(None)] * (self.ndim - used)
+    out = [x for e in out for x in (fill if e is Ellipsis else [e])] + ([] if any(e is Ellipsis for e in out) else fill)
+    res, d = [], 0
+    for e in out:
+      if isinstance(e, Tensor) and e.dtype == dtypes.bool:  # a mask: realize it to learn the count, index with its nonzeros
+        if tuple(e.shape) != tuple(self.shape[d:d + e.ndim]):
+          raise IndexError(f"boolean index of shape {e.shape} doesn't match the indexed dims {self.shape[d:d + e.ndim]} of {self.shape}")
+        res.extend(Tensor(nz.astype(np.int32), device=self.device) for nz in np.nonzero(e.numpy()))
+        d += e.ndim
+        continue
+      if isinstance(e, tuple):  # int array from the host: bounds are known now
+        e, arr = e
+        if arr.size and (arr.max() >= self.shape[d] or arr.min() < -self.shape[d]):
+          bad = arr.max() if arr.max() >= self.shape[d] else arr.min()
+          raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {self.shape[d]}")
+      res.append(e)
+      d += e is not None
+    return res, any(isinstance(e, Tensor) for e in res)
+
+  def _basic_view(self, entries: list) -> tuple[Any, list, list, int]:
+    """Apply ints/slices/None as movement ops. Returns (view, ops for the inverse, view axes of tensor indices, where B goes)."""
+    Tensor = _T()
+    x, ops, d = self, [], 0
+    def do(op, arg):
+      nonlocal x
+      ops.append((op, arg, x.shape))
+      x = x.shrink(arg) if op == "shrink" else x.flip(arg) if op == "flip" else x._pad(arg) if op == "pad" else x.reshape(arg)
+    final, adv_axes, adv_entries = [], [], []
+    for ei, e in enumerate(entries):
+      if e is None: final.append(1); continue
+      size = x.shape[d]
+      def rng(lo, hi, d=d): return tuple((lo, hi) if i == d else None for i in range(x.ndim))
+      if isinstance(e, int):
+        if not -size <= e < size: raise IndexError(f"index {e} is out of bounds for dimension {d} with size {size}")
+        do("shrink", rng(e % size, e % size + 1))
+        adv_entries.append(ei)
+      elif isinstance(e, slice):
+        start, stop, step = e.indices(size)
+        c = len(range(start, stop, step))
+        if c == 0: do("shrink", rng(0, 0))
+        else:
+          if step < 0: do("flip", d); start, step = size - 1 - start, -step
+          if step == 1: do("shrink", rng(start, start + c))
+          else:
+            end = min(start + c * step, size)
+            do("shrink", rng(start, end))
+            if end < start + c * step: do("pad", tuple((0, start + c * step - end) if i == d else (0, 0) for i in range(x.ndim)))
+            do("reshape", x.shape[:d] + (c, step) + x.shape[d + 1:])
+            do("shrink", tuple((0, 1) if i == d + 1 else None for i in range(x.ndim)))
+            do("reshape", x.shape[:d] + (c,) + x.shape[d + 2:])
+        final.append(c)
+      else:
+        adv_axes.append(len(final)); adv_entries.append(ei)
+        final.append(size)
+      d += 1
+    if not isinstance(final, tuple) and tuple(final) != x.shape: do("reshape", tuple(final))
+    tensor_entries = [i for i, e in enumerate(entries) if isinstance(e, Tensor)]
+    adjacent = not tensor_entries or adv_entries == list(range(adv_entries[0], adv_entries[-1] + 1))
+    return x, ops, adv_axes, adv_axes[0] if adjacent and adv_axes else 0
+
+  @staticmethod
+  def _invert(t: Any, ops: list) -> Any:
+    """Map a tensor shaped like the basic view back to the original shape (zeros/False where the view didn't look)."""
+    for op, arg, shape in reversed(ops):
+      if op == "shrink": t = t._pad(tuple((0, 0) if a is None else (a[0], s - a[1]) for a, s in zip(arg, shape)))
+      elif op == "pad": t = t.shrink(tuple((b, b + s) for (b, _), s in zip(arg, shape)))
+      elif op == "flip": t = t.flip(arg)
+      else: t = t.reshape(shape)
+    return t
+
+  def _adv_masks(self, x: Any, idx: list, axes: list) -> tuple[Any, tuple, tuple]:
+    """(one-hot mask of shape B + sizes of the indexed axes, B, rest axes of x)."""
+    bshape = idx[0]._broadcast_shape(*idx[1:]) if len(idx) > 1 else idx[0].shape
+    sizes = tuple(x.shape[a] for a in axes)
+    mask = None
+    for j, (t, s) in enumerate(zip(idx, sizes)):
+      oh = self._onehot(t._expand_to(bshape), s).reshape(bshape + tuple(s if i == j else 1 for i in range(len(sizes))))
+      mask = oh if mask is None else mask._alu(Ops.AND, oh._expand_to(mask._broadcast_shape(oh))) if oh.shape == mask.shape else \
+        mask._binop(Ops.AND, oh)
+    return mask, bshape, tuple(i for i in range(x.ndim) if i not in axes)
+
+  def __getitem__(self, index: Any) -> Any:
+    entries, has_tensor = self._parse_index(index)
+    x, _, axes, bpos = self._basic_view(entries)
+    if not has_tensor: return x
+    Tensor = _T()
+    idx = [e for e in entries if isinstance(e, Tensor)]
+    mask, bshape, rest = self._adv_masks(x, idx, axes)
+    k, nb, nr = len(axes), len(bshape), len(rest)
+    out_shape = tuple(x.shape[r] for r in rest[:bpos]) + bshape + tuple(x.shape[r] for r in rest[bpos:])
+    if math.prod(out_shape) == 0 or math.prod(x.shape) == 0:
+      if math.prod(bshape) and math.prod(x.shape[a] for a in axes) == 0: raise IndexError(f"index into a zero-size dim of shape {self.shape}")
+      return Tensor.zeros(out_shape, dtype=self.dtype, device=self.device)
+    xe = x.permute(rest + tuple(axes)).reshape(tuple(x.shape[r] for r in rest) + (1,) * nb + tuple(x.shape[a] for a in axes))
+    red = tuple(range(nr + nb, nr + nb + k))
+    sel = mask.reshape((1,) * nr + mask.shape)._expand_to(xe._broadcast_shape(mask.reshape((1,) * nr + mask.shape)))
+    ret = sel.where(xe, False).max(red) if self.dtype == dtypes.bool else sel.where(xe, 0).sum(red, dtype=self.dtype)
+    order = tuple(range(bpos)) + tuple(range(nr, nr + nb)) + tuple(range(bpos, nr))  # (rest..., B...) -> B at bpos
+    return ret.permute(order)
+
+  def __setitem__(self, index: Any, value: Any) -> None:
+    from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+    from plugrad.uop.ops import UOp
+    Tensor = _T()
+    if isinstance(value, (list, tuple, np.ndarray)): value = Tensor(np.asarray(value), device=self.device)
+    v = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor.full((), value, self.dtype, self.device)
+    realized = is_buffer_view(self.uop)
+    if realized and buffer_of(self.uop) in v.uop.toposort(): v = v.contiguous()  # value reads the target: compute it first
+    if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape and v.numel() == 1:
+      new = index.where(v.reshape(()), self)  # x[mask] = scalar: a where, no need to count the mask
+      if realized: Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, new.uop))).realize()
+      else: self.uop = new.uop
+      return
+    entries, has_tensor = self._parse_index(index)
+    x, ops, axes, bpos = self._basic_view(entries)
+    if has_tensor:
+      idx = [e for e in entries if isinstance(e, Tensor)]
+      mask, bshape, rest = self._adv_masks(x, idx, axes)
+      nb, nr = len(bshape), len(rest)
+      out_shape = tuple(x.shape[r] for r in rest[:bpos]) + bshape + tuple(x.shape[r] for r in rest[bpos:])
+      v = v._expand_to(v._broadcast_shape(Tensor.empty(out_shape, dtype=self.dtype, device=self.device))) if v.shape != out_shape else v
+      if v.shape != out_shape: raise ValueError(f"can't assign a value of shape {value.shape} to an index result of shape {out_shape}")
+      if math.prod(out_shape) == 0: return
+    else:
+      try: v = v._expand_to(x.shape)
+      except ValueError: raise ValueError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}") from None
+      if v.shape != x.shape: raise ValueError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}")
+      if x.numel() == 0: return
+    if realized and not has_tensor and all(op != "pad" for op, _, _ in ops):
+      Tensor(UOp(Ops.ASSIGN, self.dtype, (x.uop, v.uop))).realize()
+      return
+    if has_tensor:
+      vr = v.permute(tuple(range(bpos)) + tuple(range(bpos + nb, nr + nb)) + tuple(range(bpos, bpos + nb)))  # -> (rest..., B...)
+      ve = vr.reshape(vr.shape + (1,) * len(axes))
+      m = mask.reshape((1,) * nr + mask.shape)
+      pos = Tensor.arange(1, math.prod(bshape) + 1, device=self.device).reshape((1,) * nr + bshape + (1,) * len(axes))
+      baxes = tuple(range(nr, nr + nb))
+      last = m.where(pos, 0).max(baxes, keepdim=True)
+      sel = m._binop(Ops.AND, pos._binop(Ops.CMPEQ, last))
+      val = sel.where(ve, False).max(baxes) if self.dtype == dtypes.bool else sel.where(ve, 0).sum(baxes, dtype=self.dtype)
+      hit = m.max(baxes)._expand_to(val.shape)
+      inv = [0] * x.ndim
+      for i, a in enumerate(rest + tuple(axes)): inv[a] = i
+      val, hit = val.permute(inv), hit.permute(inv)
+    else: val, hit = v, Tensor.full(x.shape, True, dtypes.bool, self.device)
+    new = self._invert(hit, ops).where(self._invert(val, ops), self)
+    if realized: Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, new.uop))).realize()
+    else: self.uop = new.uop

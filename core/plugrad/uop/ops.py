@@ -136,6 +136,12 @@ def _check(op: Ops, dtype: DType, src: tuple, arg) -> None:
     raise UOpSpecError(f"Ops.DEFINE_VAR arg must be (name, min, max), got {arg!r}")
 
 
+def _float_key(op, dtype, src, arg: float, tag) -> tuple:
+  """Cache key for float args Python compares oddly: -0.0 == 0.0 (but 1/-0.0 is -inf) and nan != nan (but all nan
+  constants are the same constant)."""
+  return (op, dtype, src, ("nan",) if arg != arg else ("-0.0",) if math.copysign(1.0, arg) < 0 else arg, tag)
+
+
 # ***** the node *****
 class UOp:
   """An immutable IR node. Build with `UOp(op, dtype, src, arg, tag)`; identical nodes are the same object."""
@@ -148,7 +154,7 @@ class UOp:
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None) -> UOp:
-    key = (op, dtype, src, arg, tag)
+    key = (op, dtype, src, arg, tag) if type(arg) is not float or (arg != 0.0 and arg == arg) else _float_key(op, dtype, src, arg, tag)
     if (ref := UOp._nodes.get(key)) is not None and (node := ref()) is not None: return node
     if type(src) is not tuple: src = tuple(src); return UOp(op, dtype, src, arg, tag)
     _check(op, dtype, src, arg)
@@ -159,7 +165,9 @@ class UOp:
 
   def __del__(self) -> None:
     try:
-      key = (self.op, self.dtype, self.src, self.arg, self.tag)
+      arg = self.arg
+      key = (self.op, self.dtype, self.src, arg, self.tag) if type(arg) is not float or (arg != 0.0 and arg == arg) \
+        else _float_key(self.op, self.dtype, self.src, arg, self.tag)
       if (ref := UOp._nodes.get(key)) is not None and ref() in (None, self): del UOp._nodes[key]
     except (AttributeError, TypeError): pass  # interpreter shutdown or a half-built node
 

@@ -1,0 +1,1 @@
+from plugrad.testing.ops.test_creation import *  # noqa: F403

@@ -1,0 +1,1 @@
+from plugrad.testing.ops.test_elementwise import *  # noqa: F403

@@ -1,0 +1,1 @@
+from plugrad.testing.ops.test_movement import *  # noqa: F403

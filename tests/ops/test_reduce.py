@@ -1,0 +1,1 @@
+from plugrad.testing.ops.test_reduce import *  # noqa: F403
