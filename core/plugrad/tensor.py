@@ -325,10 +325,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
     """Maximum over axis; a nan anywhere in the reduced elements gives nan (as numpy)."""
-    m = self._reduce(Ops.MAX, axis, keepdim)
-    if not dtypes.is_float(self.dtype): return m
-    has_nan = self._binop(Ops.CMPNE, self).cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
-    return has_nan.where(float("nan"), m)
+    return self._reduce(Ops.MAX, axis, keepdim)
   def prod(self, axis=None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
     return self.cast(to_dtype(dtype) if dtype is not None else self.dtype)._reduce(Ops.MUL, axis, keepdim)
 
@@ -351,11 +348,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if rounding_mode == "trunc": return self.idiv(x, reverse) if not dtypes.is_float(least_upper_dtype(a.dtype, b.dtype)) else a.div(b).trunc()
     raise ValueError(f"div rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
   def maximum(self, x) -> Tensor:
-    """Elementwise max; nan in either input gives nan (as numpy)."""
-    a, b = self._broadcasted(x)
-    m = a._alu(Ops.MAX, b)
-    if not dtypes.is_float(a.dtype): return m
-    return a._binop(Ops.CMPNE, a).where(a, b._binop(Ops.CMPNE, b).where(b, m))
+    """Elementwise max; nan in either input gives nan (as numpy; Ops.MAX propagates nan)."""
+    return self._binop(Ops.MAX, x)
   def exp2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.EXP2)
   def log2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.LOG2)
   def exp(self) -> Tensor: return (self.cast(least_upper_float(self.dtype)) * (1 / math.log(2))).exp2()
@@ -397,5 +391,5 @@ def _argshape(shape: tuple) -> tuple:
 def _is_contiguous(u: UOp) -> bool:
   """A BUFFER (or BUFFER_VIEW) seen through reshapes only: its memory is the tensor in row-major order."""
   while u.op is Ops.RESHAPE: u = u.src[0]
-  return u.op is Ops.BUFFER
+  return u.op in (Ops.BUFFER, Ops.BUFFER_VIEW)
 

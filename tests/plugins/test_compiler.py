@@ -50,6 +50,8 @@ def test_compile_error_shows_log_and_source(tmp_path, monkeypatch):
   s = str(ei.value)
   assert "echo failed" in s and "line 2: bad token" in s and "   2 | bad" in s
   assert not (tmp_path / "compile").exists() or not any((tmp_path / "compile").rglob("*"))
+  assert ei.value.src_path is not None and open(ei.value.src_path).read() == "int x;\nbad\n"
+  assert f"source written to {ei.value.src_path}" in s
   with pytest.raises(TypeError, match="must be str"): EchoCompiler("e").compile_cached(b"x")
 
 def test_default_cache_dir(monkeypatch, tmp_path):

@@ -80,3 +80,11 @@ def test_assign_into_realized_slice():
   want = np.zeros((4, 4), np.float32); want[1:3] = 1
   np.testing.assert_array_equal(buffer_for(buf).numpy().reshape(4, 4), want)
   np.testing.assert_array_equal(t.numpy(), want)
+
+
+def test_bitcast_to_smaller_itemsize_reads_a_buffer_view():
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  t = Tensor(x).bitcast("uint16")
+  np.testing.assert_array_equal(t.numpy(), x.view(np.uint16))
+  np.testing.assert_array_equal((t + 1).numpy(), x.view(np.uint16) + 1)
+  np.testing.assert_array_equal(Tensor(x.view(np.int32)).bitcast("int8").numpy(), x.view(np.int32).view(np.int8))

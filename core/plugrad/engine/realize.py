@@ -2,7 +2,7 @@
 
 BUFFER uops map to device Buffers through `BUFFERS` (weakly: a Buffer lives as long as its uop is referenced).
 DEBUG=1 prints each schedule's kernel count and time; DEBUG=2 each kernel with its time, GFLOPS and GB/s;
-DEBUG=4 the generated source.
+DEBUG=4 the generated source; DEBUG=5 each kernel's AST; DEBUG=6 also its linearized program.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from plugrad.codegen import ProgramSpec, get_program
 from plugrad.device import Buffer, Device, Program
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import ScheduleItem
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import Ops, UOp, pretty
 from plugrad.uop.symbolic import sym_infer
 
 BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
@@ -22,8 +22,11 @@ BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
 
 def buffer_for(u: UOp) -> Buffer:
   """The device Buffer behind a BUFFER uop (created, unallocated, on first use)."""
-  if u.op is not Ops.BUFFER: raise TypeError(f"buffer_for needs a BUFFER uop, got {u.op}")
-  if (b := BUFFERS.get(u)) is None: b = BUFFERS[u] = Buffer(u.src[1].arg, u.arg, u.dtype)
+  if (b := BUFFERS.get(u)) is not None: return b
+  if u.op is Ops.BUFFER: b = Buffer(u.src[1].arg, u.arg, u.dtype)
+  elif u.op is Ops.BUFFER_VIEW: b = buffer_for(u.src[0]).view(u.arg[0], u.dtype, u.arg[1])
+  else: raise TypeError(f"buffer_for needs a BUFFER or BUFFER_VIEW uop, got {u.op}")
+  BUFFERS[u] = b
   return b
 
 
@@ -43,7 +46,10 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   if (r := _RUNNERS.get((device, ast))) is not None: return r
   dev = Device[device]
   spec = get_program(ast, dev.renderer)
-  if getenv("DEBUG", 0) >= 4: print(spec.src)
+  if (debug := getenv("DEBUG", 0)) >= 5:
+    print(f"kernel {spec.name} AST:\n{pretty(ast, max_lines=1 << 30)}")
+    if debug >= 6: print("linearized:\n" + "\n".join(f"  {i:4d} {u.op.name:14s} {u.dtype!r:40s} {u.arg!r}" for i, u in enumerate(spec.uops)))
+  if debug >= 4: print(spec.src)
   lib = dev.compiler.compile_cached(spec.src)
   GlobalCounters["compiles"] += 1
   r = _RUNNERS[(device, ast)] = CompiledRunner(spec, dev.load(spec.name, lib), device)

@@ -13,11 +13,13 @@ class CompileError(RuntimeError):
   def __init__(self, msg: str, log: str = "", src: str = "") -> None:
     super().__init__(msg)
     self.msg, self.log, self.src = msg, log, src
+    self.src_path: str | None = None  # where the failing source was saved, set by Compiler.compile_cached
 
   def __str__(self) -> str:
     lines = self.src.splitlines()
     shown = "\n".join(f"{i+1:4d} | {ln}" for i, ln in enumerate(lines[:400])) + ("\n     | ..." if len(lines) > 400 else "")
-    return f"{self.msg}\n--- compiler log ---\n{self.log.strip() or '(empty)'}\n--- source ---\n{shown}"
+    where = f"\n--- source written to {self.src_path} ---" if self.src_path else ""
+    return f"{self.msg}\n--- compiler log ---\n{self.log.strip() or '(empty)'}\n--- source ---\n{shown}{where}"
 
 class Compiler:
   """Turns kernel source into a binary the device's Program class can load.
@@ -47,7 +49,7 @@ class Compiler:
   def compile_cached(self, src: str) -> bytes:
     """compile(src), reusing a previous result from the disk cache when identity and source match."""
     if not isinstance(src, str): raise TypeError(f"kernel source must be str, got {type(src).__name__}")
-    if self.cachekey is None or getenv("DISABLE_COMPILER_CACHE", False): return self.compile(src)
+    if self.cachekey is None or getenv("DISABLE_COMPILER_CACHE", False): return self._compile_reporting(src)
     path = self.cache_path(src)
     try:
       lib = path.read_bytes()
@@ -55,9 +57,24 @@ class Compiler:
       return lib
     except OSError: pass
     self.misses += 1
-    lib = self.compile(src)
+    lib = self._compile_reporting(src)
     _atomic_write(path, lib)
     return lib
+
+  def _compile_reporting(self, src: str) -> bytes:
+    """compile(src); on failure the source is saved to a file whose path the CompileError names."""
+    try: return self.compile(src)
+    except CompileError as e:
+      import hashlib
+      import tempfile
+      d = Path(tempfile.gettempdir()) / "plugrad-failed-kernels"
+      try:
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / f"{hashlib.sha256(src.encode()).hexdigest()[:16]}.src"
+        p.write_text(src)
+        e.src_path = str(p)
+      except OSError: pass
+      raise
 
 def _atomic_write(path: Path, data: bytes) -> None:
   """Write data to path via a temp file in the same directory and rename; a read-only cache is silently skipped."""

@@ -34,7 +34,8 @@ class KernelContext:
   def param(self, buf: UOp) -> UOp:
     """The DEFINE_GLOBAL for a BUFFER (or a scheduler placeholder PARAM, whose arg is (kind, i, size, device))."""
     if buf not in self.bufs: self.bufs.append(buf)
-    return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg if buf.op is Ops.BUFFER else buf.arg[2]), arg=self.bufs.index(buf))
+    size = buf.arg if buf.op is Ops.BUFFER else buf.arg[0] if buf.op is Ops.BUFFER_VIEW else buf.arg[2]
+    return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(size), arg=self.bufs.index(buf))
 
 
 def strides_for(shape: tuple) -> tuple:
@@ -72,6 +73,8 @@ def push_at(ctx: KernelContext, at: UOp) -> UOp | None:
   if op in (Ops.BUFFER, Ops.PARAM):
     size = x.arg if op is Ops.BUFFER else x.arg[2]
     return UOp(Ops.LOAD, x.dtype, (UOp(Ops.INDEX, x.dtype.ptr(size), (ctx.param(x), idxs[0]) + (() if gate is TRUE else (gate,))),))
+  if op is Ops.BUFFER_VIEW:  # a reinterpreting view (bitcast to another itemsize) is its own kernel parameter
+    return UOp(Ops.LOAD, x.dtype, (UOp(Ops.INDEX, x.dtype.ptr(x.arg[0]), (ctx.param(x), idxs[0]) + (() if gate is TRUE else (gate,))),))
   if op is Ops.CONST: return UOp.const(x.dtype, x.arg)
   if op is Ops.BIND:
     var, val = x.unbind()

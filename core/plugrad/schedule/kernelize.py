@@ -159,8 +159,9 @@ def create_schedule(targets: list[UOp], keep: set[UOp] | None = None) -> tuple[l
   kept_outs = {buffer_of(becomes_t[mapping[n]]) for n in (*targets, *(keep or ())) if n in mapping and mapping[n] in becomes_t}
   outs = plan_buffers(items_t, kept_outs)
   def real(p: UOp) -> UOp: return norm.inputs[p.arg[1]] if p.arg[0] == "in" else outs[p]
-  items = [ScheduleItem(it.ast, [real(b) for b in it.bufs], {v: norm.var_vals[v] for v in it.var_vals}) for it in items_t]
-  sub_map = {p: real(p) for it in items_t for p in it.bufs}
+  sub_map = {p: real(p) for it in items_t for b in it.bufs for p in b.toposort() if p.op is Ops.PARAM}
+  items = [ScheduleItem(it.ast, [sub_map[b] if b.op is Ops.PARAM else b.substitute(sub_map) for b in it.bufs],
+                        {v: norm.var_vals[v] for v in it.var_vals}) for it in items_t]
   becomes = {n: becomes_t[m].substitute(sub_map, walk=True) for n, m in mapping.items() if m in becomes_t}
   return items, becomes
 
@@ -170,16 +171,19 @@ def plan_buffers(items: list[ScheduleItem], kept: set[UOp]) -> dict[UOp, UOp]:
   intermediate of the same device, dtype and size whose last reader has run."""
   last_use: dict[UOp, int] = {}
   for i, it in enumerate(items):
-    for b in it.bufs: last_use[b] = i
+    for b in it.bufs:
+      for p in b.toposort():
+        if p.op is Ops.PARAM: last_use[p] = i
   free: dict[tuple, list[UOp]] = {}
   outs: dict[UOp, UOp] = {}
   for i, it in enumerate(items):
     for p in it.bufs:
-      if p.arg[0] != "out" or p in outs: continue
+      if p.op is not Ops.PARAM or p.arg[0] != "out" or p in outs: continue
       key = (p.arg[3], p.dtype, p.arg[2])
       outs[p] = free[key].pop() if p not in kept and free.get(key) else new_buffer(p.arg[3], p.arg[2], p.dtype)
     for p in it.bufs:
-      if p.arg[0] == "out" and last_use[p] == i and p not in kept: free.setdefault((p.arg[3], p.dtype, p.arg[2]), []).append(outs[p])
+      if p.op is Ops.PARAM and p.arg[0] == "out" and last_use[p] == i and p not in kept:
+        free.setdefault((p.arg[3], p.dtype, p.arg[2]), []).append(outs[p])
   return outs
 
 

@@ -40,7 +40,7 @@ class Ops(Enum):
   CAST = auto(); BITCAST = auto()
   # unary ALU
   EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIPROCAL = auto(); NEG = auto(); TRUNC = auto()
-  # binary ALU (IDIV and MOD truncate toward zero, as C does)
+  # binary ALU (IDIV and MOD truncate toward zero, as C does; MAX propagates nan, as numpy.maximum)
   ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); POW = auto()
   CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); XOR = auto(); OR = auto(); AND = auto(); SHL = auto(); SHR = auto()
   THREEFRY = auto()
@@ -91,7 +91,8 @@ def _safe_pow(a, b):
 python_alu: dict[Ops, Callable] = {
   Ops.EXP2: _safe_exp2, Ops.LOG2: _safe_log2, Ops.SIN: _safe_sin, Ops.SQRT: _safe_sqrt, Ops.RECIPROCAL: _safe_recip,
   Ops.NEG: lambda x: (not x) if isinstance(x, bool) else -x, Ops.TRUNC: lambda x: x if not math.isfinite(x) else float(math.trunc(x)),
-  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _safe_fdiv, Ops.MAX: max, Ops.POW: _safe_pow,
+  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _safe_fdiv, Ops.POW: _safe_pow,
+  Ops.MAX: lambda a, b: a if a > b or a != a else b,
   Ops.IDIV: lambda a, b: _cdiv(a, b) if b != 0 else 0, Ops.MOD: lambda a, b: _cmod(a, b) if b != 0 else 0,
   Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq, Ops.XOR: operator.xor, Ops.OR: operator.or_, Ops.AND: operator.and_,
   Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c}

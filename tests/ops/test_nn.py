@@ -1,0 +1,1 @@
+from plugrad.testing.ops.test_nn import *  # noqa: F403
