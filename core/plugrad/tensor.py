@@ -167,6 +167,21 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if device == self.device: return self
     return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, UOp(Ops.DEVICE, arg=device))))
 
+  def assign(self, x: Any) -> Tensor:
+    """Write `x` into this tensor and return it. A realized tensor is updated in place (its buffer is written when
+    the assign is realized, so other views of the buffer see it); an unrealized one simply takes x's value."""
+    x = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, self.dtype, self.device)
+    if x.shape != self.shape and len(x.shape) <= self.ndim:
+      try: x = x._expand_to(self.shape)
+      except ValueError: pass
+    if x.shape != self.shape: raise ValueError(f"assign: value of shape {x.shape} doesn't match the target shape {self.shape}")
+    if x.dtype != self.dtype: raise TypeError(f"assign: value dtype {x.dtype} doesn't match the target dtype {self.dtype}")
+    if x.device != self.device: raise RuntimeError(f"assign: value on {x.device} but the target is on {self.device}")
+    if is_buffer_view(self.uop): self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+    elif self.uop.op is Ops.ASSIGN: self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop.src[0], x.uop))
+    else: self.uop = x.uop
+    return self
+
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
 

@@ -88,3 +88,31 @@ def test_bitcast_to_smaller_itemsize_reads_a_buffer_view():
   np.testing.assert_array_equal(t.numpy(), x.view(np.uint16))
   np.testing.assert_array_equal((t + 1).numpy(), x.view(np.uint16) + 1)
   np.testing.assert_array_equal(Tensor(x.view(np.int32)).bitcast("int8").numpy(), x.view(np.int32).view(np.int8))
+
+
+def test_assign_is_lazy_and_in_place():
+  t = Tensor(np.arange(4, dtype=np.float32)).realize()
+  buf = buffer_of(t.uop)
+  t.assign(t * 2 + 1)
+  assert not np.any(buffer_for(buf).numpy() == [1, 3, 5, 7])  # nothing written yet: assign is lazy
+  np.testing.assert_array_equal(t.numpy(), [1, 3, 5, 7])
+  assert buffer_of(t.uop) is buf
+  t.assign(t * 2).assign(t + 1)  # chained assigns before realizing
+  np.testing.assert_array_equal(t.numpy(), [3, 7, 11, 15])
+
+
+def test_assign_reading_other_elements_uses_a_temporary():
+  t = Tensor(np.arange(5, dtype=np.float32)).realize()
+  t.assign(t.flip(0) + t)  # every element reads another one: an in-place kernel would read overwritten values
+  np.testing.assert_array_equal(t.numpy(), [4, 4, 4, 4, 4])
+  s = Tensor(np.arange(4, dtype=np.float32)).realize()
+  s.assign(s - s.sum())
+  np.testing.assert_array_equal(s.numpy(), np.arange(4) - 6)
+
+
+def test_assign_errors():
+  t = Tensor(np.zeros(3, np.float32)).realize()
+  with pytest.raises(ValueError, match=r"shape \(2,\) doesn't match the target shape \(3,\)"): t.assign(Tensor([1.0, 2.0]))
+  with pytest.raises(TypeError, match="dtype"): t.assign(Tensor([1, 2, 3]))
+  t.assign(5.0)
+  np.testing.assert_array_equal(t.numpy(), [5, 5, 5])

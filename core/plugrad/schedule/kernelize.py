@@ -85,6 +85,13 @@ def _kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UOp | No
   return graph_rewrite(ast, pm_symbolic, name="simplify kernel")
 
 
+def _reads_other_elements_of_output(ast: UOp) -> bool:
+  """True if the kernel loads from its output buffer (slot 0) at an index other than the one it stores to."""
+  dest = ast.src[0].src[0]
+  return any(u.op is Ops.LOAD and u.src[0].src[0].arg == 0 and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0] is not dest
+             for u in ast.toposort())
+
+
 def _placeholder(kind: str, i: int, size: int, device: str, dtype) -> UOp:
   return UOp(Ops.PARAM, dtype, arg=(kind, i, size, device))
 
@@ -114,6 +121,12 @@ def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]
       target, value = src.src
       out = buffer_of(target)
       ast = _kernel_ast(value, out, ctx, store_target=target)
+      if _reads_other_elements_of_output(ast):  # e.g. x.assign(x.flip(0)): compute the value into a temporary first
+        tmp = new_out(device_of(src), value.numel(), value.dtype)
+        tctx = KernelContext()
+        items.append(ScheduleItem(_kernel_ast(value, tmp, tctx), list(tctx.bufs), {v: -1 for v in value.toposort() if v.op is Ops.DEFINE_VAR}))
+        ctx = KernelContext()
+        ast = _kernel_ast(view_as(tmp, value.shape), out, ctx, store_target=target)
       becomes[n] = target
     else:
       value = src.src[0] if src.op is Ops.CONTIGUOUS else src
