@@ -183,7 +183,60 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return self
 
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
-  def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+  def detach(self) -> Tensor:
+    """The same values with no gradient flowing back through them."""
+    return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), requires_grad=False)
+
+  # ***** autograd *****
+  def gradient(self, *targets: Tensor, gradient: Tensor | None = None, materialize_grads: bool = False) -> list[Tensor]:
+    """Gradients of this tensor with respect to `targets` (lazy tensors). A non-scalar tensor needs `gradient`.
+    A target this tensor doesn't depend on raises, or gets zeros with materialize_grads=True."""
+    from plugrad.gradient import compute_gradient
+    if Tensor.no_grad: raise RuntimeError("gradients are disabled inside Tensor.no_grad")
+    if gradient is None:
+      if self.shape != (): raise RuntimeError(f"gradient of a non-scalar tensor (shape {self.shape}) needs gradient=")
+      gradient = Tensor(1.0, device=self.device, dtype=self.dtype)
+    if gradient.shape != self.shape: raise ValueError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
+    if not dtypes.is_float(self.dtype): raise RuntimeError(f"only float tensors have gradients, this is {self.dtype}")
+    grads = compute_gradient(self.uop, gradient.cast(self.dtype), [t.uop for t in targets])
+    out = []
+    for t in targets:
+      if (g := grads.get(t.uop)) is None:
+        if not materialize_grads: raise RuntimeError(f"tensor of shape {t.shape} is not in the graph of this tensor (shape {self.shape})")
+        g = t.zeros_like() if hasattr(t, "zeros_like") else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device)
+      out.append(g)
+    return out
+
+  def backward(self, gradient: Tensor | None = None) -> Tensor:
+    """Accumulate d(self)/d(t) into `t.grad` for every live tensor t with requires_grad=True that self depends on."""
+    nodes = self.uop.toposort()
+    wanted = [t for t in list(_all_tensors) if t.requires_grad and t.uop in nodes]
+    if not wanted: raise RuntimeError("backward: no tensor in this graph has requires_grad=True")
+    for t, g in zip(wanted, self.gradient(*wanted, gradient=gradient, materialize_grads=True)):
+      t.grad = g if t.grad is None else t.grad + g
+    return self
+
+  class train:
+    """`with Tensor.train():` (or as a decorator) sets Tensor.training (dropout, batchnorm statistics) for the block."""
+    def __init__(self, mode: bool = True): self.mode = mode
+    def __enter__(self): self.prev, Tensor.training = Tensor.training, self.mode
+    def __exit__(self, *exc): Tensor.training = self.prev
+    def __call__(self, fn):
+      def wrapper(*args, **kwargs):
+        with Tensor.train(self.mode): return fn(*args, **kwargs)
+      return wrapper
+
+  @staticmethod
+  def test() -> Tensor.train: return Tensor.train(False)
+
+  class inference_mode:
+    """`with Tensor.inference_mode():` sets Tensor.no_grad: gradient()/backward() raise inside the block."""
+    def __enter__(self): self.prev, Tensor.no_grad = Tensor.no_grad, True
+    def __exit__(self, *exc): Tensor.no_grad = self.prev
+    def __call__(self, fn):
+      def wrapper(*args, **kwargs):
+        with Tensor.inference_mode(): return fn(*args, **kwargs)
+      return wrapper
 
   # ***** creation helpers *****
   @staticmethod

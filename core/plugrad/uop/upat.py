@@ -169,6 +169,14 @@ class PatternMatcher:
         return ret
     return None
 
+  def apply(self, uop: UOp, ctx: Any = None) -> Any:
+    """The raw result of the first matching rule that returns something other than None (any type: e.g. the
+    per-source gradients of autograd's rules), or None."""
+    for pat, fn, takes_ctx in self.pdict.get(uop.op, ()):
+      for captures in pat.match(uop, {}):
+        if (ret := fn(ctx=ctx, **captures) if takes_ctx else fn(**captures)) is not None: return ret
+    return None
+
 
 def _capture_names(pat: UPat) -> set[str]:
   names = {pat.name} if pat.name is not None else set()
