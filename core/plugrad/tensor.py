@@ -198,10 +198,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype)
     if gradient.shape != self.shape: raise ValueError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
     if not dtypes.is_float(self.dtype): raise RuntimeError(f"only float tensors have gradients, this is {self.dtype}")
-    grads = compute_gradient(self.uop, gradient.cast(self.dtype), [t.uop for t in targets])
+    grads = compute_gradient(self.uop, gradient.cast(self.dtype), [t._grad_uop() for t in targets])
     out = []
     for t in targets:
-      if (g := grads.get(t.uop)) is None:
+      if (g := grads.get(t._grad_uop())) is None:
         if not materialize_grads: raise RuntimeError(f"tensor of shape {t.shape} is not in the graph of this tensor (shape {self.shape})")
         g = t.zeros_like() if hasattr(t, "zeros_like") else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device)
       out.append(g)
@@ -210,11 +210,15 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every live tensor t with requires_grad=True that self depends on."""
     nodes = self.uop.toposort()
-    wanted = [t for t in list(_all_tensors) if t.requires_grad and t.uop in nodes]
+    wanted = [t for t in list(_all_tensors) if t.requires_grad and t._grad_uop() in nodes]
     if not wanted: raise RuntimeError("backward: no tensor in this graph has requires_grad=True")
     for t, g in zip(wanted, self.gradient(*wanted, gradient=gradient, materialize_grads=True)):
       t.grad = g if t.grad is None else t.grad + g
     return self
+
+  def _grad_uop(self) -> UOp:
+    """The node gradients of this tensor are taken with respect to: its value before any setitem (kept in _ctx)."""
+    return self._ctx if self._ctx is not None else self.uop
 
   class train:
     """`with Tensor.train():` (or as a decorator) sets Tensor.training (dropout, batchnorm statistics) for the block."""

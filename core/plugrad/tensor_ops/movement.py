@@ -403,6 +403,11 @@ class MovementMixin:
     if isinstance(value, (list, tuple, np.ndarray)): value = Tensor(np.asarray(value), device=self.device)
     v = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor.full((), value, self.dtype, self.device)
     realized = is_buffer_view(self.uop)
+    if _needs_grad(self) or _needs_grad(v):  # functional update, so gradients flow to both the old value and `value`
+      if self.requires_grad and _has_other_uses(self, v):
+        raise RuntimeError("can't setitem on a tensor that already has other uses and requires grad")
+      if self.requires_grad and self._ctx is None: self._ctx = self.uop  # gradients of this tensor are w.r.t. its value before
+      realized = False
     if realized and buffer_of(self.uop) in v.uop.toposort(): v = v.contiguous()  # value reads the target: compute it first
     if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape and v.numel() == 1:
       new = index.where(v.reshape(()), self)  # x[mask] = scalar: a where, no need to count the mask
@@ -444,3 +449,18 @@ class MovementMixin:
     new = self._invert(hit, ops).where(self._invert(val, ops), self)
     if realized: Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, new.uop))).realize()
     else: self.uop = new.uop
+
+
+def _needs_grad(t: Any) -> bool:
+  """True if t requires grad or its graph contains a live tensor that does."""
+  if t.requires_grad: return True
+  from plugrad.tensor import _all_tensors
+  leaves = {x.uop for x in list(_all_tensors) if x.requires_grad}
+  return bool(leaves) and any(n in leaves for n in t.uop.toposort())
+
+
+def _has_other_uses(t: Any, value: Any) -> bool:
+  """True if a live tensor other than t, the value being assigned and the parts of that value uses t's current value."""
+  from plugrad.tensor import _all_tensors
+  own = value.uop.toposort()
+  return any(x is not t and x.uop not in own and t.uop in x.uop.toposort() for x in list(_all_tensors))
