@@ -56,24 +56,46 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   return r
 
 
+@dataclass
+class ExecItem:
+  """One runnable step: a compiled kernel over Buffers (runner set) or a buffer copy (runner None)."""
+  runner: CompiledRunner | None
+  bufs: list[Buffer]
+  var_vals: dict[str, int]
+
+  def run(self, var_vals: dict[str, int] | None = None, wait: bool = False) -> float | None:
+    if self.runner is None:
+      self.bufs[0].copy_from(self.bufs[1])
+      return None
+    vv = self.var_vals if var_vals is None else var_vals
+    vals = tuple(vv[v.arg[0]] if v.arg[0] in vv else _missing(v) for v in self.runner.spec.vars)
+    GlobalCounters["kernels"] += 1
+    return self.runner.prg(*[b._buf for b in self.bufs], vals=vals, wait=wait)
+
+
+CAPTURING: list[list[ExecItem]] = []  # TinyJit pushes a list here to record the ExecItems that run
+
+
+def lower_item(it: ScheduleItem) -> ExecItem:
+  """The ExecItem for a schedule item: allocate its buffers and get (compile) its program."""
+  bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
+  runner = None if it.ast.op is Ops.COPY else get_runner(bufs[0].device, it.ast)
+  return ExecItem(runner, bufs, {v.arg[0]: val for v, val in it.var_vals.items()})
+
+
 def run_schedule(items: list[ScheduleItem]) -> None:
-  """Execute schedule items in order."""
+  """Execute schedule items in order (recording them when a TinyJit is capturing)."""
   debug = getenv("DEBUG", 0)
   st = time.perf_counter()
   for it in items:
-    bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
-    if it.ast.op is Ops.COPY:
-      bufs[0].copy_from(bufs[1])
-      continue
-    runner = get_runner(bufs[0].device, it.ast)
-    vals = tuple(it.var_vals[v] if v in it.var_vals else _missing(v) for v in runner.spec.vars)
-    et = runner.prg(*[b._buf for b in bufs], vals=vals, wait=debug >= 2)
-    GlobalCounters["kernels"] += 1
-    if debug >= 2 and et is not None:
-      var_vals = {v: it.var_vals[v] for v in runner.spec.vars}
-      flops = sym_infer(runner.spec.flops, var_vals)
-      print(f"  {runner.device:8s} {runner.spec.name:30s} {et * 1e6:9.1f} us  {flops / max(et, 1e-9) / 1e9:8.2f} GFLOPS "
-            f"{runner.spec.mem_bytes / max(et, 1e-9) / 1e9:8.2f} GB/s")
+    ei = lower_item(it)
+    et = ei.run(wait=debug >= 2)
+    if CAPTURING: CAPTURING[-1].append(ei)
+    if debug >= 2 and et is not None and ei.runner is not None:
+      spec = ei.runner.spec
+      flops = sym_infer(spec.flops, {v: ei.var_vals[v.arg[0]] for v in spec.vars})
+      print(f"  {ei.runner.device:8s} {spec.name:30s} {et * 1e6:9.1f} us  {flops / max(et, 1e-9) / 1e9:8.2f} GFLOPS "
+            f"{spec.mem_bytes / max(et, 1e-9) / 1e9:8.2f} GB/s")
   if debug >= 1 and items:
     print(f"schedule: {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms")
 

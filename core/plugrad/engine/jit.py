@@ -1,0 +1,114 @@
+"""TinyJit: capture the kernels a function runs, then replay them with new input buffers and variable values.
+
+Call 1 runs the function normally (compiling its kernels). Call 2 runs it again while recording every kernel and
+copy it executes (ExecItems). From call 3 on, the function is not called at all: the recorded kernels run with the
+new inputs' buffers swapped in and the new values of bound Variables, and the returned tensors are the same
+objects as the capture's (their buffers hold the new results). JIT=0 turns capturing off.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Generic, TypeVar
+
+from plugrad.engine.realize import CAPTURING, ExecItem, buffer_for
+from plugrad.helpers import getenv
+from plugrad.schedule.kernelize import buffer_of
+from plugrad.uop.ops import Ops, UOp
+
+R = TypeVar("R")
+
+
+class JitError(RuntimeError):
+  """A jitted function was called in a way its capture can't serve."""
+
+
+def _tensors_in(x: Any) -> list:
+  from plugrad.tensor import Tensor
+  if isinstance(x, Tensor): return [x]
+  if isinstance(x, (list, tuple)): return [t for v in x for t in _tensors_in(v)]
+  if isinstance(x, dict): return [t for v in x.values() for t in _tensors_in(v)]
+  return []
+
+
+def _bound_vars(args: list, tensors: list) -> dict[str, int]:
+  """Variable values given to this call: BIND uops passed as arguments or found in input tensors' shapes."""
+  out: dict[str, int] = {}
+  def add(u: UOp) -> None:
+    for n in u.toposort():
+      if n.op is Ops.BIND:
+        name, val = n.src[0].arg[0], n.src[1].arg
+        if out.setdefault(name, val) != val: raise JitError(f"bind mismatch on {name}: {out[name]} != {val} in one call")
+  for a in args:
+    if isinstance(a, UOp): add(a)
+  for t in tensors:
+    for s in t.shape:
+      if isinstance(s, UOp): add(s)
+  return out
+
+
+class TinyJit(Generic[R]):
+  """Decorate a function of Tensors (or call TinyJit(fn)); see the module docstring."""
+
+  def __init__(self, fn: Callable[..., R]):
+    if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
+    self.fn, self.cnt = fn, 0
+    self.captured: list[ExecItem] = []
+    self.input_slots: list[tuple[int, int, int]] = []
+    self.signature: list[tuple] = []
+    self.ret: Any = None
+    functools.update_wrapper(self, fn)
+
+  def __get__(self, obj, objtype=None):  # a jitted method binds like a function
+    return self if obj is None else functools.partial(self.__call__, obj)
+
+  def reset(self) -> None:
+    """Forget the capture: the next call runs normally again."""
+    self.cnt, self.captured, self.input_slots, self.signature, self.ret = 0, [], [], [], None
+
+  def __call__(self, *args, **kwargs) -> R:
+    from plugrad.tensor import Tensor
+    all_args = list(args) + list(kwargs.values())
+    inputs = _tensors_in(all_args)
+    if not getenv("JIT", 1): return self.fn(*args, **kwargs)
+    Tensor.realize_all(*inputs)
+    var_vals = _bound_vars(all_args, inputs)
+    if self.cnt == 0:
+      ret = self.fn(*args, **kwargs)
+      Tensor.realize_all(*_tensors_in(ret))
+      self.cnt = 1
+      return ret
+    if self.cnt == 1: return self._capture(inputs, args, kwargs)
+    return self._replay(inputs, var_vals)
+
+  def _signature(self, inputs: list) -> list[tuple]:
+    """(shape, dtype, device) per input, with bound variables in shapes replaced by the variables themselves."""
+    def unbind(s):
+      return s if not isinstance(s, UOp) else s.substitute({n: n.src[0] for n in s.toposort() if n.op is Ops.BIND})
+    return [(tuple(unbind(s) for s in t.shape), t.dtype, t.device) for t in inputs]
+
+  def _capture(self, inputs: list, args: tuple, kwargs: dict) -> R:
+    from plugrad.tensor import Tensor
+    CAPTURING.append([])
+    try:
+      ret = self.fn(*args, **kwargs)
+      Tensor.realize_all(*_tensors_in(ret))
+    finally: items = CAPTURING.pop()
+    in_bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
+    self.input_slots = [(i, j, k) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) for k, ib in enumerate(in_bufs) if b is ib]
+    for i, ei in enumerate(items):
+      for j, b in enumerate(ei.bufs):
+        if b.base in in_bufs and b is not b.base:
+          raise JitError(f"kernel {i} of the capture reads a view of an input buffer; pass the whole tensor to the jitted function")
+    self.captured, self.signature, self.ret, self.cnt = items, self._signature(inputs), ret, 2
+    return ret
+
+  def _replay(self, inputs: list, var_vals: dict[str, int]) -> R:
+    sig = self._signature(inputs)
+    if len(sig) != len(self.signature):
+      raise JitError(f"jitted function got {len(sig)} tensor inputs, but was captured with {len(self.signature)}")
+    for i, (now, was) in enumerate(zip(sig, self.signature)):
+      if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
+    bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
+    for i, j, k in self.input_slots: self.captured[i].bufs[j] = bufs[k]
+    for ei in self.captured: ei.run(var_vals if ei.runner is not None and ei.runner.spec.vars else None)
+    return self.ret
