@@ -4,3 +4,9 @@ from plugrad.plugins.spec import PLUGIN_API_VERSION  # noqa: F401
 from plugrad.device import Device, Buffer  # noqa: F401
 from plugrad.tensor import Tensor  # noqa: F401
 from plugrad.engine.jit import TinyJit  # noqa: F401
+from plugrad.uop.ops import UOp
+
+
+def Variable(name: str, min_val: int, max_val: int) -> UOp:
+  """A symbolic integer with inclusive bounds (for shapes and JIT inputs); `.bind(value)` gives it a value."""
+  return UOp.variable(name, min_val, max_val)

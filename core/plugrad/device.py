@@ -98,6 +98,9 @@ class Allocator:
   def free(self, opaque: Any, size: int, options: BufferOptions | None = None) -> None: self._free(opaque, size, options or DEFAULT_OPTIONS)
   def copyin(self, dest: Any, src: memoryview) -> None: self._copyin(dest, src)
   def copyout(self, dest: memoryview, src: Any) -> None: self._copyout(dest, src)
+  def as_host(self, opaque: Any) -> memoryview | None:
+    """The buffer's bytes as a host memoryview (no copy) when the memory is host-visible (DISK's mmap), else None."""
+    return None
   def offset(self, opaque: Any, size: int, offset: int) -> Any:
     """A handle to bytes [offset, offset+size) of `opaque`, sharing its memory."""
     if not self.supports_offset: raise NotImplementedError(f"{type(self).__name__} does not support offset views")
@@ -243,6 +246,7 @@ class Buffer:
     dst_dev, src_dev = Device[self.device], Device[src.device]
     if parse_device(self.device).device == parse_device(src.device).device and self.allocator.supports_transfer:
       self.ensure_allocated().allocator.transfer(self._buf, src.ensure_allocated()._buf, self.nbytes, src_dev, dst_dev)
+    elif (mv := src.ensure_allocated().allocator.as_host(src._buf)) is not None: self.copyin(mv)  # one copy, no staging
     else: self.copyin(src.copyout())
     return self
 
@@ -275,10 +279,12 @@ class Compiled:
   """Base of every device. `device` is the canonical name it was opened with; renderer/arch fields of it pick the renderer.
 
   compute: False for devices that cannot run kernels (DISK) or do not really (NULL).
+  storage: True for devices that only hold buffers (DISK): the scheduler turns work on them into byte-range copies or raises.
   smoke_kernel: optional source (in this device's kernel language) of `smoke(int32 *a)` doubling a[0..2] in place; used by
   `plugrad-devices` until the Tensor front end can run `[1,2,3]*2` itself.
   """
   compute: ClassVar[bool] = True
+  storage: ClassVar[bool] = False
   smoke_kernel: ClassVar[str | None] = None
 
   def __init__(self, device: str, allocator: Allocator, renderers: Sequence[type[Renderer]] = (), compiler: CompilerArg = None,

@@ -7,6 +7,8 @@ Composite ops live in mixin modules (see plugrad/tensor_ops/) and only call thes
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 import weakref
 from typing import Any, Sequence
 
@@ -15,14 +17,15 @@ import numpy as np
 from plugrad.device import Device, canonicalize
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.engine.realize import buffer_for, run_schedule
-from plugrad.schedule.kernelize import buffer_of, create_schedule, device_of, is_buffer_view, new_buffer
+from plugrad.schedule.kernelize import (buffer_of, contiguous_range, create_schedule, device_of, is_buffer_view, is_storage, new_buffer,
+                                       range_view)
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
 from plugrad.tensor_ops.movement import MovementMixin
 from plugrad.tensor_ops.nn import NnMixin
 from plugrad.tensor_ops.reduce import ReduceMixin
-from plugrad.uop.symbolic import prod, resolve, sint
+from plugrad.uop.symbolic import prod, resolve, sint, sym_infer
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
@@ -61,6 +64,9 @@ def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, (bool, int, float)):
     return _const_uop(data, dtype or dtypes.from_py(data), device, ())
   if isinstance(data, (bytes, bytearray, memoryview)): return _np_to_uop(np.frombuffer(bytes(data), np.uint8), device)
+  if isinstance(data, pathlib.PurePath):  # the file's bytes as a uint8 tensor on DISK (memory-mapped, nothing read yet)
+    n = os.path.getsize(data)
+    return _view(new_buffer(canonicalize(f"DISK:{os.path.abspath(data)}"), n, dtypes.uint8), (n,))
   if isinstance(data, (list, tuple)):
     want = dtype or dtypes.from_py(data)
     try: arr = np.array(data, dtype=want.np if want.np is not None else np.float32)
@@ -144,12 +150,11 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return buffer_for(buffer_of(t.uop)), t.shape
 
   def numpy(self) -> np.ndarray:
-    """The values as a numpy array (a copy)."""
-    for s in self.shape:
-      if isinstance(s, UOp): raise ValueError(f"can't convert a tensor with symbolic shape {self.shape} to numpy")
+    """The values as a numpy array (a copy). Symbolic dimensions must be bound (they take their bound values)."""
+    shape = tuple(_bound_value(s, self.shape) for s in self.shape)
     if self.dtype.np is None: return self.cast(dtypes.float32).numpy()
-    if self.numel() == 0: return np.zeros(self.shape, self.dtype.np)
-    buf, shape = self._host_view()
+    if prod(shape) == 0: return np.zeros(shape, self.dtype.np)
+    buf, _ = self._host_view()
     return buf.numpy()[:prod(shape)].reshape(shape).copy()
 
   def tolist(self) -> Any: return self.numpy().tolist()
@@ -260,6 +265,14 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     return Tensor(_view(new_buffer(_canon_device(device), prod(shape), dt), shape), **kw)
 
+  @staticmethod
+  def from_sint(x: sint, device: str | None = None) -> Tensor:
+    """A 0-d index tensor holding a (possibly symbolic, bound) integer such as a sequence length."""
+    if isinstance(x, int): return Tensor(x, device=device)
+    if x.dtype != dtypes.index: raise TypeError(f"from_sint needs an index expression, got dtype {x.dtype}")
+    zero = UOp(Ops.CONST, dtypes.index, (UOp(Ops.DEVICE, arg=_canon_device(device)),), 0)
+    return Tensor(UOp(Ops.ADD, dtypes.index, (zero, x)))  # the CONST carries the device; indexing folds the +0
+
   def _const_like(self, v: ConstType, dtype: DType | None = None) -> Tensor:
     return Tensor(_const_uop(v, dtype or self.dtype, self.device, self.shape))
 
@@ -329,6 +342,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def _to_tensor(self, x: Any, reverse_dtype: bool = False) -> Tensor:
     if isinstance(x, Tensor): return x
+    if isinstance(x, UOp): return Tensor.from_sint(x, self.device).cast(self.dtype if dtypes.is_int(self.dtype) else dtypes.default_int)
     if isinstance(x, (bool, int, float)):
       if isinstance(x, float) and not dtypes.is_float(self.dtype): dt = least_upper_float(self.dtype)
       elif isinstance(x, int) and not isinstance(x, bool) and self.dtype == dtypes.bool: dt = dtypes.default_int
@@ -367,11 +381,16 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       if not self.shape: raise ValueError(f"can't bitcast a 0-d {self.dtype} tensor to {dt} of another size")
       last = self.shape[-1] * self.dtype.itemsize
       if last % dt.itemsize: raise ValueError(f"can't bitcast last dim of {self.shape} ({self.dtype}) to {dt}")
-      raw = self.contiguous().realize()
-      buf = buffer_of(raw.uop)
-      view = UOp(Ops.BUFFER_VIEW, dt, (buf,), (buf.arg * self.dtype.itemsize // dt.itemsize, 0))
-      return Tensor(_view(view, (*self.shape[:-1], last // dt.itemsize)))
+      raw = self if is_buffer_view(self.uop) and contiguous_range(self.uop)[2] is self.uop else self.contiguous().realize()
+      return Tensor(_view(raw._bytes_as(dt), (*self.shape[:-1], last // dt.itemsize)))
+    if is_buffer_view(self.uop) and contiguous_range(self.uop)[2] is self.uop and is_storage(self.device):
+      return Tensor(_view(self._bytes_as(dt), self.shape))  # storage can't run a BITCAST kernel: view the bytes instead
     return Tensor(UOp(Ops.BITCAST, dt, (self.uop,)))
+
+  def _bytes_as(self, dt: DType) -> UOp:
+    """A BUFFER_VIEW of dtype `dt` over the bytes of this contiguous buffer range."""
+    base, off, _ = contiguous_range(self.uop)
+    return range_view(base, off, self.nbytes() // dt.itemsize, dt)
 
   # ***** reduce primitive *****
   def _reduce(self, op: Ops, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
@@ -461,7 +480,18 @@ def _argshape(shape: tuple) -> tuple:
 
 
 def _is_contiguous(u: UOp) -> bool:
-  """A BUFFER (or BUFFER_VIEW) seen through reshapes only: its memory is the tensor in row-major order."""
+  """A BUFFER (or BUFFER_VIEW) seen through reshapes (and a leading 1-D shrink from 0, as symbolic sizes use): its
+  memory starts with the tensor in row-major order."""
   while u.op is Ops.RESHAPE: u = u.src[0]
+  if u.op is Ops.SHRINK and len(u.arg) == 1 and u.arg[0][0] == 0: u = u.src[0]
   return u.op in (Ops.BUFFER, Ops.BUFFER_VIEW)
+
+
+def _bound_value(s: sint, shape: tuple) -> int:
+  """A dimension's concrete value: ints as they are, symbolic ones from the values their variables are bound to."""
+  if isinstance(s, int): return s
+  vals = {n.src[0].arg[0]: n.src[1].arg for n in s.toposort() if n.op is Ops.BIND}
+  if any(n.op is Ops.DEFINE_VAR and n.arg[0] not in vals for n in s.toposort()):
+    raise ValueError(f"tensor of shape {shape} has an unbound symbolic dimension; bind its variables first")
+  return sym_infer(s, vals)
 

@@ -172,7 +172,9 @@ class TestRender:
     assert UOp.const(dtypes.index, 7).render() == "7"
 
   def test_repr_is_readable(self):
-    e = var("a") + 1
+    e = UOp.variable("a", 0, 10, dtypes.int32) + 1
     r = repr(e)
     assert "ADD" in r and "DEFINE_VAR" in r and "'a'" in r
     assert "CONST" in repr(UOp.const(dtypes.int32, 3))
+    assert repr(var("a") * 4 + var("b")) == "<(a*4+b)>"  # index expressions (symbolic sizes) read as expressions
+    assert repr(var("n").bind(3) + 1) == "<(n+1) with n=3>"

@@ -12,7 +12,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from plugrad.engine.realize import CAPTURING, ExecItem, buffer_for
 from plugrad.helpers import getenv
-from plugrad.schedule.kernelize import buffer_of
+from plugrad.schedule.kernelize import buffer_of, rebind_view
 from plugrad.uop.ops import Ops, UOp
 
 R = TypeVar("R")
@@ -111,4 +111,6 @@ class TinyJit(Generic[R]):
     bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
     for i, j, k in self.input_slots: self.captured[i].bufs[j] = bufs[k]
     for ei in self.captured: ei.run(var_vals if ei.runner is not None and ei.runner.spec.vars else None)
+    if var_vals:  # outputs with symbolic shapes take this call's sizes
+      for t in _tensors_in(self.ret): t.uop = rebind_view(t.uop, var_vals)
     return self.ret

@@ -14,9 +14,9 @@ from plugrad.dtype import dtypes
 from plugrad.schedule.indexing import TRUE, KernelContext, pm_index
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
-from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map
+from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map, pm_substitute
 from plugrad.uop.upat import PatternMatcher, UPat
-from plugrad.uop.symbolic import pm_symbolic
+from plugrad.uop.symbolic import pm_symbolic, prod, ssimplify
 
 _unique = itertools.count()
 
@@ -49,6 +49,48 @@ def buffer_of(u: UOp) -> UOp:
   return u
 
 
+def _base_size(b: UOp) -> int: return b.arg if b.op is Ops.BUFFER else b.arg[0] if b.op is Ops.BUFFER_VIEW else b.arg[2]
+
+
+def contiguous_range(u: UOp) -> tuple[UOp, int, UOp]:
+  """(base, element offset, top) for a buffer view `u`: `top` is the outermost node of u's movement chain whose elements
+  are base[offset : offset+top.numel()] in row-major order (reshapes, and shrinks that keep a row-major range); it is
+  `u` itself when all of u is such a range."""
+  chain = []
+  while u.op in GroupOp.Movement: chain, u = chain + [u], u.src[0]
+  base, off, top = u, 0, u
+  for m in reversed(chain):
+    shape = top.shape
+    if m.op is Ops.SHRINK and all(isinstance(x, int) for x in (*shape, *(v for be in m.arg for v in be))):
+      outer = [i for i, (b, e) in enumerate(m.arg) if (b, e) != (0, shape[i])]
+      if outer and any(e - b != 1 for b, e in m.arg[:outer[-1]]) and m.numel() != 0: break
+      stride = 1
+      for (b, _), s in zip(reversed(m.arg), reversed(shape)): off, stride = off + b * stride, stride * s
+    elif m.op is not Ops.RESHAPE: break
+    top = m
+  return base, off, top
+
+
+def range_view(base: UOp, off: int, n: int, dtype=None) -> UOp:
+  """`n` elements of `dtype` (default base's) starting `off` base elements into buffer `base`, as a BUFFER_VIEW (or base)."""
+  dtype = dtype or base.dtype
+  if off == 0 and dtype == base.dtype and n == _base_size(base): return base
+  boff = off * base.dtype.itemsize
+  if base.op is Ops.BUFFER_VIEW: base, boff = base.src[0], boff + base.arg[1]
+  return UOp(Ops.BUFFER_VIEW, dtype, (base,), (n, boff))
+
+
+def is_storage(device: str) -> bool:
+  """True for devices that hold buffers but run no kernels (DISK): everything on them must become a copy."""
+  from plugrad.device import Device
+  return bool(getattr(Device[device], "storage", False))
+
+
+def _storage_error(device: str, what: str) -> RuntimeError:
+  return RuntimeError(f"{device} is a storage device and can't {what}; it only copies contiguous byte ranges. "
+                      f"Move the data to a compute device first, e.g. t.to('CPU'), and compute there")
+
+
 @dataclass
 class ScheduleItem:
   """One step: a kernel (`ast` is a SINK) or a COPY (`ast` is the COPY node) over `bufs` (BUFFER uops, output first)."""
@@ -57,15 +99,27 @@ class ScheduleItem:
   var_vals: dict[UOp, int] = field(default_factory=dict)
 
 
+def _storage_assign_source(n: UOp) -> UOp | None:
+  """For an ASSIGN into a storage device: the data to copy into the target's range (the value, or the source of its COPY)."""
+  if n.op is not Ops.ASSIGN or not is_storage(device_of(n.src[0])): return None
+  return n.src[1].src[0] if n.src[1].op is Ops.COPY else n.src[1]
+
+
 def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
   realize = {t for t in targets if not is_buffer_view(t)}
+  skip: set[UOp] = set()  # COPYs into storage that an ASSIGN performs itself
   for n in nodes:
     if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN): realize.add(n)
     if n.op is Ops.COPY and not is_buffer_view(n.src[0]): realize.add(n.src[0])
+    if n.op is Ops.COPY and is_storage(n.src[1].arg) and contiguous_range(n.src[0])[2] is not n.src[0]:
+      realize.add(n.src[0])  # a storage device can't rearrange: make the data contiguous where it is
+    if (v := _storage_assign_source(n)) is not None:
+      if n.src[1].op is Ops.COPY: skip.add(n.src[1])
+      if not is_buffer_view(v) or contiguous_range(v)[2] is not v: realize.add(v)
     if n.op is Ops.EXPAND:  # reductions broadcast by this expand must be computed once, into a buffer
       for x in n.src[0].toposort(gate=lambda y: y.op is not Ops.REDUCE_AXIS and not is_buffer_view(y)):
         if x.op is Ops.REDUCE_AXIS: realize.add(x)
-  return realize
+  return realize - skip
 
 
 def _kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UOp | None = None) -> UOp:
@@ -111,18 +165,29 @@ def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]
   for n in nodes:
     if n not in realize: continue
     src = n.substitute(becomes, walk=True) if becomes else n  # earlier kernels' outputs are buffers now
-    if src.op is Ops.COPY:
-      out = new_out(src.src[1].arg, src.numel(), src.dtype)
-      items.append(ScheduleItem(src, [out, buffer_of(src.src[0])]))
-      becomes[n] = view_as(out, n.shape)
+    if src.op is Ops.COPY:  # copy the smallest row-major range that holds the view, then view the copy the same way
+      base, off, top = contiguous_range(src.src[0])
+      out = new_out(src.src[1].arg, max_size(top.numel()), src.dtype)
+      items.append(ScheduleItem(src, [out, range_view(base, off, max_size(top.numel()))]))
+      becomes[n] = view_as(out, n.shape) if top is src.src[0] else view_as(src.src[0].substitute({top: view_as(out, top.shape)}), n.shape)
       continue
+    if (v := _storage_assign_source(src)) is not None:  # ASSIGN into storage: a copy into the target's byte range
+      target = src.src[0]
+      tbase, toff, ttop = contiguous_range(target)
+      if ttop is not target: raise _storage_error(device_of(target), f"write a non-contiguous view (shape {target.shape})")
+      vbase, voff, _ = contiguous_range(v)
+      items.append(ScheduleItem(UOp(Ops.COPY, target.dtype, (v, UOp(Ops.DEVICE, arg=device_of(target)))),
+                                [range_view(tbase, toff, target.numel()), range_view(vbase, voff, v.numel())]))
+      becomes[n] = target
+      continue
+    if is_storage(dev := device_of(src)): raise _storage_error(dev, f"run kernels ({src.op.name} of shape {src.shape})")
     ctx = KernelContext()
     if src.op is Ops.ASSIGN:
       target, value = src.src
       out = buffer_of(target)
       ast = _kernel_ast(value, out, ctx, store_target=target)
       if _reads_other_elements_of_output(ast):  # e.g. x.assign(x.flip(0)): compute the value into a temporary first
-        tmp = new_out(device_of(src), value.numel(), value.dtype)
+        tmp = new_out(device_of(src), max_size(value.numel()), value.dtype)
         tctx = KernelContext()
         items.append(ScheduleItem(_kernel_ast(value, tmp, tctx), list(tctx.bufs), {v: -1 for v in value.toposort() if v.op is Ops.DEFINE_VAR}))
         ctx = KernelContext()
@@ -130,7 +195,7 @@ def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]
       becomes[n] = target
     else:
       value = src.src[0] if src.op is Ops.CONTIGUOUS else src
-      out = new_out(device_of(src), value.numel(), src.dtype)
+      out = new_out(device_of(src), max_size(value.numel()), src.dtype)
       ast = _kernel_ast(value, out, ctx)
       becomes[n] = view_as(out, n.shape)
     items.append(ScheduleItem(ast, list(ctx.bufs), {v: -1 for v in ast.toposort() if v.op is Ops.DEFINE_VAR}))
@@ -148,10 +213,39 @@ class _Normalize:
     var, val = b.unbind()
     if self.var_vals.setdefault(var, val) != val: raise RuntimeError(f"bind mismatch on {var.arg[0]}: {self.var_vals[var]} != {val}")
     return var
+  def unbind_arg(self, x: UOp) -> UOp | None:
+    """A movement op whose arg holds symbolic sizes with BINDs, rebuilt with the bare variables."""
+    new = _map_arg(x.arg, lambda u: u.substitute({n: self.bind(n) for n in u.toposort() if n.op is Ops.BIND}))
+    return None if new == x.arg else x.replace(arg=new)
+
+
+def _map_arg(arg, fn):
+  if isinstance(arg, tuple): return tuple(_map_arg(a, fn) for a in arg)
+  return fn(arg) if isinstance(arg, UOp) else arg
+
+
+def _has_uop(arg) -> bool: return isinstance(arg, UOp) or (isinstance(arg, tuple) and any(_has_uop(a) for a in arg))
 
 
 pm_normalize = PatternMatcher([(UPat(Ops.BUFFER, name="b"), lambda ctx, b: ctx.buffer(b)),
                                (UPat(Ops.BIND, name="b"), lambda ctx, b: ctx.bind(b))])
+def rebind_view(u: UOp, vals: dict[str, int]) -> UOp:
+  """A (small) view graph with its bound variables rebound to `vals` (by name), in sources and in movement args."""
+  memo: dict[UOp, UOp] = {}
+  def fix(x: UOp) -> UOp:
+    if x in memo: return memo[x]
+    if x.op is Ops.BIND and x.src[0].arg[0] in vals: ret = x.src[0].bind(vals[x.src[0].arg[0]])
+    else:
+      arg = _map_arg(x.arg, fix) if x.op in GroupOp.Movement and _has_uop(x.arg) else x.arg
+      ret = x.replace(src=tuple(fix(s) for s in x.src), arg=arg)
+    memo[x] = ret
+    return ret
+  return fix(u)
+
+
+pm_rebind_args = PatternMatcher([(UPat(GroupOp.Movement, name="x"),
+  lambda ctx, x: x.replace(arg=_map_arg(x.arg, lambda u: u.substitute(ctx, walk=True))) if _has_uop(x.arg) else None)])
+pm_unbind_args = PatternMatcher([(UPat(GroupOp.Movement, name="x"), lambda ctx, x: ctx.unbind_arg(x) if _has_uop(x.arg) else None)])
 _SCHEDULE_CACHE: dict[UOp, tuple[list[ScheduleItem], dict[UOp, UOp]]] = {}
 SCHEDULE_STATS = {"hits": 0, "misses": 0}
 
@@ -161,7 +255,7 @@ def create_schedule(targets: list[UOp], keep: set[UOp] | None = None) -> tuple[l
   Schedules are cached by the structure of the graph (buffers and bound values abstracted), so running the same
   program on new data skips scheduling and codegen. Intermediate buffers not in `keep` (or targets) may share memory."""
   norm = _Normalize()
-  mapping = graph_rewrite_map(UOp.sink_of(*targets), None, ctx=norm, bpm=pm_normalize, walk=True, name="normalize")
+  mapping = graph_rewrite_map(UOp.sink_of(*targets), pm_unbind_args, ctx=norm, bpm=pm_normalize, walk=True, name="normalize")
   nsink = mapping[UOp.sink_of(*targets)]
   if (cached := _SCHEDULE_CACHE.get(nsink)) is None:
     cached = _SCHEDULE_CACHE[nsink] = _schedule_normalized(nsink)
@@ -175,7 +269,9 @@ def create_schedule(targets: list[UOp], keep: set[UOp] | None = None) -> tuple[l
   sub_map = {p: real(p) for it in items_t for b in it.bufs for p in b.toposort() if p.op is Ops.PARAM}
   items = [ScheduleItem(it.ast, [sub_map[b] if b.op is Ops.PARAM else b.substitute(sub_map) for b in it.bufs],
                         {v: norm.var_vals[v] for v in it.var_vals}) for it in items_t]
-  becomes = {n: becomes_t[m].substitute(sub_map, walk=True) for n, m in mapping.items() if m in becomes_t}
+  rebind = {**sub_map, **{v: v.bind(val) for v, val in norm.var_vals.items()}}  # realized views keep their bound sizes
+  becomes = {n: graph_rewrite(becomes_t[m], pm_rebind_args, ctx=rebind, bpm=pm_substitute, walk=True, name="rebind")
+             for n, m in mapping.items() if m in becomes_t}
   return items, becomes
 
 
@@ -201,5 +297,15 @@ def plan_buffers(items: list[ScheduleItem], kept: set[UOp]) -> dict[UOp, UOp]:
 
 
 def view_as(u: UOp, shape: tuple) -> UOp:
-  """`u` reshaped to `shape` (itself if it has that shape)."""
-  return u if u.shape == tuple(shape) else UOp(Ops.RESHAPE, u.dtype, (u,), tuple(shape))
+  """Flat buffer `u` seen as `shape` (itself if it has that shape). A symbolic shape uses the first numel elements
+  of a buffer sized for the largest value of its variables."""
+  shape = tuple(shape)
+  if u.shape == shape: return u
+  numel = ssimplify(prod(shape))
+  if not isinstance(numel, int) or numel != u.shape[0]: u = UOp(Ops.SHRINK, u.dtype, (u,), ((0, numel),))
+  return u if u.shape == shape else UOp(Ops.RESHAPE, u.dtype, (u,), shape)
+
+
+def max_size(n) -> int:
+  """The largest value a (possibly symbolic) element count can take: buffers are allocated at that size."""
+  return n if isinstance(n, int) else int(n.vmax)

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from plugrad.uop.ops import UOp
+from plugrad.uop.symbolic import sint
 from plugrad.dtype import DType, dtypes, to_dtype
 from plugrad.uop.ops import Ops
 
@@ -98,6 +100,10 @@ class CreationMixin:
   def arange(start, stop=None, step=1, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """Values from start (inclusive) to stop (exclusive) by step; int dtype for int arguments, float otherwise."""
     if stop is None: start, stop = 0, start
+    if isinstance(stop, UOp):  # symbolic length: the first `stop` values of an arange of its largest value
+      if start != 0 or step != 1: raise ValueError("a symbolic arange supports only arange(stop) with start 0, step 1")
+      idx = _bit_arange(int(stop.vmax), device).shrink(((0, stop),))
+      return idx.cast(to_dtype(dtype)) if dtype is not None else idx
     for v in (start, stop, step):
       if isinstance(v, bool) or not isinstance(v, (int, float)): raise TypeError(f"arange arguments must be numbers, got {v!r}")
     if step == 0: raise ValueError("arange step must be nonzero")
@@ -112,6 +118,25 @@ class CreationMixin:
     ret = ret.cast(dt)
     if kw.get("requires_grad") is not None: ret.requires_grad = kw["requires_grad"]
     return ret
+
+  def triu(self, diagonal: sint = 0) -> Any:
+    """The upper triangle of the last two dims: elements with column - row >= diagonal, others 0 (symbolic sizes and
+    diagonals allowed)."""
+    return self._tri(diagonal, upper=True)
+
+  def tril(self, diagonal: sint = 0) -> Any:
+    """The lower triangle of the last two dims: elements with column - row <= diagonal, others 0."""
+    return self._tri(diagonal, upper=False)
+
+  def _tri(self, diagonal: sint, upper: bool) -> Any:
+    if self.ndim < 2: raise ValueError(f"triu/tril need at least 2 dims, got shape {self.shape}")
+    Tensor = _T()
+    r, c = self.shape[-2], self.shape[-1]
+    rows = Tensor.arange(r, device=self.device).reshape(r, 1)
+    cols = Tensor.arange(c, device=self.device).reshape(1, c)
+    d = cols - rows
+    keep = (d >= diagonal) if upper else (d <= diagonal)
+    return keep._expand_to(self.shape).where(self, 0)
 
   @staticmethod
   def linspace(start, stop, steps: int, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:

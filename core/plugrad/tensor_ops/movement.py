@@ -13,7 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from plugrad.dtype import dtypes, least_upper_dtype
-from plugrad.uop.ops import Ops
+from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.symbolic import ssimplify
 
 
 def _T():
@@ -332,6 +333,14 @@ class MovementMixin:
         if not -size <= e < size: raise IndexError(f"index {e} is out of bounds for dimension {d} with size {size}")
         do("shrink", rng(e % size, e % size + 1))
         adv_entries.append(ei)
+      elif isinstance(e, slice) and any(isinstance(v, UOp) for v in (e.start, e.stop, e.step, size)):
+        # symbolic bounds (e.g. buf[:, :v.bind(n)]): step 1, non-negative bounds, no clamping
+        if e.step not in (None, 1): raise IndexError(f"a symbolic slice needs step 1, got {e.step}")
+        start, stop = 0 if e.start is None else e.start, size if e.stop is None else e.stop
+        for b in (start, stop):
+          if isinstance(b, int) and b < 0: raise IndexError(f"negative bound {b} in a symbolic slice of dimension {d}")
+        do("shrink", rng(start, stop))
+        final.append(ssimplify(stop - start))
       elif isinstance(e, slice):
         start, stop, step = e.indices(size)
         c = len(range(start, stop, step))

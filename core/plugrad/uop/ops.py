@@ -366,7 +366,11 @@ class UOp:
     from plugrad.uop.symbolic import prod
     return prod(self.shape)
 
-  def __repr__(self) -> str: return pretty(self)
+  def __repr__(self) -> str:
+    if self.dtype == dtypes.index and all(n.op in GroupOp.ALU or n.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.BIND) for n in self.toposort()):
+      binds = [f"{n.src[0].arg[0]}={n.src[1].arg}" for n in self.toposort() if n.op is Ops.BIND]
+      return f"<{self.render(simplify=False)}{' with ' + ', '.join(binds) if binds else ''}>"  # symbolic sizes read as expressions
+    return pretty(self)
 
   def __iter__(self) -> Iterator[UOp]: raise TypeError(f"UOp {self.op} is not iterable")
 

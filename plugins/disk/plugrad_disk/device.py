@@ -1,7 +1,10 @@
 """The DISK device: one file per device (`DISK:/path`), memory-mapped; buffers are byte ranges of that file.
 
-`alloc(n)` maps the first n bytes (growing the file if it is shorter); offset views address the rest.
-It stores data but cannot compile or run kernels.
+`alloc(n)` maps the first n bytes (growing the file if it is shorter); offset views address the rest. Reads copy
+straight out of the mapping (`as_host`), writes go into it and are flushed (msync) per written range, so they reach
+the file as soon as the copy is realized. It stores data but cannot compile or run kernels: the scheduler turns work
+on it into byte-range copies (`storage = True`) and anything else is a RuntimeError telling you to `.to()` a compute
+device first. A file that can't be opened for writing is mapped read-only.
 """
 from __future__ import annotations
 import mmap
@@ -9,6 +12,7 @@ import os
 from dataclasses import dataclass
 from plugrad.device import Allocator, BufferOptions, Compiled
 from plugrad.runtime.compiler import UnsupportedCompiler
+from plugrad.runtime.renderer import Renderer
 
 @dataclass
 class DiskHandle:
@@ -24,18 +28,34 @@ class DiskAllocator(Allocator):
   dev: DiskDevice
   def _alloc(self, size: int, options: BufferOptions) -> DiskHandle:
     return DiskHandle(self.dev.map(size), 0, size)
-  def _copyin(self, dest: DiskHandle, src: memoryview) -> None: dest.view[:] = src
+  def _copyin(self, dest: DiskHandle, src: memoryview) -> None:
+    if dest.size == 0: return
+    if self.dev.readonly: raise PermissionError(f"{self.dev.device}: the file is read-only, can't write {dest.size} bytes into it")
+    dest.view[:] = src
+    start = dest.offset - dest.offset % mmap.ALLOCATIONGRANULARITY  # msync wants a page-aligned start
+    dest.mm.flush(start, dest.offset + dest.size - start)
   def _copyout(self, dest: memoryview, src: DiskHandle) -> None: dest[:] = src.view
   def _offset(self, opaque: DiskHandle, size: int, offset: int) -> DiskHandle: return DiskHandle(opaque.mm, opaque.offset + offset, size)
+  def as_host(self, opaque: DiskHandle) -> memoryview: return opaque.view
+
+class DiskRenderer(Renderer):
+  """Stands in for a renderer: any attempt to generate a kernel for DISK ends here with a clear error."""
+  name = "DISK"
+  def render(self, name: str, uops: list) -> str:
+    raise RuntimeError(f"DISK is a storage device and can't compute (kernel {name}); move the data to a compute device "
+                       "first, e.g. t.to('CPU'), and compute there")
 
 class DiskDevice(Compiled):
   compute = False
+  storage = True
 
   def __init__(self, device: str) -> None:
     path = self.path_of(device)
     self.path = os.path.expanduser(path)
     self._mm: mmap.mmap | None = None
-    super().__init__(device, DiskAllocator(), [], UnsupportedCompiler(device, "DISK is a storage device"), None)
+    self._ident: tuple[int, int] | None = None
+    self.readonly = False
+    super().__init__(device, DiskAllocator(), [DiskRenderer], UnsupportedCompiler(device, "DISK is a storage device"), None)
 
   @staticmethod
   def path_of(device: str) -> str:
@@ -46,13 +66,26 @@ class DiskDevice(Compiled):
   def map(self, size: int) -> mmap.mmap | None:
     """The file mapped with at least `size` bytes (the file is created or grown as needed)."""
     if size == 0: return None
+    try: st = os.stat(self.path)
+    except FileNotFoundError: st = None
+    if st is None or (st.st_dev, st.st_ino) != self._ident: self._mm = None  # replaced since mapped: map the new file
     if self._mm is None or len(self._mm) < size:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try: fd, self.readonly = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), False
+      except PermissionError: fd, self.readonly = os.open(self.path, os.O_RDONLY), True
       try:
-        if os.fstat(fd).st_size < size: os.ftruncate(fd, size)
-        self._mm = mmap.mmap(fd, max(size, os.fstat(fd).st_size))
+        have = os.fstat(fd).st_size
+        if have < size:
+          if self.readonly: raise ValueError(f"{self.device}: read-only file has {have} bytes, {size} requested")
+          os.ftruncate(fd, size)
+        self._mm = mmap.mmap(fd, max(size, have), access=mmap.ACCESS_READ if self.readonly else mmap.ACCESS_WRITE)
+        st = os.fstat(fd)
+        self._ident = (st.st_dev, st.st_ino)
       finally: os.close(fd)
     return self._mm
 
+  def release(self) -> None:
+    """Drop the device's own reference to the mapping; buffers still using it keep it alive."""
+    self._mm, self._ident = None, None
+
   def synchronize(self) -> None:
-    if self._mm is not None: self._mm.flush()
+    pass  # writes are flushed as they are made
