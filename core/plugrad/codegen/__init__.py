@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plugrad.codegen.linearize import linearize
+from plugrad.codegen.opt import optimize
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.symbolic import prod, sint
@@ -44,8 +45,8 @@ def estimate_flops(uops: list[UOp]) -> sint:
 
 
 def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
-  """Linearize and render a kernel AST for `renderer`."""
-  uops = linearize(ast)
+  """Optimize (codegen/opt.py, as far as `renderer` supports it), linearize and render a kernel AST for `renderer`."""
+  uops = linearize(optimize(ast, renderer))
   name = kernel_name(ast)
   glbls = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
   mem = sum(g.dtype.size * g.dtype.base.itemsize for g in glbls if isinstance(g.dtype.size, int) and g.dtype.size > 0)

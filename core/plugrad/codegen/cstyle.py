@@ -32,7 +32,8 @@ class CStyleRenderer(Renderer):
     Ops.ADD: _binop("+"), Ops.SUB: _binop("-"), Ops.MUL: _binop("*"), Ops.FDIV: _binop("/"), Ops.IDIV: _binop("/"), Ops.MOD: _binop("%"),
     Ops.CMPLT: _binop("<"), Ops.CMPNE: _binop("!="), Ops.CMPEQ: _binop("=="), Ops.AND: _binop("&"), Ops.OR: _binop("|"),
     Ops.XOR: _binop("^"), Ops.SHL: _binop("<<"), Ops.SHR: _binop(">>"),
-    Ops.MAX: lambda a, b: f"(({a}>{b})?{a}:{b})", Ops.WHERE: lambda c, a, b: f"({c}?{a}:{b})", Ops.MULACC: lambda a, b, c: f"(({a}*{b})+{c})",
+    Ops.MAX: lambda a, b: f"((({a}>{b})||({a}!={a}))?{a}:{b})", Ops.WHERE: lambda c, a, b: f"({c}?{a}:{b})",
+    Ops.MULACC: lambda a, b, c: f"(({a}*{b})+{c})",
     Ops.RECIPROCAL: lambda a: f"(1/{a})"}
   # math functions per float type: (exp2, log2, sin, sqrt, trunc, pow)
   math_fns: dict[DType, tuple[str, ...]] = {
@@ -89,7 +90,7 @@ class CStyleRenderer(Renderer):
       elif op is Ops.CONST: r[u] = self.render_const(u.arg, dt)
       elif op is Ops.RANGE:
         r[u] = f"{'g' if u.arg[1] == 'global' else 'r'}idx{u.arg[0]}"
-        emit(f"for ({self.ctype(dt)} {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
+        emit(self.render_range(u, r[u], r[src[0]]))
         depth += 1
       elif op is Ops.END:
         depth -= 1
@@ -113,6 +114,10 @@ class CStyleRenderer(Renderer):
         emit(f"{self.ctype(dt)} {r[u]} = {self.render_alu(u, [r[s] for s in src])};")
       n += 1
     return lines
+
+  def render_range(self, u: UOp, name: str, end: str) -> str:
+    """The loop header opening RANGE `u` (a renderer may override it, e.g. to split the outer loop across threads)."""
+    return f"for ({self.ctype(u.dtype)} {name} = 0; {name} < {end}; {name}++) {{"
 
   def render_alu(self, u: UOp, args: list[str]) -> str:
     op, dt = u.op, u.dtype

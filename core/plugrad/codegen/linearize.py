@@ -7,6 +7,8 @@ global range first (in id order), then emits each node after its sources. A REDU
   DEFINE_REG acc; STORE(INDEX(acc, 0), identity); RANGE r...; <body>; STORE(INDEX(acc, 0), acc OP body);
   END r...; LOAD(INDEX(AFTER(acc, END), 0))
 
+REDUCEs over the same ranges that can run together share one loop nest (one accumulator each: this is what register
+blocking in codegen/opt.py relies on), and a float ADD of a product updates with MULACC(a, b, acc).
 Loop-invariant parts of a reduce body are emitted before its loops, so a value is only used inside the scope
 that declared it. `dtypes.index` is lowered to int32 (int64 when some index value does not fit in int32).
 See docs/kernel_ir.md for the contract.
@@ -62,29 +64,46 @@ class Linearizer:
     self.done[node] = self.push(n)
     return n
 
+  def siblings(self, red: UOp) -> list[UOp]:
+    """REDUCEs over exactly `red`'s ranges that can share its loop: computable now and independent of each other."""
+    group = [red]
+    for x in self.ast.toposort():
+      if x.op is not Ops.REDUCE or x is red or x in self.done or x.src[1:] != red.src[1:]: continue
+      if not self.rset(x) <= self.open or any(g in x.toposort() or x in g.toposort() for g in group): continue
+      group.append(x)
+    return group
+
   def emit_reduce(self, red: UOp) -> UOp:
-    body, ranges = red.src[0], red.src[1:]
-    self.rset(red)
-    for n in body.toposort():  # hoist everything (also inside nested reduces) that doesn't need the new loops
-      if n not in self.done and self.rsets[n] <= self.open and n.op is not Ops.RANGE: self.emit(n)
-    dt = self.dt(red.dtype)
-    acc = self.push(UOp(Ops.DEFINE_REG, dt.ptr(1, AddrSpace.REG), arg=self.n_acc))
-    self.n_acc += 1
+    """Emit `red` and every sibling REDUCE over the same ranges in one loop nest, each with its own accumulator."""
+    ranges = red.src[1:]
+    group = self.siblings(red)
+    for r in group:
+      for n in r.src[0].toposort():  # hoist everything (also inside nested reduces) that doesn't need the new loops
+        if n not in self.done and self.rset(n) <= self.open and n.op is not Ops.RANGE: self.emit(n)
     zero = self.emit(UOp.const(self.idx_dtype, 0))
-    slot = self.push(UOp(Ops.INDEX, acc.dtype, (acc, zero)))
-    init = self.push(UOp(Ops.STORE, dtypes.void, (slot, self.emit(UOp.const(dt, reduce_identity(red.arg, dt))))))
+    accs = []
+    for r in group:
+      dt = self.dt(r.dtype)
+      acc = self.push(UOp(Ops.DEFINE_REG, dt.ptr(1, AddrSpace.REG), arg=self.n_acc))
+      self.n_acc += 1
+      slot = self.push(UOp(Ops.INDEX, acc.dtype, (acc, zero)))
+      accs.append((r, dt, acc, slot, self.push(UOp(Ops.STORE, dtypes.void, (slot, self.emit(UOp.const(dt, reduce_identity(r.arg, dt))))))))
     opened = [self.emit(UOp(Ops.RANGE, r.dtype, r.src, r.arg)) for r in ranges]
     self.open.update(ranges)
-    val = self.emit(body)
-    cur = self.push(UOp(Ops.LOAD, dt, (slot, init)))  # the init source orders this load after the reset
-    self.push(UOp(Ops.STORE, dtypes.void, (slot, self.push(UOp(red.arg, dt, (cur, val))))))
+    for r, dt, acc, slot, init in accs:
+      body = r.src[0]
+      fma = r.arg is Ops.ADD and body.op is Ops.MUL and dtypes.is_float(dt)  # acc + a*b -> MULACC(a, b, acc)
+      val = tuple(self.emit(s) for s in body.src) if fma else self.emit(body)
+      cur = self.push(UOp(Ops.LOAD, dt, (slot, init)))  # the init source orders this load after the reset
+      new = UOp(Ops.MULACC, dt, (*val, cur)) if fma else UOp(r.arg, dt, (cur, val))
+      self.push(UOp(Ops.STORE, dtypes.void, (slot, self.push(new))))
     end = None
     for r in reversed(opened): end = self.push(UOp(Ops.END, dtypes.void, (r,) if end is None else (r, end)))
     self.open.difference_update(ranges)
-    after = self.push(UOp(Ops.AFTER, acc.dtype, (acc, end)))
-    res = self.push(UOp(Ops.LOAD, dt, (self.push(UOp(Ops.INDEX, acc.dtype, (after, zero))),)))
-    self.done[red] = res
-    return res
+    for r, dt, acc, slot, init in accs:
+      after = self.push(UOp(Ops.AFTER, acc.dtype, (acc, end)))
+      self.done[r] = self.push(UOp(Ops.LOAD, dt, (self.push(UOp(Ops.INDEX, acc.dtype, (after, zero))),)))
+    return self.done[red]
 
   def run(self) -> list[UOp]:
     topo = self.ast.toposort()

@@ -1,10 +1,14 @@
-"""The CPU device: 64-byte-aligned host memory, C compiled to a shared object by clang/gcc, ctypes launcher.
+"""The CPU device: 64-byte-aligned host memory, C compiled to a shared object by clang/gcc, threaded ctypes launcher.
 
-Kernels are C functions `void name(T0 *buf0, ..., int val0, ...)` that loop over their whole iteration space;
-global/local sizes are validated and otherwise ignored until the threaded launcher (CPU_THREADS) lands.
+Rendered kernels (ClangRenderer) split their outermost global loop across cores: the library exports
+`void name(void **bufs, const int *vals, int core_id, int core_n)` and `long long name_work(const int *vals,
+long long *split)`, and the C thread pool (pool.py) launches them on up to CPU_THREADS cores (default: all), fewer
+when the estimated work is small (MIN_WORK_PER_THREAD ops per core). Libraries without `name_work` (hand-written
+C such as the smoke kernel) are called directly as `void name(T0 *buf0, ..., int val0, ...)` on one thread.
 """
 from __future__ import annotations
 import ctypes
+import math
 import os
 import subprocess
 import tempfile
@@ -14,7 +18,12 @@ import numpy as np
 from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program
 from plugrad.helpers import getenv
 from plugrad.codegen.cstyle import CStyleRenderer
+from plugrad.dtype import DType, dtypes
+from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad_cpu import find_cc
+from plugrad_cpu.pool import POOL_SRC
+
+MIN_WORK_PER_THREAD = 1 << 16  # estimated ops (loads, stores, ALU) one extra core must get to be worth waking
 
 class CPUAllocator(LRUAllocator):
   """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices)."""
@@ -29,10 +38,106 @@ class CPUAllocator(LRUAllocator):
   def _transfer(self, dest: np.ndarray, src: np.ndarray, nbytes: int, src_dev: Compiled, dest_dev: Compiled) -> None:
     dest[:nbytes] = src[:nbytes]
 
+def _exp2f_src() -> str:
+  """exp2 for float32 that clang/gcc can vectorize (libm's exp2f is a scalar call): 2^x = 2^n * 2^f with n = rint(x),
+  |f| <= 1/2, 2^f = e^(f ln 2) by its degree-7 Taylor polynomial (truncation < 1e-8 relative), 2^n applied as two
+  exact power-of-two factors so that results down to subnormals and up to inf round once. NaN stays NaN."""
+  c = [f"{math.log(2) ** k / math.factorial(k):.10e}f" for k in range(8)]
+  horner = c[7]
+  for k in range(6, -1, -1): horner = f"({horner}*f+{c[k]})"
+  return ("static inline float pg_exp2f(float x) {\n"
+          "  float xc = (x != x) ? 0.0f : (x < -152.0f ? -152.0f : (x > 129.0f ? 129.0f : x));\n"
+          "  float n = __builtin_rintf(xc), f = xc - n;\n"
+          f"  float p = {horner};\n"
+          "  int i = (int)n, i1 = i / 2, i2 = i - i1;\n"
+          "  union { unsigned u; float f; } s1, s2;\n"
+          "  s1.u = (unsigned)(i1 + 127) << 23; s2.u = (unsigned)(i2 + 127) << 23;\n"
+          "  return (x != x) ? x : (p * s1.f) * s2.f;\n}")
+
+EXP2F_SRC = _exp2f_src()
+
 class ClangRenderer(CStyleRenderer):
-  """C for clang/gcc: the shared C-style renderer with host types."""
+  """C for clang/gcc: the shared C-style renderer with host types, FMA for MULACC, and the threaded kernel ABI."""
   name, device, suffix = "CLANG", "CPU", "CLANG"
   supports_float4, global_max = True, None
+  upcast_max = 64  # accumulators per loop iteration for codegen/opt.py (32 AVX-512 or 16 AVX2 vector registers)
+  vectorizes_reductions = False  # set per device when the compiler is clang: see render_range
+
+  def render_alu(self, u: UOp, args: list[str]) -> str:
+    if u.op is Ops.MULACC and u.dtype in (dtypes.float32, dtypes.float64):
+      return f"__builtin_fma{'f' if u.dtype == dtypes.float32 else ''}({args[0]}, {args[1]}, {args[2]})"
+    return super().render_alu(u, args)
+
+  def render_unary_math(self, op: Ops, a: str, dt: DType) -> str:
+    if op is Ops.EXP2 and dt == dtypes.float32: return f"pg_exp2f({a})"
+    return super().render_unary_math(op, a, dt)
+
+  def render_range(self, u: UOp, name: str, end: str) -> str:
+    if u in self._vec_loops:  # clang may reassociate this loop's single accumulator: a vectorized reduction
+      return "#pragma clang loop vectorize(enable) interleave_count(4)\n  " + super().render_range(u, name, end)
+    if u is not self._outer: return super().render_range(u, name, end)
+    t = self.ctype(u.dtype)  # this core's share [lo, hi) of the outermost global loop
+    return (f"const {t} {name}_lo = ({t})(((long long)({end})*core_id)/core_n), {name}_hi = ({t})(((long long)({end})*(core_id+1))/core_n);\n"
+            f"  for ({t} {name} = {name}_lo; {name} < {name}_hi; {name}++) {{")
+
+  def work_expr(self, uops: list[UOp]) -> str:
+    """C expression (over the kernel's variables) estimating the ops the kernel executes: each op times its loop trips."""
+    total: int | UOp = 0
+    mult: list[int | UOp] = []
+    for u in uops:
+      if u.op is Ops.RANGE: mult.append(u.src[0].arg if u.src[0].op is Ops.CONST else u.src[0])
+      elif u.op is Ops.END: mult.pop()
+      elif u.op in GroupOp.ALU or u.op in (Ops.LOAD, Ops.STORE, Ops.CAST):
+        p: int | UOp = 1
+        for m in mult: p = p * m
+        total = total + p
+    if isinstance(total, int): return f"{total}LL"
+    def c(x: UOp) -> str:
+      if x.op is Ops.CONST: return f"{int(x.arg)}LL"
+      if x.op is Ops.DEFINE_VAR: return f"(long long){x.arg[0]}"
+      if x.op in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX) and len(x.src) == 2: return self.code_for_op[x.op](c(x.src[0]), c(x.src[1]))
+      raise NotImplementedError
+    try: return c(total)
+    except NotImplementedError: return f"{int(total.vmax)}LL"
+
+  def render(self, name: str, uops: list) -> str:
+    self._outer = next((u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"), None)
+    self._vec_loops = self.vectorizable_reduce_loops(uops) if self.vectorizes_reductions else set()
+    body = self.render_body(uops)
+    gl, vs = [u for u in uops if u.op is Ops.DEFINE_GLOBAL], [u for u in uops if u.op is Ops.DEFINE_VAR]
+    params = ", ".join(self.render_params(uops) + ["const int core_id", "const int core_n"])
+    guard = [] if self._outer is not None else ["  if (core_id != 0) return;"]
+    args = ", ".join([f"({self.ctype(g.dtype)})bufs[{i}]" for i, g in enumerate(gl)] + [f"vals[{i}]" for i in range(len(vs))])
+    var_decl = "".join(f"  const int {v.arg[0]} = vals[{i}];\n" for i, v in enumerate(vs))
+    split = "1LL" if self._outer is None else (f"{self._outer.src[0].arg}LL" if self._outer.src[0].op is Ops.CONST else
+                                               f"(long long){self.work_const(self._outer.src[0])}")
+    prelude = [EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []
+    return "\n".join([*prelude, f"static inline void {name}_k({params}) {{", *guard, *body, "}",
+                      f"void {name}(void **bufs, const int *vals, int core_id, int core_n) {{",
+                      f"  {name}_k({args}{', ' if args else ''}core_id, core_n);", "}",
+                      f"long long {name}_work(const int *vals, long long *split) {{",
+                      f"{var_decl}  (void)vals; *split = {split};", f"  return {self.work_expr(uops)};", "}",
+                      *([f"const int {name}_work_vars = {len(vs)};"] if vs else []), ""])
+
+  @staticmethod
+  def vectorizable_reduce_loops(uops: list[UOp]) -> set[UOp]:
+    """Innermost reduce loops that update exactly one accumulator (register-blocked loops are vectorized by upcasting)."""
+    out, stack = set(), []
+    for u in uops:
+      if u.op is Ops.RANGE: stack.append([u, True, 0])
+      elif u.op is Ops.END:
+        r, inner, stores = stack.pop()
+        if inner and stores == 1 and r.arg[1] == "reduce": out.add(r)
+        if stack: stack[-1][1] = False
+      elif u.op is Ops.STORE and stack and u.src[0].src[0].op is Ops.DEFINE_REG: stack[-1][2] += 1
+    return out
+
+  def work_const(self, x: UOp) -> str:
+    """An index expression over the kernel's variables as C (for the outer loop's trip count in `name_work`)."""
+    if x.op is Ops.CONST: return str(int(x.arg))
+    if x.op is Ops.DEFINE_VAR: return x.arg[0]
+    if x.op in self.code_for_op and len(x.src) == 2: return self.code_for_op[x.op](self.work_const(x.src[0]), self.work_const(x.src[1]))
+    return str(int(x.vmax))
 
 class ClangCompiler(Compiler):
   """C source -> shared object with clang or gcc (CC overrides): -O2 -march=native -fPIC -shared, no fast-math."""
@@ -52,7 +157,8 @@ class ClangCompiler(Compiler):
       with open(out, "rb") as f: return f.read()
 
 class CPUProgram(Program):
-  """Loads a shared object with ctypes and calls `name(*buffer pointers, *int32 vals)`."""
+  """Loads a shared object with ctypes. Threaded kernels (with `name_work`) go through the C pool; others are called
+  directly as `name(*buffer pointers, *int32 vals)`."""
   def __init__(self, dev: Compiled, name: str, lib: bytes) -> None:
     super().__init__(dev, name, lib)
     with tempfile.NamedTemporaryFile(suffix=".so", prefix="plugrad-") as f:
@@ -61,13 +167,34 @@ class CPUProgram(Program):
     try: self.fn = getattr(self._dll, name)
     except AttributeError: raise RuntimeError(f"compiled CPU library has no function {name!r}") from None
     self.fn.restype = None
+    self.work = getattr(self._dll, name + "_work", None)
+    if self.work is not None:
+      self._fn_ptr, self._work_ptr = ctypes.cast(self.fn, ctypes.c_void_p).value, ctypes.cast(self.work, ctypes.c_void_p).value
+      self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+      self.work.restype, self.work.argtypes = ctypes.c_longlong, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_longlong)]
+      self._split = ctypes.c_longlong(1)
+      self._const_work: tuple[int, int] | None = None  # (work, outer trips) when they don't depend on variables
+      if not hasattr(self._dll, name + "_work_vars"): self._const_work = (self.work(None, ctypes.byref(self._split)), self._split.value)
+
+  def threads_for(self, vals: tuple[int, ...] = ()) -> int:
+    """How many cores a launch with `vals` uses (estimated work / MIN_WORK_PER_THREAD, capped by CPU_THREADS and the outer loop)."""
+    if self.work is None: return 1
+    if self._const_work is not None: w, split = self._const_work
+    else:
+      w = self.work((ctypes.c_int32 * max(len(vals), 1))(*vals), ctypes.byref(self._split))
+      split = self._split.value
+    return max(1, min(self.dev.threads, w // MIN_WORK_PER_THREAD, split))
 
   def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1), local_size: tuple[int, ...] | None = None,
                vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
-    self.check_launch(global_size, local_size)
-    args = [ctypes.c_void_p(b.ctypes.data) for b in bufs] + [ctypes.c_int32(v) for v in vals]
+    if global_size != (1, 1, 1) or local_size is not None: self.check_launch(global_size, local_size)
     st = time.perf_counter()
-    self.fn(*args)
+    if self.work is None: self.fn(*[ctypes.c_void_p(b.ctypes.data) for b in bufs], *[ctypes.c_int32(v) for v in vals])
+    else:
+      cbufs = (ctypes.c_void_p * max(len(bufs), 1))(*[b.ctypes.data for b in bufs])
+      cvals = (ctypes.c_int32 * max(len(vals), 1))(*vals)
+      if self.threads_for(vals) == 1: self.fn(cbufs, cvals, 0, 1)  # small kernels never touch the pool
+      else: self.dev.pool_launch(self._fn_ptr, self._work_ptr, cbufs, cvals, self.dev.threads, MIN_WORK_PER_THREAD)
     return time.perf_counter() - st if wait else None
 
 class CPUDevice(Compiled):
@@ -77,3 +204,19 @@ class CPUDevice(Compiled):
     self.threads = getenv("CPU_THREADS", os.cpu_count() or 1)
     if self.threads < 1: raise ValueError(f"CPU_THREADS must be >= 1, got {self.threads}")
     super().__init__(device, CPUAllocator(), [ClangRenderer], ClangCompiler(), CPUProgram)
+    if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
+      self.renderer.vectorizes_reductions = True
+
+  @property
+  def pool_launch(self) -> Any:
+    """`plugrad_pool_launch` of the process-wide thread pool for this device's compiler (compiled and loaded on first use)."""
+    if (fn := _POOLS.get(self.compiler.cachekey)) is None:
+      with tempfile.NamedTemporaryFile(suffix=".so", prefix="plugrad-pool-") as f:
+        f.write(self.compiler.compile_cached(POOL_SRC)); f.flush()
+        lib = ctypes.CDLL(f.name)
+      fn = lib.plugrad_pool_launch
+      fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong]
+      _POOLS[self.compiler.cachekey] = fn
+    return fn
+
+_POOLS: dict[str | None, Any] = {}  # one pool (one set of worker threads) per compiler per process

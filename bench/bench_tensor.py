@@ -1,0 +1,195 @@
+"""Benchmark Tensor ops on the CPU device against numpy in the same run, with the hardware floor of each.
+
+Not a test. Run from the repo root (unset the OpenBLAS overrides some machines set, they slow numpy down):
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_tensor.py           # full table
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_tensor.py --quick   # smaller sizes
+  ... --json                                                                                      # one JSON object
+
+Each row times the user-visible op (`Tensor` expression -> `realize()`, warm: compiled and scheduled before) and
+its numpy peer, best of several runs; `ratio` is numpy's time / plugrad's (> 1: plugrad is faster). Floors: bytes
+that must move / 25 GB/s (the dev machine's read bandwidth with both cores; --bw overrides) and FLOPs / peak, where
+peak = cores x clock (/proc/cpuinfo) x FP32 FLOPs per cycle per core (2 FMA pipes of 256 bits = 32, assumed for
+AVX2/AVX-512 parts; --flops-per-cycle overrides). `x floor` is how many times slower than the floor a result is.
+Overheads: a 10-op elementwise chain, cold (fresh process, empty PLUGRAD_CACHE_DIR: schedule + codegen + compile)
+and warm (same program again), its cProfile breakdown, and the per-launch cost of the CPU launcher options.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from plugrad.tensor import Tensor
+
+
+def best(fn, reps: int) -> float:
+  fn()
+  ts = []
+  for _ in range(reps):
+    st = time.perf_counter(); fn(); ts.append(time.perf_counter() - st)
+  return min(ts)
+
+
+def machine(bw: float, fpc: int | None) -> dict:
+  cores = os.cpu_count() or 1
+  info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+  mhz = next((float(ln.split(":")[1]) for ln in info.splitlines() if ln.startswith("cpu MHz")), 2000.0)
+  flags = next((ln.split(":")[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+  model = next((ln.split(":")[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+  simd = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
+  fpc = fpc or (32 if "fma" in flags else 8)
+  blas = "?"
+  try:
+    from threadpoolctl import threadpool_info
+    blas = "; ".join(f"{d.get('internal_api')} {d.get('version')} kernel={d.get('architecture')} threads={d.get('num_threads')}"
+                     for d in threadpool_info() if d.get("user_api") == "blas")
+  except ImportError: blas = "threadpoolctl not installed"
+  return {"model": model, "cores": cores, "mhz": mhz, "simd": simd, "fma": "fma" in flags, "flops_per_cycle": fpc,
+          "peak_gflops": cores * mhz * 1e6 * fpc / 1e9, "bw_gbs": bw, "numpy": np.__version__, "blas": blas,
+          "cpu_threads": os.environ.get("CPU_THREADS", str(cores)),
+          "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}}
+
+
+def row(name: str, t_pg: float, t_np: float, unit: str, amount: float, floor_s: float) -> dict:
+  return {"name": name, "plugrad_ms": t_pg * 1e3, "numpy_ms": t_np * 1e3, "ratio": t_np / t_pg, "unit": unit,
+          "plugrad": amount / t_pg / 1e9, "numpy": amount / t_np / 1e9, "floor_ms": floor_s * 1e3, "x_floor": t_pg / floor_s}
+
+
+def bench_ops(q: bool, m: dict, reps: int) -> list[dict]:
+  rng = np.random.default_rng(0)
+  bw, peak = m["bw_gbs"] * 1e9, m["peak_gflops"] * 1e9
+  rows = []
+  n = (1 << 22) if q else (1 << 24)
+  a, b = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+  ta, tb = Tensor(a).realize(), Tensor(b).realize()
+  rows.append(row(f"add {n >> 20}M f32", best(lambda: (ta + tb).realize(), reps), best(lambda: np.add(a, b), reps), "GB/s", 12 * n, 12 * n / bw))
+  rows.append(row(f"sum {n >> 20}M f32", best(lambda: ta.sum().realize(), reps), best(lambda: a.sum(), reps), "GB/s", 4 * n, 4 * n / bw))
+  s = 1024 if q else 4096
+  x = rng.standard_normal((s, s), dtype=np.float32)
+  tx = Tensor(x).realize()
+  def np_softmax():
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+  rows.append(row(f"softmax ({s},{s})", best(lambda: tx.softmax(-1).realize(), reps), best(np_softmax, reps), "GB/s", 8 * s * s, 8 * s * s / bw))
+  for s in ((256, 512, 1024) if q else (256, 512, 1024, 2048)):
+    x, y = rng.standard_normal((s, s), dtype=np.float32), rng.standard_normal((s, s), dtype=np.float32)
+    tx, ty = Tensor(x).realize(), Tensor(y).realize()
+    fl = 2 * s ** 3
+    rows.append(row(f"matmul {s}", best(lambda: (tx @ ty).realize(), reps), best(lambda: x @ y, reps), "GFLOPS", fl, fl / peak))
+  rows.append(bench_conv(4 if q else 32, peak, reps))
+  return rows
+
+
+def bench_conv(bs: int, peak: float, reps: int) -> dict:
+  rng = np.random.default_rng(1)
+  x, w = rng.standard_normal((bs, 64, 56, 56), dtype=np.float32), rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
+  tx, tw = Tensor(x).realize(), Tensor(w).realize()
+  from numpy.lib.stride_tricks import sliding_window_view
+  def np_conv():  # im2col + one matmul (BLAS): the usual CPU conv
+    cols = sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+    cols = cols.transpose(0, 2, 3, 1, 4, 5).reshape(bs * 56 * 56, 64 * 9)
+    return (cols @ w.reshape(64, -1).T).reshape(bs, 56, 56, 64).transpose(0, 3, 1, 2)
+  got = tx.conv2d(tw, padding=1).numpy()
+  err = float(np.abs(got - np_conv()).max())
+  if err > 1e-2: raise RuntimeError(f"conv2d result differs from numpy by {err}")
+  fl = 2 * bs * 64 * 56 * 56 * 64 * 9
+  return row(f"conv2d {bs}x64x56x56 3x3", best(lambda: tx.conv2d(tw, padding=1).realize(), max(1, reps // 2)),
+             best(np_conv, max(1, reps // 2)), "GFLOPS", fl, fl / peak)
+
+
+OVERHEAD_SCRIPT = r"""
+import json, sys, time, cProfile, pstats, io
+import numpy as np
+from plugrad.tensor import Tensor
+x = Tensor(np.arange(64, dtype=np.float32)).realize()
+def chain(t):
+  for i in range(10): t = (t * 1.5 + 0.25) if i % 2 == 0 else t.maximum(0.5)
+  return t
+st = time.perf_counter(); chain(x).realize(); cold = time.perf_counter() - st
+for _ in range(20): chain(x).realize()
+ts = []
+for _ in range(200):
+  st = time.perf_counter(); chain(x).realize(); ts.append(time.perf_counter() - st)
+pr = cProfile.Profile(); pr.enable()
+for _ in range(200): chain(x).realize()
+pr.disable()
+st = pstats.Stats(pr)
+parts = {}
+for (fname, line, fn), (cc, nc, tt, ct, callers) in st.stats.items():
+  key = fname.split("/plugrad/")[-1] + ":" + fn
+  parts[key] = max(parts.get(key, 0.0), ct / 200)
+print(json.dumps({"cold_ms": cold * 1e3, "warm_ms": sorted(ts)[len(ts) // 2] * 1e3, "warm_min_ms": min(ts) * 1e3,
+                  "profile_ms": sorted(((round(v * 1e3, 4), k) for k, v in parts.items()), reverse=True)[:40]}))
+"""
+
+
+def bench_overhead() -> dict:
+  with tempfile.TemporaryDirectory(prefix="plugrad-bench-cache-") as d:
+    env = dict(os.environ, PLUGRAD_CACHE_DIR=d)
+    p = subprocess.run([sys.executable, "-c", OVERHEAD_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+  if p.returncode != 0: raise RuntimeError(f"overhead subprocess failed:\n{p.stderr}")
+  return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def bench_launch(reps: int = 2000) -> dict:
+  """Per-launch cost (us) of a tiny threaded kernel: direct 1-thread call, C pool on 2 threads, Python threads + ctypes."""
+  from concurrent.futures import ThreadPoolExecutor
+
+  from plugrad.device import Device
+  from plugrad.engine.realize import buffer_for, get_runner
+  x = Tensor(np.ones(64, np.float32)).realize()
+  (it,) = (x + 1).schedule()
+  prg = get_runner("CPU", it.ast).prg
+  bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
+  dev = Device["CPU"]
+  cbufs, cvals = (ctypes.c_void_p * len(bufs))(*[b.ctypes.data for b in bufs]), (ctypes.c_int32 * 1)()
+  fn = prg.fn
+  fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+  def per(f) -> float: return best(lambda: [f() for _ in range(reps)], 3) / reps * 1e6
+  out = {"direct ctypes call, 1 thread": per(lambda: fn(cbufs, cvals, 0, 1)),
+         "Program call (engine path), picks 1 thread": per(lambda: prg(*bufs)),
+         "C pool, 2 threads": per(lambda: dev.pool_launch(prg._fn_ptr, prg._work_ptr, cbufs, cvals, 2, 0))}
+  with ThreadPoolExecutor(2) as ex:
+    def py2(): [f.result() for f in [ex.submit(fn, cbufs, cvals, i, 2) for i in range(2)]]
+    out["Python ThreadPoolExecutor, 2 threads"] = per(py2) if reps <= 2000 else 0.0
+  return out
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+  ap.add_argument("--json", action="store_true", help="print one JSON object")
+  ap.add_argument("--bw", type=float, default=25.0, help="read bandwidth floor in GB/s (default 25)")
+  ap.add_argument("--flops-per-cycle", type=int, default=None, help="FP32 FLOPs per cycle per core (default 32 with FMA)")
+  args = ap.parse_args()
+  m = machine(args.bw, args.flops_per_cycle)
+  reps = 3 if args.quick else 5
+  res = {"machine": m, "ops": bench_ops(args.quick, m, reps), "overhead": bench_overhead(), "launch_us": bench_launch(500 if args.quick else 2000)}
+  if args.json: print(json.dumps(res, indent=1)); return
+  print(f"{m['model']}: {m['cores']} cores @ {m['mhz']:.0f} MHz, {m['simd']}{'+fma' if m['fma'] else ''}; peak {m['peak_gflops']:.0f} GFLOPS "
+        f"({m['flops_per_cycle']} FLOPs/cycle/core), bandwidth floor {m['bw_gbs']} GB/s; numpy {m['numpy']}, BLAS: {m['blas']}; "
+        f"CPU_THREADS={m['cpu_threads']}; OPENBLAS env: {m['openblas_env'] or 'unset'}")
+  heads = ("benchmark", "plugrad ms", "numpy ms", "plugrad", "numpy", "ratio", "floor ms", "x floor")
+  print("| " + " | ".join(f"{h:{'<' if i == 0 else '>'}{w - 2}s}" for i, (h, w) in enumerate(zip(heads, (30, 12, 11, 16, 16, 8, 10, 9)))) + " |")
+  print("|" + "|".join("-" * w for w in (30, 12, 11, 16, 16, 8, 10, 9)) + "|")
+  for r in res["ops"]:
+    print(f"| {r['name']:28s} | {r['plugrad_ms']:10.2f} | {r['numpy_ms']:9.2f} | {r['plugrad']:7.1f} {r['unit']:>6s} | "
+          f"{r['numpy']:7.1f} {r['unit']:>6s} | {r['ratio']:6.2f} | {r['floor_ms']:8.2f} | {r['x_floor']:7.1f} |")
+  o = res["overhead"]
+  print(f"\n10-op elementwise chain (64 elements): cold {o['cold_ms']:.1f} ms (schedule + codegen + compile, empty cache), "
+        f"warm {o['warm_ms']:.3f} ms median ({o['warm_min_ms']:.3f} min)")
+  print("warm breakdown (cProfile, cumulative ms per realize, top entries):")
+  for ms, k in o["profile_ms"][:25]: print(f"  {ms:8.4f}  {k}")
+  print("\nlaunch overhead per call (us): " + ", ".join(f"{k}: {v:.1f}" for k, v in res["launch_us"].items()))
+
+
+if __name__ == "__main__":
+  main()

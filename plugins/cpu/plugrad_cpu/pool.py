@@ -1,0 +1,100 @@
+"""The CPU thread pool: a small C library (compiled once per compiler, cached like kernels) that runs a kernel on N cores.
+
+A threaded kernel has the uniform entry `void name(void **bufs, const int *vals, int core_id, int core_n)`, where
+core `core_id` runs its share of the outermost global loop, and `long long name_work(const int *vals, long long
+*split)` returning the estimated work (ops) and the outer loop's trip count. `plugrad_pool_launch` picks the core
+count from these (one core when the work is small), wakes that many persistent workers, runs share 0 on the
+calling thread and waits for the rest. Workers spin briefly after a job (cheap back-to-back launches), then sleep
+on a condition variable. One launch at a time (a mutex); after fork() the child starts with no workers.
+"""
+from __future__ import annotations
+
+POOL_SRC = r"""
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sched.h>
+#include <time.h>
+typedef void (*kern_t)(void **, const int *, int, int);
+typedef long long (*work_t)(const int *, long long *);
+#define MAXT 256
+#if defined(__x86_64__) || defined(__i386__)
+#define PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define PAUSE() __asm__ volatile("yield")
+#else
+#define PAUSE() ((void)0)
+#endif
+static struct { kern_t fn; void **bufs; const int *vals; int n; } job;
+static _Atomic int todo[MAXT], sleeping[MAXT], pending;
+static pthread_mutex_t mu[MAXT];
+static pthread_cond_t cv[MAXT];
+static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
+static int nworkers = 0, gen = 0, atfork_done = 0;
+static long long spin_ns = 100000;
+
+static long long now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
+
+static void *worker(void *arg) {
+  int id = (int)(long)arg, seen = 0, t;
+  for (;;) {
+    long long until = now_ns() + spin_ns;
+    for (long i = 1; (t = atomic_load_explicit(&todo[id], memory_order_acquire)) == seen; i++) {
+      PAUSE();
+      if ((i & 63) == 0 && now_ns() > until) break;
+    }
+    if (t == seen) {
+      pthread_mutex_lock(&mu[id]);
+      atomic_store(&sleeping[id], 1);
+      while ((t = atomic_load(&todo[id])) == seen) pthread_cond_wait(&cv[id], &mu[id]);
+      atomic_store(&sleeping[id], 0);
+      pthread_mutex_unlock(&mu[id]);
+    }
+    seen = t;
+    job.fn(job.bufs, job.vals, id, job.n);
+    atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
+  }
+  return 0;
+}
+
+static void after_fork_child(void) {
+  nworkers = 0; gen = 0;
+  pthread_mutex_init(&launch_mu, 0);
+  for (int i = 0; i < MAXT; i++) { atomic_store(&todo[i], 0); atomic_store(&sleeping[i], 0); }
+}
+
+static int start_workers(int want) {
+  if (!atfork_done) { pthread_atfork(0, 0, after_fork_child); atfork_done = 1; }
+  while (nworkers < want) {
+    int id = nworkers + 1;
+    pthread_t th;
+    pthread_mutex_init(&mu[id], 0); pthread_cond_init(&cv[id], 0);
+    if (pthread_create(&th, 0, worker, (void *)(long)id) != 0) break;
+    pthread_detach(th);
+    nworkers = id;
+  }
+  return nworkers;
+}
+
+void plugrad_pool_set_spin_ns(long long ns) { spin_ns = ns; }
+
+int plugrad_pool_launch(kern_t fn, work_t work, void **bufs, const int *vals, int max_threads, long long min_work) {
+  long long split = 1, w = work(vals, &split), n = min_work > 0 ? w / min_work : max_threads;
+  if (n > max_threads) n = max_threads;
+  if (n > split) n = split;
+  if (n > MAXT) n = MAXT;
+  if (n <= 1) { fn(bufs, vals, 0, 1); return 1; }
+  pthread_mutex_lock(&launch_mu);
+  if (start_workers((int)n - 1) < n - 1) n = nworkers + 1;
+  job.fn = fn; job.bufs = bufs; job.vals = vals; job.n = (int)n;
+  atomic_store(&pending, (int)n - 1);
+  gen++;
+  for (int i = 1; i < n; i++) {
+    atomic_store(&todo[i], gen);
+    if (atomic_load(&sleeping[i])) { pthread_mutex_lock(&mu[i]); pthread_cond_signal(&cv[i]); pthread_mutex_unlock(&mu[i]); }
+  }
+  fn(bufs, vals, 0, (int)n);
+  for (long i = 1; atomic_load_explicit(&pending, memory_order_acquire) != 0; i++) { PAUSE(); if ((i & 1023) == 0) sched_yield(); }
+  pthread_mutex_unlock(&launch_mu);
+  return (int)n;
+}
+"""

@@ -1,0 +1,190 @@
+"""Codegen optimizations (codegen/opt.py): each one checked against numpy on sizes that do and don't divide the
+upcast amounts, with gated (padded) loads, symbolic sizes, the FMA/merged-accumulator linearizer, and gcc."""
+from __future__ import annotations
+
+import copy
+import shutil
+
+import numpy as np
+import pytest
+
+from plugrad.codegen import get_program
+from plugrad.codegen.opt import Opt, apply_opt, choose_opts, optimize
+from plugrad.device import Device
+from plugrad.dtype import dtypes
+from plugrad.engine.realize import buffer_for
+from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops, UOp
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def kinds(t: Tensor) -> list[str]:
+  """The optimizations chosen for the (last) kernel computing `t`."""
+  return [o.kind for o in choose_opts(t.schedule()[-1].ast, 64)]
+
+
+def mm(a: np.ndarray, b: np.ndarray) -> Tensor:
+  m, k = a.shape
+  return (Tensor(a).reshape(m, k, 1) * Tensor(b).reshape(1, k, b.shape[1])).sum(1)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 32), (37, 29, 41), (8, 100, 16), (1, 64, 64), (12, 3, 20)])
+def test_matmul_register_blocked(m: int, k: int, n: int):
+  a, b = rand(m, k), rand(k, n)
+  t = mm(a, b)
+  if n % 16 == 0 and m % 4 == 0 and m > 4: assert kinds(t)[:2] == ["UPCAST", "UPCAST"]
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def run_with(t: Tensor, **renderer_attrs) -> np.ndarray:
+  """Realize `t`'s single kernel with a copy of the CPU renderer whose attributes are overridden (bypasses the runner cache)."""
+  dev = Device["CPU"]
+  ren = copy.copy(dev.renderer)
+  for k, v in renderer_attrs.items(): setattr(ren, k, v)
+  (it,) = t.schedule()
+  spec = get_program(it.ast, ren)
+  bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
+  dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*bufs, vals=tuple(it.var_vals.values()))
+  return bufs[0].view(np.float32).copy()
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 1023, 4096, 16 * 37])
+def test_sum_split_accumulators(n: int):
+  x = rand(n)
+  t = Tensor(x).realize().sum()
+  if n % 16 == 0: assert kinds(t) == ["SPLIT"] and choose_opts(t.schedule()[-1].ast, 64, split_reduce=False) == []
+  for vec in (False, True):  # split into accumulators / left to clang's loop vectorizer (pragma)
+    np.testing.assert_allclose(run_with(t, vectorizes_reductions=vec), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(t.numpy(), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_pragma_only_on_single_accumulator_loops():
+  dev = Device["CPU"]
+  ren = copy.copy(dev.renderer)
+  ren.vectorizes_reductions = True
+  x = Tensor(rand(64, 64)).realize()
+  assert "#pragma clang loop vectorize" in get_program(x.sum(1).schedule()[-1].ast, ren).src
+  assert "#pragma clang loop vectorize" not in get_program((x @ x).schedule()[-1].ast, ren).src  # register-blocked
+  assert choose_opts(x.max(1).schedule()[-1].ast, 64, split_reduce=False)[0].kind == "SPLIT"  # max: always split
+
+
+@pytest.mark.parametrize("shape", [(48, 64), (5, 7), (33, 16)])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_sum_axis_and_max(shape: tuple[int, int], axis: int):
+  x = rand(*shape)
+  np.testing.assert_allclose(Tensor(x).sum(axis).numpy(), x.sum(axis), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(Tensor(x - 5).max(axis).numpy(), (x - 5).max(axis))  # identity -inf, all negative
+
+
+def test_reduce_axis0_upcasts_contiguous_output():
+  x = rand(64, 32)
+  t = Tensor(x).sum(0)
+  assert kinds(t) == ["UPCAST"]  # reduce walks memory with a stride: vectorize across the outputs instead
+  np.testing.assert_allclose(t.numpy(), x.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_int_sum_and_prod_exact():
+  x = RNG.integers(-3, 4, (16, 32)).astype(np.int32)
+  np.testing.assert_array_equal(Tensor(x).sum(1).numpy(), x.sum(1))
+  y = RNG.integers(1, 3, (4, 16)).astype(np.int32)
+  np.testing.assert_array_equal(Tensor(y)._reduce(Ops.MUL, (1,), False).numpy(), y.prod(1))
+
+
+def test_gated_loads_with_unroll_and_upcast():
+  x = rand(6, 5)
+  xp = np.pad(x, ((1, 1), (2, 1)))  # (8, 8), padded loads are gated
+  t = Tensor(x)._pad(((1, 1), (2, 1)))
+  got = t.reshape(8, 2, 4).sum(2)
+  assert "UNROLL" in kinds(got)
+  np.testing.assert_allclose(got.numpy(), xp.reshape(8, 2, 4).sum(2), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(t.sum(0).numpy(), xp.sum(0), rtol=1e-6, atol=1e-6)
+  w = rand(8, 16)
+  got = (t.reshape(8, 8, 1) * Tensor(w).reshape(1, 8, 16)).sum(1)  # padded matmul operand
+  np.testing.assert_allclose(got.numpy(), xp @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_window_reduce_unrolled():
+  x = rand(4, 3, 3, 16)
+  t = Tensor(x).sum((1, 2))
+  assert kinds(t).count("UNROLL") == 2
+  np.testing.assert_allclose(t.numpy(), x.sum((1, 2)), rtol=1e-5, atol=1e-5)
+
+
+def _symbolic_sum_ast() -> tuple[UOp, UOp]:
+  """out[i] = sum_r in[i*n + r] for i < 16, r < n with n a DEFINE_VAR: the reduce range has a symbolic size."""
+  n = UOp(Ops.DEFINE_VAR, dtypes.index, arg=("n", 1, 64))
+  i = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 16),), (0, "global"))
+  r = UOp(Ops.RANGE, dtypes.index, (n,), (1, "reduce"))
+  out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(16), arg=0)
+  inp = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(16 * 64), arg=1)
+  val = UOp(Ops.REDUCE, dtypes.float32, (UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, inp.dtype, (inp, i * n + r)),)), r), Ops.ADD)
+  return UOp.sink_of(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, i)), val))), r
+
+
+def test_symbolic_sizes_untouched_and_correct():
+  ast, r = _symbolic_sum_ast()
+  assert choose_opts(ast, 64) == []  # nothing to split: the reduce size is symbolic, the output loads aren't reused
+  with pytest.raises(ValueError, match="can't split range"): apply_opt(ast, Opt("SPLIT", 1, 4))
+  dev = Device["CPU"]
+  spec = get_program(ast, dev.renderer)
+  prg = dev.load(spec.name, dev.compiler.compile_cached(spec.src))
+  x = rand(16 * 64)
+  for nv in (1, 5, 64):
+    out = np.zeros(16, np.float32)
+    prg(out.view(np.uint8), x.view(np.uint8), vals=(nv,))
+    np.testing.assert_allclose(out, x[:16 * nv].reshape(16, nv).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_apply_opt_errors():
+  t = mm(rand(8, 16), rand(16, 16))
+  ast = t.schedule()[-1].ast
+  with pytest.raises(ValueError, match="UPCAST needs a global range"): apply_opt(ast, Opt("UPCAST", 2, 4))
+  with pytest.raises(ValueError, match="can't split range"): apply_opt(ast, Opt("UPCAST", 0, 3))
+  with pytest.raises(ValueError, match="no range 9"): apply_opt(ast, Opt("SPLIT", 9, 2))
+  with pytest.raises(ValueError, match="UNROLL must cover"): apply_opt(ast, Opt("UNROLL", 2, 4))
+
+
+def test_optimize_respects_renderer_and_noopt(monkeypatch: pytest.MonkeyPatch):
+  ast = mm(rand(8, 16), rand(16, 16)).schedule()[-1].ast
+  class Plain: upcast_max = 0
+  assert optimize(ast, Plain()) is ast
+  monkeypatch.setenv("NOOPT", "1")
+  assert optimize(ast, Device["CPU"].renderer) is ast
+
+
+def test_merged_accumulators_and_fma():
+  ast = mm(rand(8, 16), rand(16, 32)).schedule()[-1].ast
+  spec = get_program(ast, Device["CPU"].renderer)
+  assert [u.op for u in spec.uops].count(Ops.RANGE) == 3  # 64 accumulators share one reduce loop
+  assert spec.src.count("__builtin_fmaf") == 64 and spec.src.count("acc63[0] = 0.0f") == 1
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
+def test_gcc_compiles_and_runs_optimized_kernels():
+  from plugrad_cpu.device import ClangCompiler, CPUProgram
+  a, b, x = rand(8, 32), rand(32, 48), rand(4096)
+  ta, tb, tx = (Tensor(v).realize() for v in (a, b, x))
+  gcc, dev = ClangCompiler("gcc"), Device["CPU"]
+  for t, want in (((ta.reshape(8, 32, 1) * tb.reshape(1, 32, 48)).sum(1), a @ b), (tx.sum(), x.sum(dtype=np.float64)), (ta.max(1), a.max(1))):
+    (it,) = t.schedule()
+    spec = get_program(it.ast, dev.renderer)
+    prg = CPUProgram(dev, spec.name, gcc.compile(spec.src))
+    bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
+    prg(*bufs)
+    np.testing.assert_allclose(bufs[0].view(np.float32).reshape(np.shape(want)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_vectorizable_exp2_accuracy_and_specials():
+  x = np.concatenate([np.linspace(-155, 130, 200_001, dtype=np.float32),
+                      np.array([np.nan, np.inf, -np.inf, 0, -0.0, 128, 127.99, -126, -149, -149.5, -150, 1e-30], np.float32)])
+  got = Tensor(x).exp2().numpy()
+  ref = np.exp2(x.astype(np.float64))
+  with np.errstate(over="ignore"): ref32 = ref.astype(np.float32)
+  fin = np.isfinite(ref32) & (ref32 != 0)
+  assert (np.abs(got[fin] - ref[fin]) / np.spacing(ref32[fin]).astype(np.float64)).max() <= 2.0  # ulps
+  np.testing.assert_array_equal(got[~fin], ref32[~fin])  # inf, 0 and nan exactly where exp2 gives them
+  assert "pg_exp2f(" in get_program(Tensor(x).exp2().schedule()[-1].ast, Device["CPU"].renderer).src
