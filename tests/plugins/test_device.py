@@ -53,7 +53,7 @@ def test_default_is_highest_priority_available():
 def test_default_by_priority_with_plugins(use_registry):
   use_registry(fake_ep("a", "plugrad-a", "1", lambda: plugin(DeviceSpec("AAA", 7, PLUGIN_API_VERSION, Availability.yes, "x:Y"),
                                                              DeviceSpec("BBB", 9, PLUGIN_API_VERSION, Availability.yes, "x:Y"))))
-  assert Device.DEFAULT == "BBB" and Device.available() == ["BBB", "AAA", "NULL"]
+  assert Device.DEFAULT == "BBB" and Device.available() == ["BBB", "AAA", "NULL", "PYTHON"]
 
 @pytest.mark.parametrize("dev,expect", [("NULL", "NULL"), ("null:0", "NULL"), ("CPU:1", "CPU:1"), ("disk:/tmp/x", "DISK:/tmp/x")])
 def test_dev_env_selects_default(monkeypatch, dev, expect):

@@ -10,13 +10,16 @@ dev = Device.default()
 b = Buffer(Device.DEFAULT, 3, dtypes.int32).copyin(np.array([1, 2, 3], np.int32))
 dev.load("smoke", dev.compiler.compile_cached(dev.smoke_kernel))(b._buf)
 print(Device.DEFAULT, type(dev).__name__, b.numpy().tolist())
+from plugrad.tensor import Tensor
+t = Tensor([[1.5, -2.0], [3.0, 4.25]])
+print((Tensor([1, 2, 3]) * 2).tolist(), ((t * 2).sum(axis=1) + 1).tolist(), t._pad(((1, 0), (0, 1))).max().item(), (t < 0).where(t, 0.5).tolist())
 """
 
 def test_example_backend_installed_out_of_tree(example_site):
   assert (example_site / "plugrad_example" / "device.py").exists() and list(example_site.glob("plugrad_example-0.3.0.dist-info"))
   p = run_py(["-c", USE_EXAMPLE], [example_site], DEV="EXAMPLE")
   assert p.returncode == 0, p.stderr
-  assert p.stdout.strip() == "EXAMPLE ExampleDevice [2, 4, 6]"
+  assert p.stdout.splitlines() == ["EXAMPLE ExampleDevice [2, 4, 6]", "[2, 4, 6] [0.0, 15.5] 4.25 [[0.5, -2.0], [0.5, 0.5]]"]
   p = run_py(["-c", "from plugrad import Device; print(Device.DEFAULT)"], [example_site])  # EXAMPLE (10) < CPU (100)
   assert p.stdout.strip() == "CPU"
 
@@ -25,8 +28,8 @@ def test_example_backend_in_devices_cli(example_site):
   assert p.returncode == 0, p.stdout + p.stderr
   assert "plugrad-example 0.3.0 (entry points: example)" in p.stdout
   assert "EXAMPLE  priority   10  api 1.0  renderers: PYEXAMPLE  available (pure Python)" in p.stdout
-  assert "requested device EXAMPLE: PASS ([1,2,3]*2 -> [2, 4, 6] (hand-written kernel))" in p.stdout
-  assert p.stdout.count("smoke: PASS") == 4 and "FAIL" not in p.stdout
+  assert "requested device EXAMPLE: PASS (Tensor([1,2,3])*2 -> [2, 4, 6])" in p.stdout  # through its renderer, not the smoke kernel
+  assert p.stdout.count("smoke: PASS") == 5 and "FAIL" not in p.stdout  # CPU, DISK, NULL, PYTHON, EXAMPLE
 
 def test_example_backend_disabled(example_site):
   p = run_py(["-m", "plugrad.devices", "--no-smoke"], [example_site], DEV="EXAMPLE", PLUGRAD_DISABLE_PLUGINS="example")
@@ -39,7 +42,7 @@ BROKEN = "raise ImportError('libbroken.so: cannot open shared object file')\n"
 def test_plugin_raising_at_import_is_isolated(tmp_path):
   site = write_dist(tmp_path, "plugrad-broken", "0.0.1", "plugrad_broken", BROKEN)
   p = run_py(["-c", "from plugrad import Device; print(Device.available())"], [site])
-  assert p.returncode == 0 and p.stdout.strip() == "['CPU', 'DISK', 'NULL']", p.stderr
+  assert p.returncode == 0 and p.stdout.strip() == "['CPU', 'DISK', 'NULL', 'PYTHON']", p.stderr
   warnings = [ln for ln in p.stderr.splitlines() if "PluginWarning" in ln]
   assert len(warnings) == 1 and "plugrad-broken 0.0.1" in warnings[0] and "libbroken.so" in warnings[0]
   p = run_py(["-c", "from plugrad import Device; Device['CPU']"], [site], PLUGRAD_STRICT_PLUGINS="1")

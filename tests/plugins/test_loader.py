@@ -16,7 +16,7 @@ def boom():
 def test_builtin_null_always_registered(monkeypatch):
   monkeypatch.setenv("PLUGRAD_PLUGINS_AUTOLOAD", "0")
   reg = PluginRegistry.load()
-  assert list(reg.devices) == ["NULL"] and reg.devices["NULL"].dist.name == "plugrad"
+  assert list(reg.devices) == ["NULL", "PYTHON"] and reg.devices["NULL"].dist.name == "plugrad"
   assert reg.devices["NULL"].availability().ok
 
 def test_real_entry_points_register_cpu_and_disk():
@@ -62,7 +62,7 @@ def test_disabled_plugin_is_not_imported(monkeypatch, use_registry, disable):
 def test_autoload_off_loads_only_builtins(monkeypatch, use_registry):
   monkeypatch.setenv("PLUGRAD_PLUGINS_AUTOLOAD", "0")
   reg = use_registry(fake_ep("x", "plugrad-x", "1", lambda: plugin(spec("XDEV"))))
-  assert list(reg.devices) == ["NULL"]
+  assert list(reg.devices) == ["NULL", "PYTHON"]
 
 def test_bad_env_value_is_clear(monkeypatch):
   monkeypatch.setenv("PLUGRAD_PLUGINS_AUTOLOAD", "maybe")

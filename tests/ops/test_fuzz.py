@@ -1,0 +1,1 @@
+from plugrad.testing.ops.test_fuzz import *  # noqa: F401,F403

@@ -1,0 +1,98 @@
+"""Kernel counts of canonical programs (schedule only, on NULL), and the values of the same programs run on CPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrad.tensor import Tensor
+from plugrad.testing.helpers import assert_close, rand_np
+from plugrad.uop.ops import Ops
+
+A, B, C = rand_np((4, 5), seed=0), rand_np((4, 5), seed=1), rand_np((5,), seed=2)
+M1, M2 = rand_np((3, 4), seed=3), rand_np((4, 6), seed=4)
+
+
+def _softmax(t):
+  e = (t - t.max(axis=-1, keepdim=True)).exp()
+  return e / e.sum(axis=-1, keepdim=True)
+
+
+def _np_softmax(x):
+  e = np.exp(x - x.max(axis=-1, keepdims=True))
+  return e / e.sum(axis=-1, keepdims=True)
+
+
+# (name, program over Tensors, numpy oracle, max kernels, exact?)
+PROGRAMS = [
+  ("fused elementwise", lambda a, b, c: ((a + b) * c).relu(), lambda a, b, c: np.maximum((a + b) * c, 0), 1),
+  ("mul then reduce", lambda a, b, c: (a * b).sum(axis=1), lambda a, b, c: (a * b).sum(axis=1), 1),
+  ("broadcast matmul", lambda a, b, c: (Tensor(M1, device=a.device).reshape(3, 4, 1) * Tensor(M2, device=a.device).reshape(1, 4, 6)).sum(axis=1),
+   lambda a, b, c: M1 @ M2, 1),
+  ("reduce then elementwise", lambda a, b, c: a.sum(axis=1) * 2 + 1, lambda a, b, c: a.sum(axis=1) * 2 + 1, 1),
+  ("two full reduces added", lambda a, b, c: a.sum() + b.sum(), lambda a, b, c: a.sum() + b.sum(), 2),
+  ("softmax last axis", lambda a, b, c: _softmax(a), lambda a, b, c: _np_softmax(a), 3),
+  ("pad flip shrink fused", lambda a, b, c: a._pad(((1, 1), (0, 2))).flip(1).shrink(((0, 5), (1, 6))) * 3,
+   lambda a, b, c: np.pad(a, ((1, 1), (0, 2)))[:, ::-1][0:5, 1:6] * 3, 1),
+]
+
+
+
+
+@pytest.mark.parametrize("name,fn,np_fn,most", PROGRAMS,
+                         ids=[p[0] for p in PROGRAMS])
+def test_kernel_count(name, fn, np_fn, most):
+  out = fn(*(Tensor(x, device="NULL") for x in (A, B, C)))
+  n = len(out.schedule())
+  assert 1 <= n <= most, f"{name}: {n} kernels, expected at most {most}"
+  if most == 1: assert n == 1
+
+
+@pytest.mark.parametrize("name,fn,np_fn,most", PROGRAMS, ids=[p[0] for p in PROGRAMS])
+def test_kernel_values_on_cpu(name, fn, np_fn, most):
+  assert_close(fn(*(Tensor(x, device="CPU") for x in (A, B, C))).numpy(), np_fn(A, B, C), atol=1e-5, rtol=1e-5)
+
+
+def test_scheduled_items_are_kernels_writing_slot0():
+  out = ((Tensor(A, device="NULL") + 1) * 2).sum(axis=0)
+  (item,) = out.schedule()
+  assert item.ast.op is Ops.SINK and item.ast.src[0].op is Ops.STORE
+  assert len(item.bufs) == 2 and item.bufs[0].arg == 5 and item.bufs[1].arg == 20  # output (5 floats), input (20 floats)
+
+
+def test_contiguous_splits_kernels():
+  a = Tensor(A, device="NULL")
+  assert len(((a + 1) * 2).schedule()) == 1
+  assert len(((a + 1).contiguous() * 2).schedule()) == 2
+  b = (a + 1).realize()  # runs (on NULL, nothing is computed) and leaves a buffer behind: the rest is one kernel
+  assert len(b.schedule()) == 0 and len((b * 2).schedule()) == 1
+
+
+def test_contiguous_values_on_cpu():
+  a = Tensor(A, device="CPU")
+  x = (a + 1).contiguous()
+  assert_close((x * 2 + x.realize()).numpy(), (A + 1) * 3)
+
+
+def test_reduce_broadcast_is_realized_once():
+  a = Tensor(A, device="NULL")
+  items = (a - a.sum(axis=1, keepdim=True)).schedule()
+  assert len(items) == 2  # the reduction is computed once into a buffer, then broadcast
+  assert_close((Tensor(A, device="CPU") - Tensor(A, device="CPU").sum(axis=1, keepdim=True)).numpy(), A - A.sum(axis=1, keepdims=True))
+
+
+def test_device_copy_is_a_copy_item():
+  a = Tensor(A, device="NULL")
+  items = (a * 2).to("PYTHON").schedule()
+  kinds = [it.ast.op for it in items]
+  assert kinds == [Ops.SINK, Ops.COPY], kinds
+  copy = items[1]
+  assert copy.bufs[0].src[1].arg == "PYTHON" and copy.bufs[1].src[1].arg == "NULL"
+
+
+def test_device_copy_values():
+  t = (Tensor(A, device="CPU") * 2).to("PYTHON") + 1
+  assert t.device == "PYTHON"
+  assert_close(t.numpy(), A * 2 + 1)
+  back = (Tensor(B, device="PYTHON").sum(axis=0)).to("CPU")
+  assert back.device == "CPU"
+  assert_close(back.numpy(), B.sum(axis=0))
