@@ -1,0 +1,1 @@
+"""Generated ctypes bindings (cuda, nvrtc, nvjitlink); regenerate with `make autogen`."""
