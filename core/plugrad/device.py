@@ -190,7 +190,9 @@ class Buffer:
   @property
   def is_allocated(self) -> bool: return self._buf is not None
   @property
-  def allocator(self) -> Allocator: return Device[self.device].allocator
+  def allocator(self) -> Allocator:
+    if (a := self.__dict__.get("_allocator")) is None: a = self.__dict__["_allocator"] = Device[self.device].allocator
+    return a  # kept once looked up, so freeing a buffer (possibly from gc) never touches the device registry
 
   def allocate(self, opaque: Any = None) -> Buffer:
     """Allocate device memory (or adopt `opaque`); a view allocates its base and takes an offset handle."""
@@ -206,7 +208,7 @@ class Buffer:
   def ensure_allocated(self) -> Buffer: return self if self._buf is not None else self.allocate()
 
   def deallocate(self) -> None:
-    if self._buf is not None and self._owned and self._base is None: self.allocator.free(self._buf, self.nbytes, self.options)
+    if self._buf is not None and self._owned and self._base is None: self.__dict__["_allocator"].free(self._buf, self.nbytes, self.options)
     self._buf = None
 
   def __del__(self) -> None:

@@ -48,7 +48,13 @@ def _reduce_grad(g: Tensor, ret: UOp) -> Tensor | None:
   op, x = ret.arg[0], _src(ret)
   if op is Ops.ADD: return g._expand_to(x.shape)
   if op is Ops.MAX: return _reduce_max_grad(g, ret)
-  if op is Ops.MUL: return (g * _T(ret))._expand_to(x.shape) / x  # the product's gradient; infinite at zeros, as tinygrad
+  if op is Ops.MUL:  # product of the other elements: exact with zeros (one zero: only it gets a gradient; two: none do)
+    axes = ret.arg[1]
+    nz = x == 0
+    p = nz.where(1.0, x)._reduce(Ops.MUL, axes, keepdim=True)._expand_to(x.shape)
+    c = nz.cast(g.dtype)._reduce(Ops.ADD, axes, keepdim=True)._expand_to(x.shape)
+    ge = g._expand_to(x.shape)
+    return ge * nz.where((c == 1).where(p, 0.0), (c == 0).where(p / nz.where(1.0, x), 0.0))
   return None
 
 

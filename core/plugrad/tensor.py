@@ -6,6 +6,7 @@ Composite ops live in mixin modules (see plugrad/tensor_ops/) and only call thes
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import pathlib
@@ -28,6 +29,32 @@ from plugrad.tensor_ops.reduce import ReduceMixin
 from plugrad.uop.symbolic import prod, resolve, sint, sym_infer
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+_pending_assigns: weakref.WeakKeyDictionary[UOp, list[UOp]] = weakref.WeakKeyDictionary()  # buffer -> unrealized ASSIGNs into it
+
+
+def _pending_writes(targets: list[UOp]) -> list[UOp]:
+  """Unrealized assigns into buffers that the graphs of `targets` read (they run first, in the order they were made)."""
+  if not _pending_assigns: return []
+  read = {buffer_of(n) for t in targets for n in t.toposort(gate=lambda x: not is_buffer_view(x)) if is_buffer_view(n)}
+  return [a for b in read for a in _pending_assigns.get(b, ()) if a not in targets]
+
+
+def _update_pending_assigns(becomes: dict[UOp, UOp]) -> None:
+  """After a realize: drop pending assigns that ran, and point the others at the realized parts of their graphs."""
+  for b in list(_pending_assigns.keys()):
+    left = [a if not becomes else a.substitute(becomes, walk=True) for a in _pending_assigns[b] if a not in becomes]
+    if left: _pending_assigns[b] = left
+    else: del _pending_assigns[b]
+
+
+def _forget_assigns(done: list[UOp]) -> None:
+  """Drop assigns that were realized (or failed) from the pending lists."""
+  if not _pending_assigns: return
+  gone = {u for u in done if u.op is Ops.ASSIGN}
+  for b in list(_pending_assigns.keys()):
+    left = [a for a in _pending_assigns[b] if a not in gone]
+    if left: _pending_assigns[b] = left
+    else: del _pending_assigns[b]
 
 
 def _canon_device(device: str | None) -> str:
@@ -45,8 +72,14 @@ def _np_to_uop(arr: np.ndarray, device: str) -> UOp:
 def _view(u: UOp, shape: tuple) -> UOp: return u if u.shape == tuple(shape) else UOp(Ops.RESHAPE, u.dtype, (u,), tuple(shape))
 
 
-def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple) -> UOp:
-  c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), dtypes.as_const(value, dtype))
+_const_ids = itertools.count()
+
+
+def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple, unique: bool = False) -> UOp:
+  """A constant tensor. `unique` makes a distinct node (a UNIQUE source) for tensors the user creates, so two equal
+  `Tensor.zeros(3)` are different tensors (separate buffers once realized, separate gradients)."""
+  srcs = (UOp(Ops.DEVICE, arg=device),) + ((UOp(Ops.UNIQUE, arg=("const", next(_const_ids))),) if unique else ())
+  c = UOp(Ops.CONST, dtype, srcs, dtypes.as_const(value, dtype))
   if not shape: return c
   c = UOp(Ops.RESHAPE, dtype, (c,), (1,) * len(shape))
   return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
@@ -62,7 +95,7 @@ def _check_shape(shape: Sequence) -> tuple:
 def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
-    return _const_uop(data, dtype or dtypes.from_py(data), device, ())
+    return _const_uop(data, dtype or dtypes.from_py(data), device, (), unique=True)
   if isinstance(data, (bytes, bytearray, memoryview)): return _np_to_uop(np.frombuffer(bytes(data), np.uint8), device)
   if isinstance(data, pathlib.PurePath):  # the file's bytes as a uint8 tensor on DISK (memory-mapped, nothing read yet)
     n = os.path.getsize(data)
@@ -121,7 +154,9 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   # ***** realization *****
   def schedule(self, *others: Tensor):
     """The schedule items (kernels and copies) that would realize these tensors, without running them."""
-    return create_schedule([t.uop for t in (self, *others) if not is_buffer_view(t.uop)])[0]
+    uops = [t.uop for t in (self, *others)]
+    targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
+    return create_schedule(targets)[0] if targets else []
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) into device buffers."""
@@ -130,8 +165,20 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
-    targets = list(dict.fromkeys(t.uop for t in tensors if not is_buffer_view(t.uop)))
+    uops = [t.uop for t in tensors]
+    # assigns into buffers these tensors read go first (also when a tensor is itself a view of such a buffer)
+    targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
     if not targets: return
+    try: Tensor._realize_targets(targets)
+    except Exception:
+      for t in tensors:  # a failed assign is dropped, so it doesn't poison later work on its buffer
+        if t.uop.op is Ops.ASSIGN and t.uop in targets: t.uop = t.uop.src[0]
+      _forget_assigns(targets)
+      raise
+
+  @staticmethod
+  def _realize_targets(targets: list[UOp]) -> list[UOp]:
+    """Schedule and run `targets`, point every live tensor at the results; returns the nodes that were realized."""
     tset = set(targets)
     keep: set[UOp] = set()  # nodes other live tensors still reference: their buffers must not be reused
     for t in list(_all_tensors):
@@ -142,7 +189,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       if not is_buffer_view(t.uop):
         b = becomes.get(t.uop)
         t.uop = b if b is not None else t.uop.substitute(becomes, walk=True)
-
+    _update_pending_assigns(becomes)
+    return list(becomes)
   def _host_view(self) -> tuple[Any, tuple]:
     """A realized contiguous Buffer for this tensor and its shape."""
     self.realize()
@@ -182,10 +230,21 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if x.shape != self.shape: raise ValueError(f"assign: value of shape {x.shape} doesn't match the target shape {self.shape}")
     if x.dtype != self.dtype: raise TypeError(f"assign: value dtype {x.dtype} doesn't match the target dtype {self.dtype}")
     if x.device != self.device: raise RuntimeError(f"assign: value on {x.device} but the target is on {self.device}")
+    self._own_buffer()
     if is_buffer_view(self.uop): self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
     elif self.uop.op is Ops.ASSIGN: self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop.src[0], x.uop))
-    else: self.uop = x.uop
+    else:
+      self.uop = x.uop
+      return self
+    # a later realize that reads this buffer (e.g. the whole KV cache after a slice of it was assigned) runs this write first
+    _pending_assigns.setdefault(buffer_of(self.uop.src[0]), []).append(self.uop)
     return self
+
+  def _own_buffer(self) -> None:
+    """Copy-on-write before an in-place write: a realized tensor whose view is identical to another live tensor's
+    (equal computations share one buffer) first gets a private copy, so the write doesn't change the other tensor."""
+    if not is_buffer_view(self.uop) or not any(t.uop is self.uop and t is not self for t in list(_all_tensors)): return
+    self.uop = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,))).realize().uop
 
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
   def detach(self) -> Tensor:
@@ -252,7 +311,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def full(shape: Sequence[sint] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     shape = _check_shape((shape,) if isinstance(shape, int) else tuple(shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-    return Tensor(_const_uop(fill_value, dt, _canon_device(device), shape), **kw)
+    return Tensor(_const_uop(fill_value, dt, _canon_device(device), shape, unique=True), **kw)
   @staticmethod
   def zeros(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     return Tensor.full(_argshape(shape), 0, dtype or dtypes.default_float, device, **kw)
@@ -446,7 +505,9 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def exp(self) -> Tensor: return (self.cast(least_upper_float(self.dtype)) * (1 / math.log(2))).exp2()
   def log(self) -> Tensor: return self.log2() * math.log(2)
   def sqrt(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.SQRT)
-  def relu(self) -> Tensor: return self.maximum(0)
+  def relu(self) -> Tensor:
+    """max(x, 0) with nan kept and a zero gradient at 0 (as torch)."""
+    return (self <= 0).where(0, self)
   def where(self, x, y) -> Tensor:
     cond = self.cast(dtypes.bool)
     xt, yt = cond._to_tensor(x), cond._to_tensor(y)

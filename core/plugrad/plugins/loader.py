@@ -169,7 +169,7 @@ class PluginRegistry:
     """Distributions that registered or tried to register plugins, core first."""
     return sorted(self.dists.values(), key=lambda d: (d.name != "plugrad", _norm(d.name)))
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a Buffer freed by gc while the registry loads may look it up
 _registry: PluginRegistry | None = None
 
 def get_registry() -> PluginRegistry:

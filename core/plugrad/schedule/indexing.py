@@ -105,7 +105,7 @@ def push_at(ctx: KernelContext, at: UOp) -> UOp | None:
     return UOp(Ops.REDUCE, x.dtype, (inner, *ranges), arg=rop) if ranges else inner
   if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
     return UOp(op, x.dtype, tuple(_at(v, gate, idxs if v.shape else ()) for v in s), x.arg)
-  if op in (Ops.CONTIGUOUS, Ops.DETACH): return _at(s[0], gate, idxs)
+  if op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.AFTER): return _at(s[0], gate, idxs)  # AFTER only orders: its deps run first
   raise RuntimeError(f"the scheduler can't index {op} (shape {x.shape}) inside a kernel")
 
 

@@ -106,7 +106,7 @@ def _storage_assign_source(n: UOp) -> UOp | None:
 
 
 def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
-  realize = {t for t in targets if not is_buffer_view(t)}
+  realize = {t for t in targets if not is_buffer_view(t) and not (t.op is Ops.AFTER and is_buffer_view(t.src[0]))}
   skip: set[UOp] = set()  # COPYs into storage that an ASSIGN performs itself
   for n in nodes:
     if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN): realize.add(n)
@@ -163,6 +163,9 @@ def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]
     n_out += 1
     return _placeholder("out", n_out - 1, size, device, dtype)
   for n in nodes:
+    if n.op is Ops.AFTER and is_buffer_view(n.src[0]) and all(d in becomes for d in n.src[1:]):
+      becomes[n] = n.src[0]  # a buffer view waiting for assigns into its buffer: they have run now
+      continue
     if n not in realize: continue
     src = n.substitute(becomes, walk=True) if becomes else n  # earlier kernels' outputs are buffers now
     if src.op is Ops.COPY:  # copy the smallest row-major range that holds the view, then view the copy the same way
@@ -205,7 +208,11 @@ def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]
 class _Normalize:
   """Replaces BUFFERs by ("in", i) placeholders and BINDs by their variables, so equal programs on different data
   have the same graph (the schedule cache key)."""
-  def __init__(self): self.inputs: list[UOp] = []; self.var_vals: dict[UOp, int] = {}
+  def __init__(self): self.inputs: list[UOp] = []; self.var_vals: dict[UOp, int] = {}; self.uniques: list[UOp] = []
+  def unique(self, u: UOp) -> UOp:
+    """Distinct user constants stay distinct, numbered by first appearance (not by their global ids)."""
+    if u not in self.uniques: self.uniques.append(u)
+    return UOp(Ops.UNIQUE, arg=("const", self.uniques.index(u)))
   def buffer(self, b: UOp) -> UOp:
     self.inputs.append(b)
     return _placeholder("in", len(self.inputs) - 1, b.arg, b.src[1].arg, b.dtype)
@@ -228,7 +235,8 @@ def _has_uop(arg) -> bool: return isinstance(arg, UOp) or (isinstance(arg, tuple
 
 
 pm_normalize = PatternMatcher([(UPat(Ops.BUFFER, name="b"), lambda ctx, b: ctx.buffer(b)),
-                               (UPat(Ops.BIND, name="b"), lambda ctx, b: ctx.bind(b))])
+                               (UPat(Ops.BIND, name="b"), lambda ctx, b: ctx.bind(b)),
+                               (UPat(Ops.UNIQUE, name="u"), lambda ctx, u: ctx.unique(u))])
 def rebind_view(u: UOp, vals: dict[str, int]) -> UOp:
   """A (small) view graph with its bound variables rebound to `vals` (by name), in sources and in movement args."""
   memo: dict[UOp, UOp] = {}

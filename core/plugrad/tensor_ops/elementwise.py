@@ -116,14 +116,18 @@ class ElementwiseMixin:
     b, e = self._broadcasted(x, reverse)
     if b.dtype == dtypes.bool: b, e = b.cast(dtypes.int8), e.cast(dtypes.int8)
     if not dtypes.is_float(b.dtype): return b._pow_int_tensor(e)
-    r = (e * b.abs().log2()).exp2()
+    zb = b == 0
+    r = (e * zb.where(1, b.abs()).log2()).exp2()  # log2 of a safe base: no inf/nan gradient leaks from the zero-base branch
+    r = zb.where((e > 0).where(0.0, (e == 0).where(1.0, math.inf)), r)
     is_int = e == e.trunc()
     half = e * 0.5
     odd = is_int.logical_and(half != half.trunc())
     neg = (b < 0).logical_or((b == 0).logical_and(b.reciprocal() < 0))  # -0.0 counts: (-0.0) ** -1 is -inf
     r = odd.logical_and(neg).where(-r, r)
     r = (b < 0).logical_and(is_int.logical_not()).logical_and(b != -math.inf).where(math.nan, r)  # C99: pow(-inf, 0.5) = inf
-    one = (e == 0).logical_or(b == 1).logical_or((b == -1).logical_and(e.isinf()))
+    # cases the exp2/log2 form gets wrong (0 * inf or nan): x**0 = 1 for inf/nan x, 1**y = 1 for inf/nan y, (-1)**inf = 1
+    one = (e == 0).logical_and(b.isinf().logical_or(b.isnan())).logical_or((b == 1).logical_and(e.isinf().logical_or(e.isnan())))
+    one = one.logical_or((b == -1).logical_and(e.isinf()))
     return one.where(1, r)
 
   def __floordiv__(self, x): return self.floordiv(x)
@@ -183,8 +187,12 @@ class ElementwiseMixin:
   # ***** simple unary *****
   def abs(self: Any) -> Tensor:
     if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool: return self
-    return (self < 0).where(-self, self)
+    if not dtypes.is_float(self.dtype): return (self < 0).where(-self, self)
+    return (self == 0).where(0.0, (self < 0).where(-self, self))  # abs(-0.0) is 0.0, and the gradient at 0 is 0 (torch)
   def __abs__(self): return self.abs()
+  def _abs_raw(self: Any) -> Tensor:
+    """|x| with gradient +1 at 0: for odd functions built as sign(x) * f(|x|), whose slope at 0 must survive."""
+    return (self < 0).where(-self, self)
 
   def sign(self: Any) -> Tensor:
     """-1, 0 or 1 in self's dtype; nan stays nan."""
@@ -237,9 +245,9 @@ class ElementwiseMixin:
   def minimum(self: Any, x: Any) -> Tensor:
     """Elementwise minimum with broadcasting; a nan in either input gives nan (numpy)."""
     a, b = self._broadcasted(x)
-    take_a = a < b
-    if dtypes.is_float(a.dtype): take_a = take_a.logical_or(a.isnan())
-    return take_a.where(a, b)
+    if a.dtype == dtypes.bool: return a.logical_and(b)
+    if not dtypes.is_float(a.dtype): return (a < b).where(a, b)  # negation would wrap for unsigned and INT_MIN
+    return -((-a).maximum(-b))  # MAX propagates nan and splits tie gradients evenly
 
   def clip(self: Any, min_: Any = None, max_: Any = None) -> Tensor:
     """Clamp to [min_, max_] (either may be None, not both); nan stays nan."""
@@ -270,7 +278,7 @@ class ElementwiseMixin:
     x = self._floated()
     u = x + 1
     d = u - 1
-    return (d == 0).where(x, (u == math.inf).where(u, u.log() * (x / d)))
+    return (d == 0).where(x, (u == math.inf).where(u, u.log() * (x / (d == 0).where(1, d))))
 
   def sin(self: Any) -> Tensor: return self._floated()._alu(Ops.SIN)
   def cos(self: Any) -> Tensor:
@@ -289,9 +297,9 @@ class ElementwiseMixin:
 
   def atan(self: Any) -> Tensor:
     x = self._floated()
-    a = x.abs()
+    a = x._abs_raw()
     inv = a > 1
-    r = inv.where(a.reciprocal(), a)._atan_unit()
+    r = inv.where(inv.where(a, 1).reciprocal(), a)._atan_unit()  # the masked branch stays finite: no nan gradient at 0
     r = inv.where(math.pi / 2 - r, r)
     return (x < 0).where(-r, r)
 
@@ -316,16 +324,16 @@ class ElementwiseMixin:
   def tanh(self: Any) -> Tensor:
     """tanh(x) = -expm1(-2|x|) / (2 + expm1(-2|x|)) with x's sign: no cancellation near 0, no overflow."""
     x = self._floated()
-    m = (x.abs() * -2)._expm1()
+    m = (x._abs_raw() * -2)._expm1()
     r = -m / (m + 2)
     return (x < 0).where(-r, r)
 
   def asinh(self: Any) -> Tensor:
     x = self._floated()
-    a = x.abs()
+    a = x._abs_raw()
     z = a * a
     r = (a + z / (1 + (z + 1).sqrt()))._log1p()
-    r = (a > 1e18).where(a.log() + _LN2, r)
+    r = (a > 1e18).where((a > 1e18).where(a, 1).log() + _LN2, r)
     return (x < 0).where(-r, r)
   def acosh(self: Any) -> Tensor:
     x = self._floated()
@@ -334,7 +342,7 @@ class ElementwiseMixin:
     return (x > 1e18).where(x.log() + _LN2, r)
   def atanh(self: Any) -> Tensor:
     x = self._floated()
-    a = x.abs()
+    a = x._abs_raw()
     r = (2 * a / (1 - a))._log1p() * 0.5
     r = (a == 1).where(math.inf, r)
     return (x < 0).where(-r, r)
@@ -342,7 +350,7 @@ class ElementwiseMixin:
   def erf(self: Any) -> Tensor:
     """Error function: Taylor series for |x| < 0.5, Abramowitz-Stegun 7.1.26 beyond (|error| < 2e-7)."""
     x = self._floated()
-    a = x.abs()
+    a = x._abs_raw()
     z = x * x
     small = x * _poly(z, [c * 2 / math.sqrt(math.pi) for c in (-1 / 75600, 1 / 9360, -1 / 1320, 1 / 216, -1 / 42, 1 / 10, -1 / 3, 1)])
     t = (a * 0.3275911 + 1).reciprocal()

@@ -412,6 +412,7 @@ class MovementMixin:
     if isinstance(value, (list, tuple, np.ndarray)): value = Tensor(np.asarray(value), device=self.device)
     v = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor.full((), value, self.dtype, self.device)
     realized = is_buffer_view(self.uop)
+    if realized: self._own_buffer()  # copy-on-write if another tensor shares this exact view
     if _needs_grad(self) or _needs_grad(v):  # functional update, so gradients flow to both the old value and `value`
       if self.requires_grad and _has_other_uses(self, v):
         raise RuntimeError("can't setitem on a tensor that already has other uses and requires grad")

@@ -30,9 +30,10 @@ def _sigmoid(x: Tensor) -> Tensor: return _recip(1 + (_float(x) * (-1 / math.log
 
 def _softplus(x: Tensor, beta: float = 1.0) -> Tensor:
   """log(1 + exp(beta*x)) / beta as max(z,0) + log1p(exp(-|z|)): never overflows, keeps relative precision for z << 0."""
+  # z.maximum(0), not relu(): its tie gradient 0.5 at 0 pairs with max(z, -z)'s to give the exact slope sigmoid(0) = 0.5
   z = _float(x) * beta
   u = (-z.maximum(-z)).exp()
-  return (z.relu() + (u < 1e-4).where(u * (1 - 0.5 * u), (1 + u).log())) * (1 / beta)
+  return (z.maximum(0) + (u < 1e-4).where(u * (1 - 0.5 * u), (1 + u).log())) * (1 / beta)
 
 
 def _arange(n: int, device: str, dtype: DType = dtypes.int32) -> Tensor:
@@ -514,13 +515,13 @@ class NnMixin:
         idx = (o * n_in) // n_out if mode == "nearest" else ((2 * o + 1) * n_in) // (2 * n_out)
         W = (idx == src).cast(x.dtype)  # idx < n_in always
       else:
-        of = o.cast(dtypes.float32)
+        of = o.cast(out_dt)
         if align_corners: pos = of * ((n_in - 1) / (n_out - 1)) if n_out > 1 else of * 0.0
         else: pos = ((of + 0.5) * (n_in / n_out) - 0.5).maximum(0.0)
         lo = pos.cast(dtypes.int32)
         lo = (lo < n_in - 1).where(lo, n_in - 1)
         hi = (lo + 1 < n_in - 1).where(lo + 1, n_in - 1)
-        frac = pos - lo.cast(dtypes.float32)
+        frac = pos - lo.cast(out_dt)
         W = (lo == src).where(1 - frac, 0.0) + (hi == src).where(frac, 0.0)
         W = W.cast(out_dt)
       perm = [i for i in range(res.ndim) if i != ax] + [ax]
