@@ -1,7 +1,7 @@
 """Device selection: the DEV grammar, canonical names, defaults, cached instances and the errors for bad requests."""
 from __future__ import annotations
 import pytest
-from conftest import fake_ep, plugin
+from plugin_helpers import fake_ep, plugin
 from plugrad import PLUGIN_API_VERSION, Device
 from plugrad.device import Compiled, DeviceName, DeviceNotFoundError, DeviceUnavailableError, parse_device
 from plugrad.plugins import Availability, DeviceSpec
@@ -110,7 +110,7 @@ def test_device_renderer_from_name():
   with pytest.raises(RuntimeError, match="cannot run kernels"): dev.load("k", b"")
 
 def test_lazy_registration_and_import(tmp_path):
-  from conftest import run_py
+  from plugin_helpers import run_py
   code = ("import sys, plugrad\nassert 'plugrad.plugins.loader' not in sys.modules and 'pluggy' not in sys.modules\n"
           "from plugrad import Device\nprint(Device.installed())\n"
           "bad = [m for m in sys.modules if m.startswith(('plugrad_cpu.', 'plugrad_disk.', 'plugrad.plugins.null', 'plugrad.runtime.hcq'))]\n"

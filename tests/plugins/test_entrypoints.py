@@ -1,7 +1,7 @@
 """Real installed distributions in subprocesses: the example third-party backend, broken/old/duplicate plugins, the CLI."""
 from __future__ import annotations
 import pytest
-from conftest import run_py, write_dist
+from plugin_helpers import run_py, write_dist
 
 USE_EXAMPLE = """
 import numpy as np

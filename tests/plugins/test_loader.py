@@ -1,7 +1,7 @@
 """Plugin loading: isolation, strict mode, disabling, autoload, API versions, duplicates, hook validation."""
 from __future__ import annotations
 import pytest
-from conftest import fake_ep, plugin
+from plugin_helpers import fake_ep, plugin
 from plugrad import PLUGIN_API_VERSION
 from plugrad.device import Device, DeviceUnavailableError
 from plugrad.plugins import Availability, DeviceSpec

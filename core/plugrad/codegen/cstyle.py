@@ -40,8 +40,14 @@ class CStyleRenderer(Renderer):
     dtypes.float32: ("__builtin_exp2f", "__builtin_log2f", "__builtin_sinf", "__builtin_sqrtf", "__builtin_truncf", "__builtin_powf"),
     dtypes.float64: ("__builtin_exp2", "__builtin_log2", "__builtin_sin", "__builtin_sqrt", "__builtin_trunc", "__builtin_pow")}
 
+  # dtypes the target compiler lacks: stored as 16-bit patterns in memory, computed as float, rounded after every op
+  emulated: frozenset[DType] = frozenset()
+
   def ctype(self, dt: DType) -> str:
-    if isinstance(dt, PtrDType): return self.ctype(dt.base) + "*"
+    if isinstance(dt, PtrDType):
+      if dt.base in self.emulated and dt.addrspace is not AddrSpace.REG: return "unsigned short*"
+      return self.ctype(dt.base) + "*"
+    if dt in self.emulated: return "float"
     if dt.count > 1: raise NotImplementedError(f"{type(self).__name__} does not render vector type {dt}")
     if dt not in self.type_map: raise NotImplementedError(f"{type(self).__name__} has no C type for {dt}")
     return self.type_map[dt]
@@ -67,6 +73,15 @@ class CStyleRenderer(Renderer):
     return f"{fns[i]}({a})"
 
   def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
+    if src in self.emulated:  # the value is a float: its 16-bit pattern is the conversion back to storage
+      bits = f"{self._CONV[src][1]}({x})"
+      return bits if dst == dtypes.uint16 else self.render_bitcast(bits, dtypes.uint16, dst)
+    if dst in self.emulated:
+      bits = x if src == dtypes.uint16 else self.render_bitcast(x, src, dtypes.uint16)
+      return f"{self._CONV[dst][0]}((unsigned short)({bits}))"
+    return self._render_bitcast(x, src, dst)
+
+  def _render_bitcast(self, x: str, src: DType, dst: DType) -> str:
     return f"({{union {{ {self.ctype(src)} a; {self.ctype(dst)} b; }} u_; u_.a = {x}; u_.b;}})"
 
   def render_params(self, uops: list[UOp]) -> list[str]:
@@ -103,17 +118,40 @@ class CStyleRenderer(Renderer):
         r[u] = f"{r[src[0]]}[{r[src[1]]}]"
         if len(src) > 2: gates[u] = r[src[2]]
       elif op is Ops.LOAD:
-        val = r[src[0]] if src[0] not in gates else f"({gates[src[0]]}?{r[src[0]]}:{self.render_const(0, dt)})"
+        mem = self._from_storage(r[src[0]], src[0].dtype)
+        val = mem if src[0] not in gates else f"({gates[src[0]]}?{mem}:{self.render_const(0, dt)})"
         r[u] = f"val{n}"
         emit(f"{self.ctype(dt)} {r[u]} = {val};")
       elif op is Ops.STORE:
-        st = f"{r[src[0]]} = {r[src[1]]};"
+        st = f"{r[src[0]]} = {self._to_storage(r[src[1]], src[0].dtype)};"
         emit(f"if ({gates[src[0]]}) {st}" if src[0] in gates else st)
       else:
         r[u] = f"alu{n}"
-        emit(f"{self.ctype(dt)} {r[u]} = {self.render_alu(u, [r[s] for s in src])};")
+        expr = self.render_alu(u, [r[s] for s in src])
+        if dt in self.emulated and op is not Ops.BITCAST: expr = self._round_emulated(expr, dt)
+        emit(f"{self.ctype(dt)} {r[u]} = {expr};")
       n += 1
     return lines
+
+  # ***** emulated 16-bit floats *****
+  _CONV = {dtypes.float16: ("pg_h2f", "pg_f2h"), dtypes.bfloat16: ("pg_b2f", "pg_f2b")}
+
+  def _from_storage(self, x: str, ptr: DType) -> str:
+    return f"{self._CONV[ptr.base][0]}({x})" if isinstance(ptr, PtrDType) and ptr.base in self.emulated and ptr.addrspace is not AddrSpace.REG else x
+
+  def _to_storage(self, x: str, ptr: DType) -> str:
+    return f"{self._CONV[ptr.base][1]}({x})" if isinstance(ptr, PtrDType) and ptr.base in self.emulated and ptr.addrspace is not AddrSpace.REG else x
+
+  def _round_emulated(self, x: str, dt: DType) -> str:
+    to_f, from_f = self._CONV[dt]
+    return f"{to_f}({from_f}({x}))"
+
+  def emulation_prelude(self, src: str) -> str:
+    """C helpers for the emulated types that `src` uses: IEEE half and bfloat16 conversions, round to nearest even."""
+    out = []
+    if "pg_h2f" in src or "pg_f2h" in src: out.append(HALF_C)
+    if "pg_b2f" in src or "pg_f2b" in src: out.append(BF16_C)
+    return "\n".join(out)
 
   def render_range(self, u: UOp, name: str, end: str) -> str:
     """The loop header opening RANGE `u` (a renderer may override it, e.g. to split the outer loop across threads)."""
@@ -136,7 +174,39 @@ class CStyleRenderer(Renderer):
 
   def render(self, name: str, uops: list) -> str:
     body = self.render_body(uops)
-    return f"{self.kernel_prefix} {name}({', '.join(self.render_params(uops))}) {{\n" + "\n".join(body) + "\n}\n"
+    src = f"{self.kernel_prefix} {name}({', '.join(self.render_params(uops))}) {{\n" + "\n".join(body) + "\n}\n"
+    return (self.emulation_prelude(src) + "\n" + src) if self.emulated else src
 
 
 def is_local(dt: DType) -> bool: return isinstance(dt, PtrDType) and dt.addrspace is AddrSpace.LOCAL
+
+
+HALF_C = """static inline float pg_h2f(unsigned short h) {
+  unsigned int s = (unsigned int)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, b;
+  if (e == 0x1f) b = s | 0x7f800000 | (m << 13);
+  else if (e) b = s | ((e + 112) << 23) | (m << 13);
+  else if (!m) b = s;
+  else { e = 113; while (!(m & 0x400)) { m <<= 1; e--; } b = s | (e << 23) | ((m & 0x3ff) << 13); }
+  union { unsigned int u; float f; } c; c.u = b; return c.f;
+}
+static inline unsigned short pg_f2h(float f) {
+  union { float f; unsigned int u; } c; c.f = f;
+  unsigned int u = c.u, s = (u >> 16) & 0x8000, a = u & 0x7fffffff;
+  if (a >= 0x7f800000) return (unsigned short)(s | 0x7c00 | (a > 0x7f800000 ? 0x200 : 0));
+  if (a >= 0x477ff000) return (unsigned short)(s | 0x7c00);
+  if (a < 0x38800000) {  /* subnormal or zero half: round the shifted mantissa to nearest even */
+    if (a < 0x33000000) return (unsigned short)s;
+    unsigned int m = (a & 0x7fffff) | 0x800000, sh = 126 - (a >> 23), r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+    if (rem > half || (rem == half && (r & 1))) r++;
+    return (unsigned short)(s | r);
+  }
+  unsigned int r = a + 0xfff + ((a >> 13) & 1);
+  return (unsigned short)(s | ((r - 0x38000000) >> 13));
+}"""
+
+BF16_C = """static inline float pg_b2f(unsigned short b) { union { unsigned int u; float f; } c; c.u = (unsigned int)b << 16; return c.f; }
+static inline unsigned short pg_f2b(float f) {
+  union { float f; unsigned int u; } c; c.f = f;
+  if ((c.u & 0x7fffffff) > 0x7f800000) return (unsigned short)((c.u >> 16) | 0x40);
+  return (unsigned short)((c.u + 0x7fff + ((c.u >> 16) & 1)) >> 16);
+}"""

@@ -111,7 +111,7 @@ class ClangRenderer(CStyleRenderer):
     var_decl = "".join(f"  const int {v.arg[0]} = vals[{i}];\n" for i, v in enumerate(vs))
     split = "1LL" if self._outer is None else (f"{self._outer.src[0].arg}LL" if self._outer.src[0].op is Ops.CONST else
                                                f"(long long){self.work_const(self._outer.src[0])}")
-    prelude = [EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []
+    prelude = ([EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []) + ([self.emulation_prelude("".join(body))] if self.emulated else [])
     return "\n".join([*prelude, f"static inline void {name}_k({params}) {{", *guard, *body, "}",
                       f"void {name}(void **bufs, const int *vals, int core_id, int core_n) {{",
                       f"  {name}_k({args}{', ' if args else ''}core_id, core_n);", "}",
@@ -148,6 +148,21 @@ class ClangCompiler(Compiler):
     if self.cc is None: raise RuntimeError("no C compiler found: install clang or gcc, or set CC")
     ver = subprocess.run([*self.cc.split(), "--version"], capture_output=True, text=True).stdout.splitlines()
     super().__init__(f"cc={self.cc} version={ver[0] if ver else '?'} flags={' '.join(self.FLAGS)}")
+
+  def supports_type(self, ctype: str) -> bool:
+    """Whether this compiler has arithmetic on `ctype` (e.g. _Float16); the answer is cached on disk per compiler."""
+    import hashlib
+    from plugrad.helpers import cache_dir
+    f = cache_dir() / "probe" / hashlib.sha256(f"{self.cachekey}|{ctype}".encode()).hexdigest()[:24]
+    try: return f.read_text() == "1"
+    except OSError: pass
+    try: self.compile(f"{ctype} pg_probe({ctype} a, {ctype} b) {{ return a * b + ({ctype})1; }}\n"); ok = True
+    except CompileError: ok = False
+    try:
+      f.parent.mkdir(parents=True, exist_ok=True)
+      f.write_text("1" if ok else "0")
+    except OSError: pass
+    return ok
 
   def compile(self, src: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="plugrad-cc-") as d:
@@ -206,6 +221,9 @@ class CPUDevice(Compiled):
     super().__init__(device, CPUAllocator(), [ClangRenderer], ClangCompiler(), CPUProgram)
     if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
       self.renderer.vectorizes_reductions = True
+    if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
+      self.renderer.emulated = frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
+                                         if not self.compiler.supports_type(t))
 
   @property
   def pool_launch(self) -> Any:
