@@ -4,6 +4,7 @@ from plugrad.plugins.spec import PLUGIN_API_VERSION  # noqa: F401
 from plugrad.device import Device, Buffer  # noqa: F401
 from plugrad.tensor import Tensor  # noqa: F401
 from plugrad.engine.jit import TinyJit  # noqa: F401
+from plugrad.engine.function import function  # noqa: F401
 from plugrad.uop.ops import UOp
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from plugrad.device import Device, canonicalize
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
+from plugrad.engine.function import inline_calls
 from plugrad.engine.realize import buffer_for, run_schedule
 from plugrad.schedule.kernelize import (buffer_of, contiguous_range, create_schedule, device_of, is_buffer_view, is_storage, new_buffer,
                                        range_view)
@@ -154,7 +155,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   # ***** realization *****
   def schedule(self, *others: Tensor):
     """The schedule items (kernels and copies) that would realize these tensors, without running them."""
-    uops = [t.uop for t in (self, *others)]
+    uops = [inline_calls(t.uop) for t in (self, *others)]
     targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
     return create_schedule(targets)[0] if targets else []
 
@@ -165,6 +166,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
+    for t in tensors: t.uop = inline_calls(t.uop)  # @function calls run as their bodies (the schedule cache dedups them)
     uops = [t.uop for t in tensors]
     # assigns into buffers these tensors read go first (also when a tensor is itself a view of such a buffer)
     targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
@@ -262,7 +264,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype)
     if gradient.shape != self.shape: raise ValueError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
     if not dtypes.is_float(self.dtype): raise RuntimeError(f"only float tensors have gradients, this is {self.dtype}")
-    grads = compute_gradient(self.uop, gradient.cast(self.dtype), [t._grad_uop() for t in targets])
+    grads = compute_gradient(inline_calls(self.uop), gradient.cast(self.dtype), [t._grad_uop() for t in targets])
     out = []
     for t in targets:
       if (g := grads.get(t._grad_uop())) is None:
@@ -273,7 +275,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every live tensor t with requires_grad=True that self depends on."""
-    nodes = self.uop.toposort()
+    nodes = inline_calls(self.uop).toposort()
     wanted = [t for t in list(_all_tensors) if t.requires_grad and t._grad_uop() in nodes]
     if not wanted: raise RuntimeError("backward: no tensor in this graph has requires_grad=True")
     for t, g in zip(wanted, self.gradient(*wanted, gradient=gradient, materialize_grads=True)):

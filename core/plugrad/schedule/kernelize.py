@@ -269,7 +269,9 @@ def create_schedule(targets: list[UOp], keep: set[UOp] | None = None) -> tuple[l
     cached = _SCHEDULE_CACHE[nsink] = _schedule_normalized(nsink)
     SCHEDULE_STATS["misses"] += 1
     if getenv("DEBUG", 0) >= 1: print(f"schedule cache miss: {len(cached[0])} items")
-  else: SCHEDULE_STATS["hits"] += 1
+  else:
+    SCHEDULE_STATS["hits"] += 1
+    if getenv("DEBUG", 0) >= 1: print(f"schedule cache hit: {len(cached[0])} items")
   items_t, becomes_t = cached
   kept_outs = {buffer_of(becomes_t[mapping[n]]) for n in (*targets, *(keep or ())) if n in mapping and mapping[n] in becomes_t}
   outs = plan_buffers(items_t, kept_outs)

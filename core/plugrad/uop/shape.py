@@ -20,6 +20,7 @@ def shape_of(u: UOp) -> tuple:
   op, arg = u.op, u.arg
   if op in _SHAPELESS: return ()
   if op is Ops.BUFFER: return (arg,)
+  if op is Ops.PARAM and isinstance(arg, tuple) and arg[0] == "fn": return arg[2]  # @function placeholder: (kind, index, shape)
   if op is Ops.PARAM and isinstance(arg, tuple) and len(arg) == 4: return (arg[2],)  # scheduler buffer placeholder
   if op is Ops.BUFFER_VIEW: return (arg[0],)
   if op in (Ops.RESHAPE, Ops.EXPAND): return tuple(arg)

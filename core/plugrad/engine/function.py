@@ -1,0 +1,85 @@
+"""`@function`: trace a Python function of Tensors into CALL nodes whose bodies use PARAM placeholders.
+
+Calling a decorated function traces it on placeholder tensors (one PARAM per distinct input tensor, with its shape,
+dtype and device) and returns tensors that are `CALL(body, *inputs, arg=qualname)`. Tensors the function uses
+without taking them as arguments (closures, `self.w`) are captured in the body as they are, realized or not. The
+scheduler and autograd inline calls (`inline_calls`), so equal bodies on new inputs hit the schedule cache, and
+gradients flow to explicit and captured tensors alike.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.upat import PatternMatcher, UPat
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _param(i: int, t) -> UOp:
+  return UOp(Ops.PARAM, t.dtype, (UOp(Ops.DEVICE, arg=t.device),), arg=("fn", i, tuple(t.shape)))
+
+
+def _inline(call: UOp) -> UOp:
+  """The body of a CALL with its PARAMs replaced by the call's inputs."""
+  body, args = call.src[0], call.src[1:]
+  # PARAM nodes are hash-consed, so a nested call's placeholder may be the very node of ours: mapping it is harmless,
+  # because substitute does not enter the bodies of nested CALLs (only their inputs)
+  params = {n: args[n.arg[1]] for n in body.toposort() if n.op is Ops.PARAM and n.arg[0] == "fn" and n.arg[1] < len(args)}
+  return body.substitute(params, walk=True)
+
+
+pm_inline = PatternMatcher([(UPat(Ops.CALL, name="call"), _inline)])
+
+
+def inline_calls(u: UOp) -> UOp:
+  """`u` with every (nested) CALL replaced by its inlined body."""
+  if not any(n.op is Ops.CALL for n in u.toposort()): return u
+  return graph_rewrite(u, pm_inline, name="inline calls")
+
+
+def _tensor_args(args: tuple, kwargs: dict) -> list:
+  from plugrad.tensor import Tensor
+  out: list = []
+  def walk(x: Any) -> None:
+    if isinstance(x, Tensor): out.append(x)
+    elif isinstance(x, (list, tuple)):
+      for v in x: walk(v)
+    elif isinstance(x, dict):
+      for v in x.values(): walk(v)
+  walk(args)
+  walk(kwargs)
+  return out
+
+
+def function(fn: F) -> F:
+  """Decorate a function, method or callable of Tensors; see the module docstring."""
+  if not callable(fn): raise TypeError(f"@function needs a callable, got {type(fn).__name__}")
+  name = getattr(fn, "__qualname__", None) or f"{type(fn).__qualname__}.__call__"
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    from plugrad.tensor import Tensor
+    inputs = _tensor_args(args, kwargs)
+    distinct: dict[UOp, int] = {}
+    for t in inputs: distinct.setdefault(t.uop, len(distinct))  # duplicate inputs share one PARAM
+    placeholders = {t.uop: Tensor(_param(distinct[t.uop], t)) for t in inputs}
+    def swap(x: Any) -> Any:
+      if isinstance(x, Tensor): return placeholders[x.uop]
+      if isinstance(x, (list, tuple)): return type(x)(swap(v) for v in x)
+      if isinstance(x, dict): return {k: swap(v) for k, v in x.items()}
+      return x
+    ret = fn(*swap(args), **swap(kwargs))
+    srcs = tuple(distinct)
+    def call(x: Any) -> Any:
+      if isinstance(x, Tensor): return Tensor(UOp(Ops.CALL, x.dtype, (x.uop, *srcs), arg=name))
+      if isinstance(x, (list, tuple)): return type(x)(call(v) for v in x)
+      if isinstance(x, dict): return {k: call(v) for k, v in x.items()}
+      if x is None: return None
+      raise TypeError(f"@function {name} must return Tensors (or lists/tuples/dicts of them), got {type(x).__name__}")
+    return call(ret)
+
+  wrapper.__plugrad_function__ = name  # type: ignore[attr-defined]
+  return wrapper  # type: ignore[return-value]
