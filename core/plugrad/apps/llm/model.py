@@ -1,0 +1,321 @@
+"""Decoder-only Transformers from GGUF files: llama (SmolLM2, Llama 3.x), qwen2 (QKV bias), qwen3 (q/k norm) and MoE
+blocks (qwen3moe, olmoe: top-k experts per token). GQA, RoPE in the layout GGUF stores for each architecture, RMSNorm,
+tied or separate output weights.
+
+The KV cache of each block is two preallocated buffers (B, kv_heads, max_context, head_dim) written in place by a
+slice assign at a (symbolic) start position; attention reads the slice [0, start + T). `Transformer.forward` takes
+token embeddings (the embedding rows are gathered on the host from a dequantized table) and returns the logits of
+the last position, so one graph serves every prompt length when T and start are bound Variables.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from plugrad.dtype import dtypes
+from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops, UOp
+
+sint = int | UOp
+
+# llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x[2i], x[2i+1]) (the converter permuted q/k
+# rows into that order), "neox" rotates halves (x[i], x[i + d/2]).
+NEOX_ARCHS = {"qwen2", "qwen2moe", "qwen3", "qwen3moe", "olmoe", "olmo2", "phi3", "gemma", "gemma2", "stablelm", "falcon"}
+SUPPORTED_ARCHS = {"llama", "mistral", "granite", "qwen2", "qwen3", "qwen3moe", "olmoe"}
+
+
+@dataclass(frozen=True)
+class Config:
+  arch: str
+  dim: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  vocab_size: int
+  norm_eps: float = 1e-5
+  rope_theta: float = 10000.0
+  rope_dim: int = 0           # 0: head_dim
+  rope_neox: bool = False
+  n_experts: int = 0
+  n_experts_used: int = 0
+  expert_norm: bool = False   # renormalize the top-k router weights to sum to 1 (qwen3moe) or not (olmoe)
+  context_length: int = 4096  # what the model was trained for (informational)
+
+  @staticmethod
+  def from_gguf(meta: dict[str, Any], vocab_size: int | None = None) -> Config:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+      raise ValueError(f"unsupported model architecture {arch!r}; supported: {', '.join(sorted(SUPPORTED_ARCHS))}")
+    def g(key: str, default: Any = None) -> Any:
+      v = meta.get(f"{arch}.{key}", default)
+      if v is None: raise ValueError(f"GGUF metadata lacks {arch}.{key}")
+      return v
+    dim, n_heads = g("embedding_length"), g("attention.head_count")
+    n_kv = g("attention.head_count_kv", n_heads)
+    head_dim = g("attention.key_length", dim // n_heads)
+    n_experts = g("expert_count", 0)
+    ffn = g("expert_feed_forward_length", 0) if n_experts else g("feed_forward_length")
+    vocab = vocab_size or meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    return Config(arch=arch, dim=dim, n_layers=g("block_count"), n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_dim=ffn,
+                  vocab_size=vocab, norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=float(g("rope.freq_base", 10000.0)),
+                  rope_dim=g("rope.dimension_count", head_dim), rope_neox=arch in NEOX_ARCHS, n_experts=n_experts,
+                  n_experts_used=g("expert_used_count", 0), expert_norm=bool(g("expert_weights_norm", arch == "qwen3moe")),
+                  context_length=g("context_length", 4096))
+
+
+def rms_norm(x: Tensor, w: Tensor | None, eps: float) -> Tensor:
+  y = x * ((x * x).mean(-1, keepdim=True) + eps).rsqrt()
+  return y if w is None else y * w
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+  """x @ w.T (+ b) with w stored (out, in) as in GGUF. With more than one token the (quantized) weight is dequantized
+  into a buffer first, once, instead of once per token inside the matmul."""
+  if not (x.ndim >= 2 and isinstance(x.shape[-2], int) and x.shape[-2] == 1) and not is_buffer_view(w.uop): w = w.contiguous()
+  return x.linear(w.transpose(), b)
+
+
+def rope_tables(head_dim: int, rope_dim: int, max_context: int, theta: float, freq_factors: np.ndarray | None = None) -> tuple[Tensor, Tensor]:
+  """(cos, sin), each (max_context, rope_dim // 2), realized; freq_factors divide the frequencies (Llama 3 rope_freqs)."""
+  inv = 1.0 / (theta ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
+  if freq_factors is not None: inv = inv / freq_factors.astype(np.float64)
+  ang = np.arange(max_context, dtype=np.float64)[:, None] * inv[None, :]
+  return Tensor(np.cos(ang).astype(np.float32)).realize(), Tensor(np.sin(ang).astype(np.float32)).realize()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
+  """Rotate x (B, T, heads, head_dim) by the angles cos/sin (T, head_dim/2). Pairs are (x[i], x[i + d/2]) (neox) or
+  (x[2i], x[2i+1]); written with a flip over the pair axis instead of a concatenation (cat of symbolic shapes leaves
+  unsimplified sizes, see the report)."""
+  B, T, H, D = x.shape
+  half = D // 2
+  sign = Tensor([-1.0, 1.0])
+  if neox:
+    xp, c, s, sign = x.reshape(B, T, H, 2, half), cos.reshape(1, T, 1, 1, half), sin.reshape(1, T, 1, 1, half), sign.reshape(2, 1)
+  else:
+    xp, c, s = x.reshape(B, T, H, half, 2), cos.reshape(1, T, 1, half, 1), sin.reshape(1, T, 1, half, 1)
+  return (xp * c + xp.flip(3 if neox else 4) * s * sign).reshape(B, T, H, D)
+
+
+def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+  """softmax(q k^T / sqrt(d) + mask) v with grouped query heads: q (B, H, T, D), keys/values (B, KV, S, D), mask
+  broadcastable to (B, KV, H/KV, T, S). q (after RoPE) and the probabilities are materialized so the score and
+  output kernels read them instead of recomputing RoPE per key and exp per output element."""
+  B, H, T, D = q.shape
+  KV, S = keys.shape[1], keys.shape[2]
+  qg = q.contiguous().reshape(B, KV, H // KV, T, D)
+  sc = qg @ keys.reshape(B, KV, 1, S, D).transpose(-1, -2) * (1.0 / math.sqrt(D))
+  if mask is not None: sc = sc + mask
+  return (sc.softmax(-1).contiguous() @ values.reshape(B, KV, 1, S, D)).reshape(B, H, T, D)
+
+
+def _t(u: UOp | None) -> Tensor | None: return None if u is None else Tensor(u)
+
+
+def written(cache: Tensor, start: sint, T: sint, x: Tensor) -> Tensor:
+  """cache[:, :, start:start+T] = x in place; returns the cache as seen after that write (an AFTER node, so every
+  kernel reading it is ordered after the write within the same graph)."""
+  w = cache[:, :, start:start + T].assign(x)
+  return Tensor(UOp(Ops.AFTER, cache.dtype, (cache.uop, w.uop)))
+
+
+def _blocks_of(u: UOp) -> tuple[UOp, int] | None:
+  """The realized uint8 buffer of 32-element blocks a dequantized weight is computed from (if it is its only buffer)
+  and the bytes per block."""
+  bases = {buffer_of(n) for n in u.toposort(gate=lambda x: not is_buffer_view(x)) if is_buffer_view(n)}
+  if len(bases) != 1 or (b := bases.pop()).dtype != dtypes.uint8 or u.dtype != dtypes.float32: return None
+  n, size = math.prod(u.shape) // 32, b.shape[0] if len(b.shape) == 1 else 0
+  return (b, size // n) if n and size and size % n == 0 else None
+
+
+def repack(u: UOp) -> UOp:
+  """Q4_0 / Q4_1 / Q8_0 weights re-laid out for fast fused dequantization: the float16 block scale (and min) decoded
+  once into float32 arrays, the quants in their own contiguous array. Dequantizing an element then costs a few ops
+  instead of two float16 decodes. Other tensors are returned unchanged."""
+  if (found := _blocks_of(u)) is None or found[1] not in (18, 20, 34): return u
+  b, tsize = found
+  raw = Tensor(b).numpy().reshape(-1, tsize)
+  n = raw.shape[0]
+  def f16(col: int) -> Tensor: return Tensor(np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16).astype(np.float32).reshape(n, 1))
+  if tsize == 34: q = Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)).cast(dtypes.float32)   # Q8_0
+  else:
+    qs = Tensor(np.ascontiguousarray(raw[:, tsize - 16:])).reshape(n, 1, 16)   # low nibbles are elements 0..15, high 16..31
+    a, sh = qs._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 2, 1))
+    q = (a._alu(Ops.SHR, sh) & 15).reshape(n, 32).cast(dtypes.float32)
+    if tsize == 18: q = q - 8.0                                                  # Q4_0
+  w = f16(0) * q + (f16(2) if tsize == 20 else 0.0)
+  out = w.reshape(u.shape)
+  return out.uop
+
+
+class Block:
+  def __init__(self, cfg: Config, w: dict[str, Tensor], i: int, max_context: int, batch: int = 1):
+    # weights are kept as UOps and wrapped in Tensors when a graph is built: live lazy Tensors make every realize
+    # walk their graphs (see the report on Tensor.realize_all)
+    self.cfg, self.i = cfg, i
+    p = f"blk.{i}."
+    def get(name: str, required: bool = True) -> UOp | None:
+      if p + name in w: return w[p + name].uop
+      if required: raise ValueError(f"model file lacks tensor {p + name!r} ({cfg.arch})")
+      return None
+    self.attn_norm, self.ffn_norm = get("attn_norm.weight"), get("ffn_norm.weight")
+    self.wq, self.wk, self.wv, self.wo = get("attn_q.weight"), get("attn_k.weight"), get("attn_v.weight"), get("attn_output.weight")
+    self.bq, self.bk, self.bv = get("attn_q.bias", False), get("attn_k.bias", False), get("attn_v.bias", False)
+    self.q_norm, self.k_norm = get("attn_q_norm.weight", False), get("attn_k_norm.weight", False)
+    if cfg.n_experts:
+      self.router, self.gate_exps = get("ffn_gate_inp.weight"), get("ffn_gate_exps.weight")
+      self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
+    else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
+    # Tensor.empty: a unique buffer each (zeros(...).contiguous() twice is one hash-consed node, hence one buffer)
+    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, max_context, cfg.head_dim)   # zeroed by Transformer
+    self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, max_context, cfg.head_dim)
+
+  def _qk_norm(self, x: Tensor, w: Tensor | None) -> Tensor:
+    if w is None: return x
+    if w.shape[0] == x.shape[-1]: return rms_norm(x, w, self.cfg.norm_eps)   # per head (qwen3)
+    B, T, H, D = x.shape                                                        # over the whole projection (olmoe)
+    return rms_norm(x.reshape(B, T, H * D), w, self.cfg.norm_eps).reshape(B, T, H, D)
+
+  def attention(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor) -> Tensor:
+    c = self.cfg
+    B, T, _ = x.shape
+    q = linear(x, _t(self.wq), _t(self.bq)).reshape(B, T, c.n_heads, c.head_dim)
+    k = linear(x, _t(self.wk), _t(self.bk)).reshape(B, T, c.n_kv_heads, c.head_dim)
+    v = linear(x, _t(self.wv), _t(self.bv)).reshape(B, T, c.n_kv_heads, c.head_dim)
+    q, k = self._qk_norm(q, _t(self.q_norm)), self._qk_norm(k, _t(self.k_norm))
+    q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    end = T if isinstance(start, int) and start == 0 else start + T   # symbolic sizes compare structurally: 0+T != T
+    keys, values = written(self.cache_k, start, T, k)[:, :, 0:end], written(self.cache_v, start, T, v)[:, :, 0:end]
+    mask = None if isinstance(T, int) and T == 1 else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
+    out = attend(q, keys, values, mask)
+    return linear(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), _t(self.wo))
+
+  def ffn(self, x: Tensor) -> Tensor:
+    if not self.cfg.n_experts: return linear(linear(x, _t(self.w_gate)).silu() * linear(x, _t(self.w_up)), _t(self.w_down))
+    return self.moe(x)
+
+  def moe(self, x: Tensor) -> Tensor:
+    """Top-k experts per token: router softmax, the k largest weights kept (optionally renormalized), the experts'
+    SwiGLU outputs mixed by them. Computed densely over all experts with zero weight on the unselected ones."""
+    c = self.cfg
+    B, T, D = x.shape
+    probs = linear(x, _t(self.router)).softmax(-1)
+    sel, masked = None, probs
+    for _ in range(c.n_experts_used):
+      oh = masked.argmax(-1).one_hot(c.n_experts) == 1
+      sel = oh if sel is None else sel | oh
+      masked = oh.where(float("-inf"), masked)
+    wts = sel.where(probs, 0.0)
+    if c.expert_norm: wts = wts / wts.sum(-1, keepdim=True)
+    xe = x.reshape(B, T, 1, 1, D)
+    g = (xe * _t(self.gate_exps).reshape(1, 1, c.n_experts, c.ffn_dim, D)).sum(-1)
+    u = (xe * _t(self.up_exps).reshape(1, 1, c.n_experts, c.ffn_dim, D)).sum(-1)
+    h = (g.silu() * u).reshape(B, T, c.n_experts, 1, c.ffn_dim)
+    d = (h * _t(self.down_exps).reshape(1, 1, c.n_experts, D, c.ffn_dim)).sum(-1)
+    return (d * wts.reshape(B, T, c.n_experts, 1)).sum(2)
+
+  def __call__(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor) -> Tensor:
+    # the residual stream is materialized after each half: otherwise every later kernel re-adds all earlier outputs
+    h = (x + self.attention(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), start, cos, sin)).contiguous()
+    return (h + self.ffn(rms_norm(h, _t(self.ffn_norm), self.cfg.norm_eps))).contiguous()
+
+
+class Transformer:
+  """A decoder with per-block KV caches of `max_context` positions. `forward(x, start)`: x (B, T, dim) embeddings of
+  the tokens at positions [start, start + T) -> logits (B, vocab) of the last one (float32)."""
+
+  def __init__(self, cfg: Config, weights: dict[str, Tensor], max_context: int = 4096, batch: int = 1):
+    if (cfg.rope_dim or cfg.head_dim) != cfg.head_dim:
+      raise ValueError(f"partial rotary embeddings (rope dim {cfg.rope_dim} < head dim {cfg.head_dim}) aren't supported")
+    if not isinstance(max_context, int) or max_context < 2: raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
+    self.cfg, self.max_context, self.batch = cfg, max_context, batch
+    if "token_embd.weight" not in weights: raise ValueError("model file lacks tensor 'token_embd.weight'")
+    self.tok_embd = weights["token_embd.weight"].uop
+    if tuple(self.tok_embd.shape) != (cfg.vocab_size, cfg.dim):
+      raise ValueError(f"token_embd.weight has shape {self.tok_embd.shape}, expected (vocab={cfg.vocab_size}, dim={cfg.dim})")
+    self.output = weights["output.weight"].uop if "output.weight" in weights else self.tok_embd  # tied when absent
+    self.norm = weights["output_norm.weight"].uop if "output_norm.weight" in weights else None
+    self.layers = [Block(cfg, weights, i, max_context, batch) for i in range(cfg.n_layers)]
+    caches = [c for layer in self.layers for c in (layer.cache_k, layer.cache_v)]
+    Tensor.realize_all(*caches)
+    Tensor.realize_all(*[c.assign(0.0) for c in caches])   # one realize for all caches
+    ff = weights.get("rope_freqs.weight")
+    self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context, cfg.rope_theta,
+                                     None if ff is None else Tensor(ff.uop).numpy())
+    self._embd_np: np.ndarray | None = None
+
+  def embedding_table(self) -> np.ndarray:
+    """The dequantized token embeddings on the host (float32; float16 when that would exceed 512 MB)."""
+    if self._embd_np is None:
+      t = Tensor(self.tok_embd).contiguous()   # a new node: the quantized tok_embd stays lazy for the output layer
+      big = self.cfg.vocab_size * self.cfg.dim * 4 > 512 << 20
+      self._embd_np = (t.cast(dtypes.float16) if big else t).numpy()
+    return self._embd_np
+
+  def embed(self, tokens: Iterable[int]) -> np.ndarray:
+    ids = np.asarray(list(tokens), dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+      raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
+    return self.embedding_table()[ids].astype(np.float32)
+
+  def forward(self, x: Tensor, start: sint) -> Tensor:
+    T = x.shape[1]
+    cos, sin = self.cos[start:start + T], self.sin[start:start + T]
+    for layer in self.layers: x = layer(x, start, cos, sin)
+    last = x[:, T - 1:T] if not (isinstance(T, int) and T == 1) else x
+    h = rms_norm(last.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps)
+    return linear(h, _t(self.output)).cast(dtypes.float32)
+
+  def reference_logits(self, tokens: list[int]) -> np.ndarray:
+    """All positions' logits (T, vocab) of `tokens` from position 0, without touching the KV cache: plain concrete
+    shapes and a causal mask, for tests."""
+    x = Tensor(self.embed(tokens)[None])
+    T = len(tokens)
+    cos, sin = self.cos[0:T], self.sin[0:T]
+    for layer in self.layers:
+      c = self.cfg
+      h = rms_norm(x, _t(layer.attn_norm), c.norm_eps)
+      q = linear(h, _t(layer.wq), _t(layer.bq)).reshape(1, T, c.n_heads, c.head_dim)
+      k = linear(h, _t(layer.wk), _t(layer.bk)).reshape(1, T, c.n_kv_heads, c.head_dim)
+      v = linear(h, _t(layer.wv), _t(layer.bv)).reshape(1, T, c.n_kv_heads, c.head_dim)
+      q, k = layer._qk_norm(q, _t(layer.q_norm)), layer._qk_norm(k, _t(layer.k_norm))
+      q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
+      o = q.transpose(1, 2).scaled_dot_product_attention(k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+      x = (x + linear(o.transpose(1, 2).reshape(1, T, c.n_heads * c.head_dim), _t(layer.wo))).contiguous()
+      x = (x + layer.ffn(rms_norm(x, _t(layer.ffn_norm), c.norm_eps))).contiguous()
+    return linear(rms_norm(x, _t(self.norm), self.cfg.norm_eps), _t(self.output))[0].numpy()
+
+  @staticmethod
+  def from_gguf(path: str, max_context: int = 4096, progress: Callable[[Iterable], Iterable] | None = None) -> tuple[Transformer, dict[str, Any]]:
+    """Load a GGUF file: (model, metadata). Quantized weights stay quantized in memory and are dequantized inside the
+    kernels that use them. `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
+    from plugrad.nn.state import gguf_load
+    meta, tensors = gguf_load(path)
+    uops = {k: t.uop for k, t in tensors.items()}
+    del tensors   # no live lazy Tensors while realizing (each realize walks them)
+    copies: dict[UOp, UOp] = {}
+    for name in (progress(list(uops)) if progress is not None else uops):   # read each tensor's bytes into memory once
+      todo = [n for n in uops[name].toposort() if n.op is Ops.COPY and n not in copies]
+      if todo:
+        ts = [Tensor(n) for n in todo]
+        Tensor.realize_all(*ts)
+        copies.update({n: t.uop for n, t in zip(todo, ts)})
+    weights = {k: Tensor(repack(u.substitute(copies))) for k, u in uops.items()}
+    cfg = Config.from_gguf(meta, weights["token_embd.weight"].shape[0] if "token_embd.weight" in weights else None)
+    return Transformer(cfg, weights, max_context), meta
+
+  def param_count(self) -> int:
+    """Parameters (elements of every weight, the tied output counted once)."""
+    n = math.prod(self.tok_embd.shape)
+    if self.output is not self.tok_embd: n += math.prod(self.output.shape)
+    for layer in self.layers:
+      for k, v in vars(layer).items():
+        if isinstance(v, UOp): n += math.prod(v.shape)
+    return n + (math.prod(self.norm.shape) if self.norm is not None else 0)

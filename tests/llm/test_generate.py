@@ -1,0 +1,114 @@
+"""Generation: decode after prefill, multi-turn cache reuse and divergence under the JIT against a cache-free
+reference, sampling, stop strings and context limits."""
+import numpy as np
+import pytest
+from llm_helpers import np_forward, tiny_model
+
+from plugrad.apps.llm.generate import ContextLengthExceeded, Generator, SamplingParams, StopMatcher, sample
+
+TOKS = [3, 7, 1, 60, 22, 9, 41, 5, 17, 33, 2, 8]
+
+
+@pytest.fixture(scope="module")
+def llama():
+  return tiny_model("llama", max_context=48, seed=3)
+
+
+def greedy_reference(cfg, w, prompt, n, stop=()):
+  seq, out = list(prompt), []
+  for _ in range(n):
+    t = int(np_forward(cfg, w, seq)[-1].argmax())
+    if t in stop: break
+    out.append(t)
+    seq.append(t)
+  return out
+
+
+def test_prefill_then_decode_equals_sequential(llama):
+  m, _ = llama
+  g = Generator(m)
+  seq = [g.forward([t], i) for i, t in enumerate(TOKS)]
+  g2 = Generator(m)
+  got = [g2.forward(TOKS[:6], 0)] + [g2.forward([t], i) for i, t in enumerate(TOKS[6:], 6)]
+  for a, b in zip(got, seq[5:]): np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_three_turns_under_jit_equal_reference(llama):
+  m, w = llama
+  g = Generator(m)
+  history: list[int] = []
+  for turn, user in enumerate(([3, 7, 1], [22, 9, 41, 5], [17])):
+    prompt = history + user
+    got = list(g.generate(prompt, SamplingParams(max_tokens=5)))
+    assert got == greedy_reference(m.cfg, w, prompt, 5), f"turn {turn}"
+    assert g.finish_reason == "length" and g.cached[:len(prompt)] == prompt
+    history = prompt + got
+  # a diverged history rewrites the cache from the first difference
+  prompt = [3, 8, 1, 60]
+  assert list(g.generate(prompt, SamplingParams(max_tokens=4))) == greedy_reference(m.cfg, w, prompt, 4)
+
+
+def test_stop_ids_and_context_end(llama):
+  m, w = llama
+  g = Generator(m)
+  ref = greedy_reference(m.cfg, w, TOKS[:4], 6)
+  got = list(g.generate(TOKS[:4], SamplingParams(max_tokens=6), stop_ids={ref[2]}))
+  assert got == ref[:ref.index(ref[2])] and g.finish_reason == "stop"
+  got = list(g.generate(TOKS[:4] * 11, SamplingParams(max_tokens=20)))   # 44 tokens: 4 more fit in 48
+  assert len(got) == 4 and g.finish_reason == "length"
+  with pytest.raises(ContextLengthExceeded, match="48 tokens, but max_context is 48"): list(g.generate(TOKS[:4] * 12))
+  with pytest.raises(ValueError, match="empty"): list(g.generate([]))
+
+
+def test_sampling():
+  logits = np.array([1.0, 3.0, 2.0, -1.0, 2.5])
+  assert sample(logits) == 1 and sample(logits, 0.7, top_k=1, rng=np.random.default_rng(0)) == 1
+  assert sample(logits, 1.0, top_p=0.01, rng=np.random.default_rng(0)) == 1
+  draws = [sample(logits, 1.0, top_k=2, rng=np.random.default_rng(i)) for i in range(200)]
+  assert set(draws) == {1, 4}
+  rng = np.random.default_rng(1)
+  counts = np.bincount([sample(logits, 1.0, rng=rng) for _ in range(4000)], minlength=5) / 4000
+  p = np.exp(logits - logits.max())
+  np.testing.assert_allclose(counts, p / p.sum(), atol=0.03)
+  a = [sample(logits, 1.5, rng=np.random.default_rng(7)) for _ in range(5)]
+  assert a == [sample(logits, 1.5, rng=np.random.default_rng(7)) for _ in range(5)]
+  for bad in (dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(seed="x"), dict(stop="a")):
+    with pytest.raises(ValueError): SamplingParams(**bad).check()
+
+
+def test_seeded_generation_is_reproducible(llama):
+  m, _ = llama
+  g = Generator(m)
+  p = SamplingParams(max_tokens=6, temperature=1.0, top_p=0.9, seed=123)
+  assert list(g.generate(TOKS[:5], p)) == list(g.generate(TOKS[:5], p))
+
+
+def test_stop_matcher():
+  s = StopMatcher(["\nUser:", "###"])
+  out = "".join(s.feed(x) for x in ["Hello", " wor", "ld\nUs", "er: more"])
+  assert out == "Hello world" and s.stopped
+  s = StopMatcher(["###"])
+  assert s.feed("a#") == "a" and s.feed("b") == "#b" and s.flush() == ""
+  s = StopMatcher(["###"])
+  assert s.feed("x##") == "x" and s.flush() == "##"
+
+
+def test_embedded_model_knows_paris(embedded_llm):
+  llm = embedded_llm
+  text = "".join(llm.stream(llm.chat_prompt([{"role": "user", "content": "What is the capital of France?"}]), SamplingParams(max_tokens=12)))
+  assert "Paris" in text, text
+  assert llm.finish_reason in ("stop", "length") and 0 < llm.last_usage["completion_tokens"] <= 12
+
+
+def test_registry_and_cli(tiny_gguf, capsys):
+  from plugrad.apps.llm.__main__ import main
+  from plugrad.apps.llm.registry import resolve_model
+  with pytest.raises(ValueError, match="path to its GGUF file"): resolve_model("no-such-model")
+  with pytest.raises(FileNotFoundError, match="no such model file"): resolve_model("./missing.gguf")
+  assert main(["-m", "no-such-model"]) == 2 and "unknown model" in capsys.readouterr().err
+  assert main(["-m", tiny_gguf, "--prompt", "hello the world", "--max_tokens", "3", "--max_context", "40", "--seed", "1"]) == 0
+  assert main(["-m", tiny_gguf, "--prompt", "the " * 60, "--max_context", "40"]) == 2
+  assert "max_context is 40" in capsys.readouterr().err
+  assert main(["-m", tiny_gguf, "--benchmark", "3", "--max_context", "40"]) == 0
+  out = capsys.readouterr().out
+  assert "prefill    16 tokens" in out and "decode 3 steps" in out and "M parameters" in out
