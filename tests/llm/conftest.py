@@ -1,2 +1,2 @@
 """Fixtures of the LLM tests (defined in llm_helpers)."""
-from llm_helpers import embedded_path, tiny_gguf, embedded_llm  # noqa: F401
+from llm_helpers import embedded_llm, embedded_meta, embedded_path, tiny_gguf  # noqa: F401

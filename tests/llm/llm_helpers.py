@@ -125,6 +125,13 @@ def embedded_path() -> str:
   return p
 
 
+@pytest.fixture(scope="session")
+def embedded_meta(embedded_path) -> dict:
+  """The embedded model's GGUF metadata (tokenizer vocab, merges, chat template...), loaded once per session."""
+  from plugrad.nn.serialize import gguf_load
+  return gguf_load(embedded_path)[0]
+
+
 # ---------------------------------------------------------------------------- a tiny GGUF with a byte-level tokenizer
 
 def _byte_chars() -> list[str]:

