@@ -33,11 +33,34 @@ _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 _pending_assigns: weakref.WeakKeyDictionary[UOp, list[UOp]] = weakref.WeakKeyDictionary()  # buffer -> unrealized ASSIGNs into it
 
 
+_assign_order: weakref.WeakKeyDictionary[UOp, int] = weakref.WeakKeyDictionary()  # creation order of pending assigns
+_assign_counter = itertools.count()
+
+
+def _buffers_read(u: UOp) -> list[UOp]:
+  return list(dict.fromkeys(buffer_of(n) for n in u.toposort(gate=lambda x: not is_buffer_view(x)) if is_buffer_view(n)))
+
+
 def _pending_writes(targets: list[UOp]) -> list[UOp]:
-  """Unrealized assigns into buffers that the graphs of `targets` read (they run first, in the order they were made)."""
+  """Unrealized assigns that must run before `targets`: those into buffers the targets read, and (transitively) those
+  into buffers their values read, ordered so each runs after the earlier assigns its value depends on."""
   if not _pending_assigns: return []
-  read = {buffer_of(n) for t in targets for n in t.toposort(gate=lambda x: not is_buffer_view(x)) if is_buffer_view(n)}
-  return [a for b in read for a in _pending_assigns.get(b, ()) if a not in targets]
+  out: list[UOp] = []
+  seen: set[UOp] = set(targets)
+  def visit(a: UOp) -> None:
+    if a in seen: return
+    seen.add(a)
+    me = _assign_order.get(a, 0)
+    for b in _buffers_read(a.src[1]):  # earlier writes into what this value reads go first
+      for dep in _pending_assigns.get(b, ()):
+        if _assign_order.get(dep, 0) < me: visit(dep)
+    out.append(a)
+  for t in targets:
+    lim = _assign_order.get(t, math.inf)  # realizing an assign itself runs only the writes made before it
+    for b in _buffers_read(t):
+      for a in _pending_assigns.get(b, ()):
+        if _assign_order.get(a, 0) < lim: visit(a)
+  return out
 
 
 def _update_pending_assigns(becomes: dict[UOp, UOp]) -> None:
@@ -240,6 +263,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       return self
     # a later realize that reads this buffer (e.g. the whole KV cache after a slice of it was assigned) runs this write first
     _pending_assigns.setdefault(buffer_of(self.uop.src[0]), []).append(self.uop)
+    _assign_order[self.uop] = next(_assign_counter)
     return self
 
   def _own_buffer(self) -> None:

@@ -51,3 +51,26 @@ def test_assign_writes_only_the_slice():
   cache.realize()
   want = np.zeros((1, MAXT, D), np.float32); want[:, 3] = 1
   np.testing.assert_array_equal(cache.numpy(), want)
+
+
+def test_pending_writes_run_in_dependency_order():
+  # like two KV caches of consecutive layers: a later write into c1 reads c0, which has its own pending write
+  c0 = Tensor.zeros(4).contiguous().realize()
+  c1 = Tensor.zeros(4).contiguous().realize()
+  x = Tensor(np.ones(4, np.float32))
+  c1[0:2].assign(x[:2] * 5)
+  c0[0:2].assign(x[:2])
+  r0 = c0.sum()
+  c1[2:4].assign(x[2:] * r0)
+  assert c1.sum().item() == 5 + 5 + 2 + 2
+  np.testing.assert_array_equal(c0.numpy(), [1, 1, 0, 0])
+
+
+def test_realizing_an_assign_runs_only_earlier_writes():
+  c = Tensor.zeros(2).contiguous().realize()
+  first = c[0:1].assign(Tensor([1.0]))
+  c[0:1].assign(Tensor([7.0]))  # a later write into the same slot
+  first.realize()
+  from plugrad.engine.realize import buffer_for
+  assert buffer_for(buffer_of(c.uop)).numpy().tolist() == [1.0, 0.0]  # the later write has not run yet
+  assert c.numpy().tolist() == [7.0, 0.0]  # reading c runs the remaining write
