@@ -1,27 +1,34 @@
-"""plugrad demo: run a small program on the default device (DEV=... to choose one).
+"""plugrad demo: a small Tensor program on the default device (DEV=... to choose one).
 
-Until the Tensor front end lands this uses the device API directly: allocate buffers, copy data in, compile and launch
-the device's hand-written smoke kernel (doubling three int32s) where it can compute, and copy the result out.
+It builds a lazy graph (a matmul, a softmax and a reduction), shows how the scheduler splits it into kernels,
+runs it, and checks the result against numpy.
 """
 from __future__ import annotations
+
 import time
+
 import numpy as np
-from plugrad import Buffer, Device, dtypes
+
+from plugrad import Device, Tensor
+
 
 def main() -> None:
   name = Device.DEFAULT
-  dev = Device[name]
-  print(f"default device: {name} ({type(dev).__name__}, renderer {dev.renderer.name})")
-  data = np.array([1, 2, 3], np.int32)
-  buf = Buffer(name, 3, dtypes.int32).copyin(data)
-  print(f"allocated {buf!r} and copied in {data.tolist()}")
-  if dev.compute and dev.smoke_kernel is not None:
-    st = time.perf_counter()
-    lib = dev.compiler.compile_cached(dev.smoke_kernel)
-    print(f"compiled the smoke kernel: {len(lib)} bytes in {(time.perf_counter() - st) * 1e3:.1f} ms (disk-cached)")
-    elapsed = dev.load("smoke", lib)(buf._buf, wait=True)
-    print(f"ran it in {elapsed * 1e6:.1f} us")
-  else: print(f"{name} does not run kernels; showing the round trip only")
-  print(f"result: {buf.numpy().tolist()}")
+  print(f"default device: {name} (renderer {Device[name].renderer.name})")
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 16)).astype(np.float32)
+  x = (Tensor(a) @ Tensor(b)).softmax(axis=1)
+  out = (x * 2 + 1).sum(axis=0)
+  items = out.schedule()
+  print(f"lazy graph -> {len(items)} kernels, reading and writing " + ", ".join(f"{len(it.bufs)}" for it in items) + " buffers")
+  st = time.perf_counter()
+  got = out.numpy()
+  print(f"ran in {(time.perf_counter() - st) * 1e3:.1f} ms (first run includes compiling; kernels are cached on disk)")
+  e = np.exp(a @ b - (a @ b).max(1, keepdims=True))
+  want = (e / e.sum(1, keepdims=True) * 2 + 1).sum(0)
+  if getattr(Device[name], "fake", False): print(f"{name} computes nothing (schedule and codegen only): no result to check")
+  else: print(f"max |error| vs numpy: {np.abs(got - want).max():.2e}")
+  if not getattr(Device[name], "fake", False): print(f"([1, 2, 3] * 2) on {name}: {(Tensor([1, 2, 3]) * 2).tolist()}")
+
 
 if __name__ == "__main__": main()
