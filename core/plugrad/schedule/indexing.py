@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from plugrad.dtype import dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
-from plugrad.uop.symbolic import sint
+from plugrad.uop.symbolic import sint, ssimplify
 from plugrad.uop.upat import PatternMatcher, UPat
 
 TRUE = UOp.const(dtypes.bool, True)
@@ -54,13 +54,46 @@ def flatten(idxs: tuple[UOp, ...], shape: tuple) -> UOp:
   return ret
 
 
+def _same(a: sint, b: sint) -> bool:
+  if isinstance(a, int) and isinstance(b, int): return a == b
+  return a is b or (isinstance(d := ssimplify(_as_sym(a) - b), int) and d == 0)
+
+
+def _as_sym(x: sint) -> UOp: return x if isinstance(x, UOp) else idx_const(x)
+
+
+def _reshape_groups(new: tuple, old: tuple) -> list[tuple[range, range]] | None:
+  """Split a reshape into runs of new dims and old dims with equal products (e.g. (T, 576) vs (T, 9, 64) is
+  [T]~[T], [576]~[9, 64]), so index math stays local to each run; None when the runs can't be found."""
+  groups, i, j = [], 0, 0
+  while i < len(new) and j < len(old):
+    i0, j0, pn, po = i, j, new[i], old[j]
+    i, j = i + 1, j + 1
+    while not _same(pn, po):
+      if not (isinstance(pn, int) and isinstance(po, int)): return None  # symbolic sizes only match whole
+      if pn < po and i < len(new): pn, i = pn * new[i], i + 1
+      elif po < pn and j < len(old): po, j = po * old[j], j + 1
+      else: return None
+    groups.append((range(i0, i), range(j0, j)))
+  if any(s != 1 for s in new[i:]) or any(s != 1 for s in old[j:]): return None
+  if groups:  # trailing size-1 dims join the last run
+    groups[-1] = (range(groups[-1][0].start, len(new)), range(groups[-1][1].start, len(old)))
+  return groups
+
+
 def _reshape_idxs(idxs: tuple[UOp, ...], new: tuple, old: tuple) -> tuple[UOp, ...]:
   # fast path: only size-1 dims added or removed
   if [s for s in new if s != 1] == [s for s in old if s != 1]:
     it = iter(i for i, s in zip(idxs, new) if s != 1)
     return tuple(idx_const(0) if s == 1 else next(it) for s in old)
-  flat = flatten(idxs, new)
-  return tuple(idx_const(0) if s == 1 else (flat // st) % s for s, st in zip(old, strides_for(old)))
+  if (groups := _reshape_groups(new, old)) is None: groups = [(range(len(new)), range(len(old)))]
+  out: list[UOp] = []
+  for gn, go in groups:  # flatten and unflatten each run on its own
+    nshape, oshape = tuple(new[k] for k in gn), tuple(old[k] for k in go)
+    if len(gn) == 1 and len(go) == 1: out.append(idxs[gn[0]]); continue
+    flat = flatten(tuple(idxs[k] for k in gn), nshape)
+    out.extend(idx_const(0) if sz == 1 else (flat // st) % sz for sz, st in zip(oshape, strides_for(oshape)))
+  return tuple(out)
 
 
 def _at(x: UOp, gate: UOp, idxs) -> UOp: return UOp(Ops.AT, x.dtype, (x, gate, *idxs))
