@@ -178,8 +178,6 @@ class CStyleRenderer(Renderer):
     return (self.emulation_prelude(src) + "\n" + src) if self.emulated else src
 
 
-def is_local(dt: DType) -> bool: return isinstance(dt, PtrDType) and dt.addrspace is AddrSpace.LOCAL
-
 
 HALF_C = """static inline float pg_h2f(unsigned short h) {
   unsigned int s = (unsigned int)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, b;

@@ -42,7 +42,8 @@ class Linearizer:
 
   def rset(self, n: UOp) -> frozenset[UOp]:
     """The RANGEs `n` depends on that are still open at `n` (a REDUCE closes its own)."""
-    for x in n.toposort():
+    if (r := self.rsets.get(n)) is not None: return r
+    for x in n.toposort(gate=lambda y: y not in self.rsets):  # only the part not computed before (was quadratic)
       if x in self.rsets: continue
       r = frozenset().union(*(self.rsets[s] for s in x.src)) if x.src else frozenset()
       if x.op is Ops.RANGE: r = r | {x}

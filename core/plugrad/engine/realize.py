@@ -38,7 +38,7 @@ class CompiledRunner:
 
 
 _RUNNERS: dict[tuple[str, UOp], CompiledRunner] = {}
-GlobalCounters = {"kernels": 0, "compiles": 0, "time": 0.0}
+GlobalCounters = {"kernels": 0, "compiles": 0}
 
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:

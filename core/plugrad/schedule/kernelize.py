@@ -27,15 +27,21 @@ def new_buffer(device: str, size: int, dtype) -> UOp:
 
 
 def device_of(u: UOp) -> str:
-  """The device a tensor-level node lives on (from its DEVICE source, searched through its first sources)."""
+  """The device a tensor-level node lives on (from its DEVICE source, searched through its first sources); cached on
+  the node, since Tensor.device asks for it on every operation."""
+  if (c := u._cache) is not None and "device" in c: return c["device"]
   x = u
   while True:
-    if x.op is Ops.DEVICE: return x.arg
-    if x.op is Ops.BUFFER: return x.src[1].arg
-    if x.op is Ops.PARAM and isinstance(x.arg, tuple) and len(x.arg) == 4: return x.arg[3]
-    if x.op is Ops.COPY: return x.src[1].arg
-    if not x.src: raise RuntimeError(f"{u.op} has no device")
-    x = next((s for s in x.src if s.op is not Ops.DEFINE_VAR and s.op is not Ops.BIND), x.src[0])
+    if x.op is Ops.DEVICE: dev = x.arg
+    elif x.op is Ops.BUFFER: dev = x.src[1].arg
+    elif x.op is Ops.PARAM and isinstance(x.arg, tuple) and len(x.arg) == 4: dev = x.arg[3]
+    elif x.op is Ops.COPY: dev = x.src[1].arg
+    elif not x.src: raise RuntimeError(f"{u.op} has no device")
+    else:
+      x = next((s for s in x.src if s.op is not Ops.DEFINE_VAR and s.op is not Ops.BIND), x.src[0])
+      continue
+    u._cached()["device"] = dev
+    return dev
 
 
 def is_buffer_view(u: UOp) -> bool:
