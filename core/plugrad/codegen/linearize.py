@@ -119,10 +119,29 @@ class Linearizer:
     return self.out
 
 
+def unshare_reduce_ranges(ast: UOp) -> UOp:
+  """Give a REDUCE fresh copies of its loop ranges when another REDUCE uses the same RANGE inside a different set of
+  enclosing loops (e.g. unrolling an outer reduce made one copy of an inner reduce independent of it): each loop nest
+  is then emitted once, in its own scope."""
+  while True:
+    reds = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+    if len({r for red in reds for r in red.src[1:]}) == sum(len(red.src) - 1 for red in reds): return ast  # nothing shared
+    lin, first, clash = Linearizer(ast), {}, None
+    for red in reds:
+      ctx = lin.rset(red)
+      for r in red.src[1:]:
+        if first.setdefault(r, ctx) != ctx: clash = red
+      if clash is not None: break
+    if clash is None: return ast
+    nid = max(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE) + 1
+    fresh = {r: UOp(Ops.RANGE, r.dtype, r.src, (nid + i, r.arg[1])) for i, r in enumerate(clash.src[1:])}
+    ast = ast.substitute({clash: UOp(Ops.REDUCE, clash.dtype, (clash.src[0].substitute(fresh), *fresh.values()), clash.arg)})
+
+
 def linearize(ast: UOp) -> list[UOp]:
   """The flat program for a kernel AST (see the module docstring)."""
   if ast.op is not Ops.SINK: raise ValueError(f"linearize needs a SINK kernel AST, got {ast.op}")
   old = sys.getrecursionlimit()
   sys.setrecursionlimit(max(old, 20000))
-  try: return Linearizer(ast).run()
+  try: return Linearizer(unshare_reduce_ranges(ast)).run()
   finally: sys.setrecursionlimit(old)
