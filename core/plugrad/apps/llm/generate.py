@@ -1,7 +1,7 @@
 """Generation: KV-cache reuse across turns, symbolic prefill, JIT decode, sampling, stop conditions.
 
 `Generator` runs a `Transformer` over token ids. The new part of a prompt is prefilled in one pass through kernels
-compiled once for a symbolic length T (2..max_context) and start position; single tokens are decoded under TinyJit
+compiled once for a symbolic length (2..max_context, padded up to a multiple of PREFILL_MULTIPLE) and start position; single tokens are decoded under TinyJit
 with a symbolic start position. The tokens whose keys/values sit in the cache are remembered, so a follow-up prompt
 that extends them only prefills its new tokens; a prompt that diverges rewrites the cache from the first difference.
 `LLM` adds the tokenizer, chat template, streaming detokenization and stop strings on top.
@@ -19,7 +19,7 @@ from plugrad.engine.realize import buffer_for
 from plugrad.schedule.kernelize import buffer_of
 from plugrad.tensor import Tensor
 
-from plugrad.apps.llm.model import Transformer
+from plugrad.apps.llm.model import PREFILL_MULTIPLE, Transformer
 
 
 class ContextLengthExceeded(ValueError):
@@ -77,15 +77,18 @@ class Generator:
   def __init__(self, model: Transformer):
     self.model, self.max_context = model, model.max_context
     self.cached: list[int] = []   # tokens whose keys/values are in the cache, from position 0
-    self.v_len, self.v_start = Variable("T", 2, self.max_context), Variable("start", 0, self.max_context - 1)
+    m = PREFILL_MULTIPLE
+    self.v_len = Variable("T", 1, (self.max_context + m - 1) // m)   # the padded prefill length is m*T
+    self.v_start, self.v_last = Variable("start", 0, self.max_context - 1), Variable("last", 1, self.max_context - 1)
     dim = model.cfg.dim
-    self.inp = Tensor.zeros(model.batch, self.max_context, dim).contiguous().realize()   # prefill embeddings, written in place
+    rows = (self.max_context + m - 1) // m * m
+    self.inp = Tensor.zeros(model.batch, rows, dim).contiguous().realize()   # prefill embeddings, written in place
     self.inp1 = Tensor.zeros(model.batch, 1, dim).contiguous().realize()                 # decode embedding
     self.prefill_jit, self.decode_jit = TinyJit(self._prefill), TinyJit(self._decode)
     self.finish_reason: str | None = None
 
-  def _prefill(self, T: Any, start: Any) -> Tensor:
-    return self.model.forward(self.inp[:, :T], start).realize()
+  def _prefill(self, T: Any, start: Any, last: Any) -> Tensor:
+    return self.model.forward(self.inp[:, :T * PREFILL_MULTIPLE], start, last).realize()
   def _decode(self, start: Any) -> Tensor:
     return self.model.forward(self.inp1, start).realize()
 
@@ -108,8 +111,10 @@ class Generator:
       self._write(self.inp1, emb)
       out = self.decode_jit(self.v_start.bind(start))
     else:
-      self._write(self.inp, emb)
-      out = self.prefill_jit(self.v_len.bind(n), self.v_start.bind(start))
+      m = PREFILL_MULTIPLE
+      padded = -(-n // m)
+      self._write(self.inp, np.concatenate([emb, np.zeros((padded * m - n, emb.shape[1]), np.float32)]))
+      out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1))
     self.cached = self.cached[:start] + list(tokens)
     return out.numpy()[0]
 

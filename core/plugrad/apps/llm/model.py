@@ -2,8 +2,8 @@
 blocks (qwen3moe, olmoe: top-k experts per token). GQA, RoPE in the layout GGUF stores for each architecture, RMSNorm,
 tied or separate output weights.
 
-The KV cache of each block is two preallocated buffers (B, kv_heads, max_context, head_dim) written in place by a
-slice assign at a (symbolic) start position; attention reads the slice [0, start + T). `Transformer.forward` takes
+The KV cache of each block is two preallocated buffers (B, kv_heads, max_context + PREFILL_MULTIPLE - 1, head_dim)
+written in place by a slice assign at a (symbolic) start position (the extra rows take a padded prefill's tail); attention reads the slice [0, start + T). `Transformer.forward` takes
 token embeddings (the embedding rows are gathered on the host from a dequantized table) and returns the logits of
 the last position, so one graph serves every prompt length when T and start are bound Variables.
 """
@@ -21,6 +21,11 @@ from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 
 sint = int | UOp
+
+# prefill lengths are padded up to a multiple of this, so the symbolic length is 8*v and the kernels over it can be
+# register-blocked (codegen splits a range of size c*v by any k dividing c); padded rows come after the real ones,
+# so the causal mask hides them from every real query and the next write overwrites their cache rows
+PREFILL_MULTIPLE = 8
 
 # llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x[2i], x[2i+1]) (the converter permuted q/k
 # rows into that order), "neox" rotates halves (x[i], x[i + d/2]).
@@ -173,8 +178,9 @@ class Block:
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     # Tensor.empty: a unique buffer each (zeros(...).contiguous() twice is one hash-consed node, hence one buffer)
-    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, max_context, cfg.head_dim)   # zeroed by Transformer
-    self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, max_context, cfg.head_dim)
+    rows = max_context + PREFILL_MULTIPLE - 1   # room for a padded prefill's tail
+    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)   # zeroed by Transformer
+    self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
 
   def _qk_norm(self, x: Tensor, w: Tensor | None) -> Tensor:
     if w is None: return x
@@ -247,7 +253,7 @@ class Transformer:
     Tensor.realize_all(*caches)
     Tensor.realize_all(*[c.assign(0.0) for c in caches])   # one realize for all caches
     ff = weights.get("rope_freqs.weight")
-    self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context, cfg.rope_theta,
+    self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context + PREFILL_MULTIPLE - 1, cfg.rope_theta,
                                      None if ff is None else Tensor(ff.uop).numpy())
     self._embd_np: np.ndarray | None = None
 
@@ -265,11 +271,14 @@ class Transformer:
       raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
     return self.embedding_table()[ids].astype(np.float32)
 
-  def forward(self, x: Tensor, start: sint) -> Tensor:
+  def forward(self, x: Tensor, start: sint, last: sint | None = None) -> Tensor:
+    """Logits of position `last` (default T - 1) of the T tokens x runs at [start, start + T); a padded prefill
+    passes its last real row."""
     T = x.shape[1]
     cos, sin = self.cos[start:start + T], self.sin[start:start + T]
     for layer in self.layers: x = layer(x, start, cos, sin)
-    last = x[:, T - 1:T] if not (isinstance(T, int) and T == 1) else x
+    if last is None: last = T - 1
+    last = x[:, last:last + 1] if not (isinstance(T, int) and T == 1) else x
     h = rms_norm(last.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps)
     return linear(h, _t(self.output)).cast(dtypes.float32)
 
