@@ -19,7 +19,7 @@ from plugrad.engine.realize import buffer_for
 from plugrad.schedule.kernelize import buffer_of
 from plugrad.tensor import Tensor
 
-from plugrad.apps.llm.model import PREFILL_MULTIPLE, Transformer
+from plugrad.apps.llm.model import CACHE_PAD, PREFILL_MULTIPLE, Transformer
 
 
 class ContextLengthExceeded(ValueError):
@@ -80,6 +80,7 @@ class Generator:
     m = PREFILL_MULTIPLE
     self.v_len = Variable("T", 1, (self.max_context + m - 1) // m)   # the padded prefill length is m*T
     self.v_start, self.v_last = Variable("start", 0, self.max_context - 1), Variable("last", 1, self.max_context - 1)
+    self.v_keys = Variable("S", 1, (self.max_context + CACHE_PAD) // m)   # keys read: m*S >= start + m*T, the rest masked
     dim = model.cfg.dim
     rows = (self.max_context + m - 1) // m * m
     self.inp = Tensor.zeros(model.batch, rows, dim).contiguous().realize()   # prefill embeddings, written in place
@@ -87,8 +88,9 @@ class Generator:
     self.prefill_jit, self.decode_jit = TinyJit(self._prefill), TinyJit(self._decode)
     self.finish_reason: str | None = None
 
-  def _prefill(self, T: Any, start: Any, last: Any) -> Tensor:
-    return self.model.forward(self.inp[:, :T * PREFILL_MULTIPLE], start, last).realize()
+  def _prefill(self, T: Any, start: Any, last: Any, keys: Any) -> Tensor:
+    m = PREFILL_MULTIPLE
+    return self.model.forward(self.inp[:, :T * m], start, last, keys * m).realize()
   def _decode(self, start: Any) -> Tensor:
     return self.model.forward(self.inp1, start).realize()
 
@@ -114,7 +116,7 @@ class Generator:
       m = PREFILL_MULTIPLE
       padded = -(-n // m)
       self._write(self.inp, np.concatenate([emb, np.zeros((padded * m - n, emb.shape[1]), np.float32)]))
-      out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1))
+      out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1), self.v_keys.bind(-(-(start + padded * m) // m)))
     self.cached = self.cached[:start] + list(tokens)
     return out.numpy()[0]
 

@@ -2,8 +2,10 @@
 blocks (qwen3moe, olmoe: top-k experts per token). GQA, RoPE in the layout GGUF stores for each architecture, RMSNorm,
 tied or separate output weights.
 
-The KV cache of each block is two preallocated buffers (B, kv_heads, max_context + PREFILL_MULTIPLE - 1, head_dim)
-written in place by a slice assign at a (symbolic) start position (the extra rows take a padded prefill's tail); attention reads the slice [0, start + T). `Transformer.forward` takes
+The KV cache of each block is two preallocated buffers written in place by a slice assign at a (symbolic) start
+position: keys transposed (B, kv_heads, head_dim, positions), so the score matmul reads them contiguously along the
+key axis like any matmul's right operand, and values (B, kv_heads, positions, head_dim); CACHE_PAD spare positions
+take a padded prefill's tail and its padded key range; attention reads the slice [0, start + T). `Transformer.forward` takes
 token embeddings (the embedding rows are gathered on the host from a dequantized table) and returns the logits of
 the last position, so one graph serves every prompt length when T and start are bound Variables.
 """
@@ -26,6 +28,7 @@ sint = int | UOp
 # register-blocked (codegen splits a range of size c*v by any k dividing c); padded rows come after the real ones,
 # so the causal mask hides them from every real query and the next write overwrites their cache rows
 PREFILL_MULTIPLE = 8
+CACHE_PAD = 2 * PREFILL_MULTIPLE - 1   # positions past max_context a padded prefill may write or read (masked)
 
 # llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x[2i], x[2i+1]) (the converter permuted q/k
 # rows into that order), "neox" rotates halves (x[i], x[i + d/2]).
@@ -108,14 +111,14 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   return (xp * c + xp.flip(3 if neox else 4) * s * sign).reshape(B, T, H, D)
 
 
-def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-  """softmax(q k^T / sqrt(d) + mask) v with grouped query heads: q (B, H, T, D), keys/values (B, KV, S, D), mask
-  broadcastable to (B, KV, H/KV, T, S). q (after RoPE) and the probabilities are materialized so the score and
-  output kernels read them instead of recomputing RoPE per key and exp per output element."""
+def attend(q: Tensor, keys_t: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+  """softmax(q k^T / sqrt(d) + mask) v with grouped query heads: q (B, H, T, D), keys_t (B, KV, D, S) (transposed),
+  values (B, KV, S, D), mask broadcastable to (B, KV, H/KV, T, S). q (after RoPE) and the probabilities are
+  materialized so the score and output kernels read them instead of recomputing RoPE per key and exp per output."""
   B, H, T, D = q.shape
-  KV, S = keys.shape[1], keys.shape[2]
+  KV, S = keys_t.shape[1], keys_t.shape[3]
   qg = q.contiguous().reshape(B, KV, H // KV, T, D)
-  sc = qg @ keys.reshape(B, KV, 1, S, D).transpose(-1, -2) * (1.0 / math.sqrt(D))
+  sc = qg @ keys_t.reshape(B, KV, 1, D, S) * (1.0 / math.sqrt(D))
   if mask is not None: sc = sc + mask
   return (sc.softmax(-1).contiguous() @ values.reshape(B, KV, 1, S, D)).reshape(B, H, T, D)
 
@@ -123,10 +126,10 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tens
 def _t(u: UOp | None) -> Tensor | None: return None if u is None else Tensor(u)
 
 
-def written(cache: Tensor, start: sint, T: sint, x: Tensor) -> Tensor:
-  """cache[:, :, start:start+T] = x in place; returns the cache as seen after that write (an AFTER node, so every
-  kernel reading it is ordered after the write within the same graph)."""
-  w = cache[:, :, start:start + T].assign(x)
+def written(cache: Tensor, start: sint, T: sint, x: Tensor, axis: int = 2) -> Tensor:
+  """cache[..., start:start+T, ...] = x in place (positions along `axis`); returns the cache as seen after that write
+  (an AFTER node, so every kernel reading it is ordered after the write within the same graph)."""
+  w = cache[(slice(None),) * axis + (slice(start, start + T),)].assign(x)
   return Tensor(UOp(Ops.AFTER, cache.dtype, (cache.uop, w.uop)))
 
 
@@ -178,8 +181,8 @@ class Block:
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     # Tensor.empty: a unique buffer each (zeros(...).contiguous() twice is one hash-consed node, hence one buffer)
-    rows = max_context + PREFILL_MULTIPLE - 1   # room for a padded prefill's tail
-    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)   # zeroed by Transformer
+    rows = max_context + CACHE_PAD
+    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, cfg.head_dim, rows)   # transposed; zeroed by Transformer
     self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
 
   def _qk_norm(self, x: Tensor, w: Tensor | None) -> Tensor:
@@ -188,7 +191,9 @@ class Block:
     B, T, H, D = x.shape                                                        # over the whole projection (olmoe)
     return rms_norm(x.reshape(B, T, H * D), w, self.cfg.norm_eps).reshape(B, T, H, D)
 
-  def attention(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor) -> Tensor:
+  def attention(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None) -> Tensor:
+    """Self-attention of x's T tokens at [start, start + T) over the cached keys [0, keys_len) (default start + T;
+    a padded prefill reads a multiple of PREFILL_MULTIPLE keys, the extra ones masked)."""
     c = self.cfg
     B, T, _ = x.shape
     q = linear(x, _t(self.wq), _t(self.bq)).reshape(B, T, c.n_heads, c.head_dim)
@@ -197,8 +202,9 @@ class Block:
     q, k = self._qk_norm(q, _t(self.q_norm)), self._qk_norm(k, _t(self.k_norm))
     q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    end = T if isinstance(start, int) and start == 0 else start + T   # symbolic sizes compare structurally: 0+T != T
-    keys, values = written(self.cache_k, start, T, k)[:, :, 0:end], written(self.cache_v, start, T, v)[:, :, 0:end]
+    end = keys_len if keys_len is not None else T if isinstance(start, int) and start == 0 else start + T  # 0+T != T structurally
+    keys = written(self.cache_k, start, T, k.transpose(2, 3), axis=3)[:, :, :, 0:end]
+    values = written(self.cache_v, start, T, v)[:, :, 0:end]
     mask = None if isinstance(T, int) and T == 1 else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
     out = attend(q, keys, values, mask)
     return linear(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), _t(self.wo))
@@ -227,9 +233,9 @@ class Block:
     d = (h * _t(self.down_exps).reshape(1, 1, c.n_experts, D, c.ffn_dim)).sum(-1)
     return (d * wts.reshape(B, T, c.n_experts, 1)).sum(2)
 
-  def __call__(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor) -> Tensor:
+  def __call__(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None) -> Tensor:
     # the residual stream is materialized after each half: otherwise every later kernel re-adds all earlier outputs
-    h = (x + self.attention(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), start, cos, sin)).contiguous()
+    h = (x + self.attention(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), start, cos, sin, keys_len)).contiguous()
     return (h + self.ffn(rms_norm(h, _t(self.ffn_norm), self.cfg.norm_eps))).contiguous()
 
 
@@ -253,7 +259,7 @@ class Transformer:
     Tensor.realize_all(*caches)
     Tensor.realize_all(*[c.assign(0.0) for c in caches])   # one realize for all caches
     ff = weights.get("rope_freqs.weight")
-    self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context + PREFILL_MULTIPLE - 1, cfg.rope_theta,
+    self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context + CACHE_PAD, cfg.rope_theta,
                                      None if ff is None else Tensor(ff.uop).numpy())
     self._embd_np: np.ndarray | None = None
 
@@ -271,12 +277,12 @@ class Transformer:
       raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
     return self.embedding_table()[ids].astype(np.float32)
 
-  def forward(self, x: Tensor, start: sint, last: sint | None = None) -> Tensor:
-    """Logits of position `last` (default T - 1) of the T tokens x runs at [start, start + T); a padded prefill
-    passes its last real row."""
+  def forward(self, x: Tensor, start: sint, last: sint | None = None, keys_len: sint | None = None) -> Tensor:
+    """Logits of row `last` (default T - 1) of the T tokens x runs at [start, start + T), attending to the cached
+    keys [0, keys_len) (default start + T); a padded prefill passes its last real row and a padded key count."""
     T = x.shape[1]
     cos, sin = self.cos[start:start + T], self.sin[start:start + T]
-    for layer in self.layers: x = layer(x, start, cos, sin)
+    for layer in self.layers: x = layer(x, start, cos, sin, keys_len)
     if last is None: last = T - 1
     last = x[:, last:last + 1] if not (isinstance(T, int) and T == 1) else x
     h = rms_norm(last.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps)
