@@ -11,7 +11,21 @@ def test_reshape_groups():
   assert _reshape_groups((T, 576), (T, 9, 64)) == [(range(0, 1), range(0, 1)), (range(1, 2), range(1, 3))]
   assert _reshape_groups((6, 4), (2, 3, 4)) == [(range(0, 1), range(0, 2)), (range(1, 2), range(2, 3))]
   assert _reshape_groups((4, 6), (6, 4)) == [(range(0, 2), range(0, 2))]  # no common boundary: one run
-  assert _reshape_groups((T * 2,), (T, 2)) is None  # a symbolic size that only matches a product: the general path
+  # symbolic sizes are matched as const * symbols: a product of dims can match a symbolic size
+  assert _reshape_groups((T * 2,), (T, 2)) == [(range(0, 1), range(0, 2))]
+  assert _reshape_groups((3, T * 8, 5), (T * 24, 5)) == [(range(0, 2), range(0, 1)), (range(2, 3), range(1, 2))]
+  assert _reshape_groups((T, 3), (3, T)) == [(range(0, 2), range(0, 2))]
+  S = Variable("S", 1, 64)
+  assert _reshape_groups((T, S), (S, T)) is None  # T and S can't be ordered: the general path
+
+
+def test_symbolic_multiple_reshape_values():
+  T = Variable("T", 1, 8)
+  a = np.arange(2 * 3 * 8 * 8 * 4, dtype=np.float32).reshape(2, 3, 64, 4)
+  t = Tensor(a)[:, :, :T.bind(3) * 8].reshape(2, T.bind(3) * 24, 4) + 1
+  np.testing.assert_array_equal(t.numpy(), a[:, :, :24].reshape(2, 72, 4) + 1)
+  u = Tensor(a)[:, :, :T.bind(2) * 8].reshape(6, T.bind(2) * 8, 2, 2).permute(0, 2, 1, 3).reshape(6, 2, T.bind(2) * 16)
+  np.testing.assert_array_equal(u.numpy(), a[:, :, :16].reshape(6, 16, 2, 2).transpose(0, 2, 1, 3).reshape(6, 2, 32))
 
 
 def test_symbolic_attention_scores_index_math_is_local():

@@ -62,17 +62,41 @@ def _same(a: sint, b: sint) -> bool:
 def _as_sym(x: sint) -> UOp: return x if isinstance(x, UOp) else idx_const(x)
 
 
+def _monomial(x: sint) -> tuple[int, tuple[UOp, ...]]:
+  """A size as const * product of symbols (a symbolic factor that isn't a MUL by a constant is one opaque symbol)."""
+  if isinstance(x, int): return x, ()
+  if x.op is Ops.CONST: return x.arg, ()
+  if x.op is Ops.MUL:
+    (ca, sa), (cb, sb) = _monomial(x.src[0]), _monomial(x.src[1])
+    return ca * cb, tuple(sorted(sa + sb, key=id))
+  return 1, (x,)
+
+
+def _mono_mul(a: tuple[int, tuple], b: tuple[int, tuple]) -> tuple[int, tuple]: return a[0] * b[0], tuple(sorted(a[1] + b[1], key=id))
+
+
+def _smaller(a: tuple[int, tuple], b: tuple[int, tuple]) -> bool | None:
+  """Which run to grow: True when monomial a is the smaller (its symbols a sub-multiset of b's, and the smaller
+  constant when the symbols are the same), False when b is, None when they can't be ordered."""
+  ca, cb = list(a[1]), list(b[1])
+  if ca == cb: return a[0] < b[0]
+  if all(ca.count(s) <= cb.count(s) for s in ca): return True
+  if all(cb.count(s) <= ca.count(s) for s in cb): return False
+  return None
+
+
 def _reshape_groups(new: tuple, old: tuple) -> list[tuple[range, range]] | None:
   """Split a reshape into runs of new dims and old dims with equal products (e.g. (T, 576) vs (T, 9, 64) is
-  [T]~[T], [576]~[9, 64]), so index math stays local to each run; None when the runs can't be found."""
+  [T]~[T], [576]~[9, 64]; symbolic sizes are compared as const * symbols, so (3, 8*T) ~ (24*T) too), so index math
+  stays local to each run; None when the runs can't be found."""
   groups, i, j = [], 0, 0
   while i < len(new) and j < len(old):
-    i0, j0, pn, po = i, j, new[i], old[j]
+    i0, j0, pn, po, rn, ro = i, j, _monomial(new[i]), _monomial(old[j]), new[i], old[j]
     i, j = i + 1, j + 1
-    while not _same(pn, po):
-      if not (isinstance(pn, int) and isinstance(po, int)): return None  # symbolic sizes only match whole
-      if pn < po and i < len(new): pn, i = pn * new[i], i + 1
-      elif po < pn and j < len(old): po, j = po * old[j], j + 1
+    while pn != po and not _same(rn, ro):
+      if (grow_new := _smaller(pn, po)) is None: return None
+      if grow_new and i < len(new): pn, rn, i = _mono_mul(pn, _monomial(new[i])), rn * new[i], i + 1
+      elif not grow_new and j < len(old): po, ro, j = _mono_mul(po, _monomial(old[j])), ro * old[j], j + 1
       else: return None
     groups.append((range(i0, i), range(j0, j)))
   if any(s != 1 for s in new[i:]) or any(s != 1 for s in old[j:]): return None
@@ -92,7 +116,9 @@ def _reshape_idxs(idxs: tuple[UOp, ...], new: tuple, old: tuple) -> tuple[UOp, .
     nshape, oshape = tuple(new[k] for k in gn), tuple(old[k] for k in go)
     if len(gn) == 1 and len(go) == 1: out.append(idxs[gn[0]]); continue
     flat = flatten(tuple(idxs[k] for k in gn), nshape)
-    out.extend(idx_const(0) if sz == 1 else (flat // st) % sz for sz, st in zip(oshape, strides_for(oshape)))
+    # the run's first old dim needs no modulo: flat < product of the run
+    out.extend(idx_const(0) if sz == 1 else flat // st if k == 0 else (flat // st) % sz
+               for k, (sz, st) in enumerate(zip(oshape, strides_for(oshape))))
   return tuple(out)
 
 

@@ -84,8 +84,10 @@ def rms_norm(x: Tensor, w: Tensor | None, eps: float) -> Tensor:
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
   """x @ w.T (+ b) with w stored (out, in) as in GGUF. With more than one token the (quantized) weight is dequantized
-  into a buffer first, once, instead of once per token inside the matmul."""
-  if not (x.ndim >= 2 and isinstance(x.shape[-2], int) and x.shape[-2] == 1) and not is_buffer_view(w.uop): w = w.contiguous()
+  into a buffer first, once, instead of once per token inside the matmul, and laid out (in, out) so the matmul reads
+  its rows contiguously along the output axis (the register-blocked form codegen vectorizes)."""
+  if not (x.ndim >= 2 and isinstance(x.shape[-2], int) and x.shape[-2] == 1) and not is_buffer_view(w.uop):
+    return x.linear(w.transpose().contiguous(), b)
   return x.linear(w.transpose(), b)
 
 
