@@ -38,3 +38,12 @@ def test_symbolic_attention_scores_index_math_is_local():
   src = get_program(x.schedule()[-1].ast, Device["CPU"].renderer).src
   assert src.count("%") <= 2 and src.count("/") <= 4  # was 7 modulos and 6 divisions per load before runs were split
   np.testing.assert_allclose(x.numpy(), an[:, :, :5] @ bn[:, :, :7].transpose(0, 1, 3, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_buffers_simplified_away_are_not_kernel_parameters():
+  a, b = Tensor(np.arange(4, dtype=np.float32)).realize(), Tensor(np.ones(4, np.float32)).realize()
+  items = a.where(b, b).schedule()
+  assert len(items) == 1 and len(items[0].bufs) == 2   # the output and b: a's loads folded away
+  slots = sorted(n.arg for n in items[0].ast.toposort() if n.op.name == "DEFINE_GLOBAL")
+  assert slots == [0, 1]
+  np.testing.assert_array_equal(a.where(b, b).numpy(), np.ones(4, np.float32))

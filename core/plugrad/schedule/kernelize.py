@@ -142,7 +142,16 @@ def _kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UOp | No
   dest, val = sink.src
   if dest.op is not Ops.LOAD: raise RuntimeError(f"can't store into a {store_target.op if store_target is not None else out.op} view")
   ast = UOp.sink_of(UOp(Ops.STORE, dtypes.void, (dest.src[0], val)))
-  return graph_rewrite(ast, pm_symbolic, name="simplify kernel")
+  return _drop_unused_params(graph_rewrite(ast, pm_symbolic, name="simplify kernel"), ctx)
+
+
+def _drop_unused_params(ast: UOp, ctx: KernelContext) -> UOp:
+  """Buffers whose loads simplified away (e.g. `a.where(b, b)`) are not kernel parameters: renumber the rest."""
+  used = {n.arg: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
+  if len(used) == len(ctx.bufs): return ast
+  keep = sorted(used)
+  ctx.bufs[:] = [ctx.bufs[i] for i in keep]
+  return ast.substitute({used[old]: UOp(Ops.DEFINE_GLOBAL, used[old].dtype, arg=new) for new, old in enumerate(keep) if new != old})
 
 
 def _reads_other_elements_of_output(ast: UOp) -> bool:
