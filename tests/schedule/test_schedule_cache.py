@@ -116,3 +116,20 @@ def test_assign_errors():
   with pytest.raises(TypeError, match="dtype"): t.assign(Tensor([1, 2, 3]))
   t.assign(5.0)
   np.testing.assert_array_equal(t.numpy(), [5, 5, 5])
+
+
+def test_repeated_layers_build_each_kernel_once():
+  """A chain of identical blocks on different weights: one schedule, but each distinct kernel is indexed once (the
+  kernel cache renames buffers and user constants), and every block still reads its own weights."""
+  from plugrad.schedule import kernelize
+  rng = np.random.default_rng(1)
+  ws = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(6)]
+  x0 = rng.standard_normal((2, 8)).astype(np.float32)
+  x, ref = Tensor(x0), x0
+  for w in ws:
+    x = ((x @ Tensor(w)).relu() + Tensor.full((2, 8), 0.5)).contiguous()
+    ref = np.maximum(ref @ w, 0) + 0.5
+  before = len(kernelize._KERNEL_CACHE)
+  kernels = [it for it in x.schedule() if it.ast.op is Ops.SINK]
+  assert len(kernels) == 6 and len(kernelize._KERNEL_CACHE) - before <= 2   # the first block and the rest
+  np.testing.assert_allclose(x.numpy(), ref, rtol=1e-4, atol=1e-4)

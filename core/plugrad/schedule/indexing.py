@@ -93,8 +93,10 @@ def _reshape_groups(new: tuple, old: tuple) -> list[tuple[range, range]] | None:
   while i < len(new) and j < len(old):
     i0, j0, pn, po, rn, ro = i, j, _monomial(new[i]), _monomial(old[j]), new[i], old[j]
     i, j = i + 1, j + 1
-    while pn != po and not _same(rn, ro):
-      if (grow_new := _smaller(pn, po)) is None: return None
+    while pn != po:
+      if (grow_new := _smaller(pn, po)) is None:
+        if _same(rn, ro): break   # equal sizes written differently (e.g. start+T vs T+start)
+        return None
       if grow_new and i < len(new): pn, rn, i = _mono_mul(pn, _monomial(new[i])), rn * new[i], i + 1
       elif not grow_new and j < len(old): po, ro, j = _mono_mul(po, _monomial(old[j])), ro * old[j], j + 1
       else: return None

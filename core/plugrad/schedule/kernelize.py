@@ -128,7 +128,28 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
   return realize - skip
 
 
+_KERNEL_CACHE: dict[UOp, tuple[UOp, list[UOp]]] = {}   # kernel inputs with canonical PARAMs -> (AST, canonical bufs)
+
+
 def _kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UOp | None = None) -> UOp:
+  """`_build_kernel_ast`, cached by structure: the PARAM placeholders are renamed in order of first appearance, so
+  the repeated layers of a model (same graph, other buffers) are indexed and simplified once."""
+  parts = (value, out) if store_target is None else (value, out, store_target)
+  topo = UOp.sink_of(*parts).toposort()
+  params = [n for n in topo if n.op is Ops.PARAM]
+  canon = {p: UOp(Ops.PARAM, p.dtype, arg=("k", i, *p.arg[2:])) for i, p in enumerate(params)}
+  uniques = [n for n in topo if n.op is Ops.UNIQUE and isinstance(n.arg, tuple) and n.arg[0] == "const"]  # user constants: never in the AST
+  key = UOp.sink_of(*parts).substitute(canon | {u: UOp(Ops.UNIQUE, u.dtype, arg=("k", i)) for i, u in enumerate(uniques)})
+  if (hit := _KERNEL_CACHE.get(key)) is None:
+    kctx = KernelContext()
+    hit = _KERNEL_CACHE[key] = (_build_kernel_ast(*key.src[:2], kctx, key.src[2] if len(key.src) > 2 else None), kctx.bufs)
+    if len(_KERNEL_CACHE) > 8192: _KERNEL_CACHE.pop(next(iter(_KERNEL_CACHE)))
+  inv = {c: p for p, c in canon.items()}
+  ctx.bufs[:] = [inv[b] if b in inv else b.substitute(inv) if b.src else b for b in hit[1]]
+  return hit[0]
+
+
+def _build_kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UOp | None = None) -> UOp:
   """SINK(STORE(out[idx], value[idx])) over ranges of value's shape, with indexing pushed to loads and simplified."""
   shape = value.shape
   idxs = tuple(UOp.const(dtypes.index, 0) if s == 1 else ctx.new_range(s, "global") for s in shape)
