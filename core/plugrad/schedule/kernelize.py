@@ -123,7 +123,8 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
       if n.src[1].op is Ops.COPY: skip.add(n.src[1])
       if not is_buffer_view(v) or contiguous_range(v)[2] is not v: realize.add(v)
     if n.op is Ops.EXPAND:  # reductions broadcast by this expand must be computed once, into a buffer
-      for x in n.src[0].toposort(gate=lambda y: y.op is not Ops.REDUCE_AXIS and not is_buffer_view(y)):
+      # (not through nodes realized anyway: a contiguous() after a matmul keeps the matmul's epilogue in its kernel)
+      for x in n.src[0].toposort(gate=lambda y: y.op not in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and not is_buffer_view(y)):
         if x.op is Ops.REDUCE_AXIS: realize.add(x)
   return realize - skip
 
