@@ -31,7 +31,7 @@ PROGRAMS = [
   ("reduce then elementwise", lambda a, b, c: a.sum(axis=1) * 2 + 1, lambda a, b, c: a.sum(axis=1) * 2 + 1, 1),
   ("two full reduces added", lambda a, b, c: a.sum() + b.sum(), lambda a, b, c: a.sum() + b.sum(), 2),
   ("softmax last axis", lambda a, b, c: _softmax(a), lambda a, b, c: _np_softmax(a), 3),
-  ("matmul epilogue before contiguous, twice", lambda a, b, c: ((a.T @ b).relu().contiguous() @ (b.T * 2)).relu().contiguous() + 1,
+  ("matmul epilogue before contiguous, twice", lambda a, b, c: ((a.T @ b).relu().contiguous() @ (b.T * 2)).relu() + 1,
    lambda a, b, c: np.maximum(np.maximum(a.T @ b, 0) @ (b.T * 2), 0) + 1, 2),
   ("pad flip shrink fused", lambda a, b, c: a._pad(((1, 1), (0, 2))).flip(1).shrink(((0, 5), (1, 6))) * 3,
    lambda a, b, c: np.pad(a, ((1, 1), (0, 2)))[:, ::-1][0:5, 1:6] * 3, 1),
