@@ -98,3 +98,16 @@ def test_device_copy_values():
   back = (Tensor(B, device="PYTHON").sum(axis=0)).to("CPU")
   assert back.device == "CPU"
   assert_close(back.numpy(), B.sum(axis=0))
+
+
+def test_reduce_read_by_two_kernels_is_computed_once():
+  """Scores read by the softmax's max and sum kernels and by its normalize kernel: the matmul runs in one kernel,
+  not in each of its readers (a contiguous() after the softmax used to hide this from the scheduler)."""
+  q, k = rand_np((4, 8), seed=5), rand_np((6, 8), seed=6)
+  p = _softmax(Tensor(q, device="NULL") @ Tensor(k, device="NULL").T).contiguous() @ Tensor(k, device="NULL")
+  asts = [it.ast for it in p.schedule() if it.ast.op is Ops.SINK]
+  # the 8-long dot products of the scores appear in exactly one kernel
+  with_dot = [a for a in asts if any(n.op is Ops.REDUCE and n.src[1].src[0].op is Ops.CONST and n.src[1].src[0].arg == 8 for n in a.toposort())]
+  assert len(with_dot) == 1, f"scores computed in {len(with_dot)} kernels"
+  ref = np.exp(q @ k.T - (q @ k.T).max(-1, keepdims=True))
+  assert_close(_softmax(Tensor(q) @ Tensor(k).T).contiguous().__matmul__(Tensor(k)).numpy(), (ref / ref.sum(-1, keepdims=True)) @ k)

@@ -126,7 +126,21 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
       # (not through nodes realized anyway: a contiguous() after a matmul keeps the matmul's epilogue in its kernel)
       for x in n.src[0].toposort(gate=lambda y: y.op not in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and not is_buffer_view(y)):
         if x.op is Ops.REDUCE_AXIS: realize.add(x)
-  return realize - skip
+  return _shared_reduces(realize) - skip
+
+
+def _shared_reduces(realize: set[UOp]) -> set[UOp]:
+  """`realize` plus every reduction that two kernels would otherwise both recompute (e.g. attention scores read by
+  the softmax's max, sum and normalize kernels), until no kernel shares one."""
+  while True:
+    owner: dict[UOp, UOp] = {}
+    shared: set[UOp] = set()
+    for root in realize:
+      if root.op is Ops.COPY: continue
+      for x in root.toposort(gate=lambda y, root=root: y is root or (y not in realize and not is_buffer_view(y))):
+        if x.op is Ops.REDUCE_AXIS and x not in realize and owner.setdefault(x, root) is not root: shared.add(x)
+    if not shared: return realize
+    realize = realize | shared
 
 
 _KERNEL_CACHE: dict[UOp, tuple[UOp, list[UOp]]] = {}   # kernel inputs with canonical PARAMs -> (AST, canonical bufs)

@@ -106,6 +106,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   B, T, H, D = x.shape
   half = D // 2
   sign = Tensor([-1.0, 1.0])
+  x = x.contiguous()   # read twice below (direct and flipped): don't let the projection producing x run twice
   if neox:
     xp, c, s, sign = x.reshape(B, T, H, 2, half), cos.reshape(1, T, 1, 1, half), sin.reshape(1, T, 1, 1, half), sign.reshape(2, 1)
   else:
