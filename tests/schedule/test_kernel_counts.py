@@ -111,3 +111,18 @@ def test_reduce_read_by_two_kernels_is_computed_once():
   assert len(with_dot) == 1, f"scores computed in {len(with_dot)} kernels"
   ref = np.exp(q @ k.T - (q @ k.T).max(-1, keepdims=True))
   assert_close(_softmax(Tensor(q) @ Tensor(k).T).contiguous().__matmul__(Tensor(k)).numpy(), (ref / ref.sum(-1, keepdims=True)) @ k)
+
+
+def test_activation_between_matmuls_is_computed_once():
+  """(x @ w1).silu() @ w2: the silu is realized with the first matmul (one kernel) instead of being recomputed inside
+  the second matmul once per output column; a per-row rms scale stays fused (it is cheap and hoisted)."""
+  x, w1, w2 = rand_np((4, 8), seed=7), rand_np((8, 16), seed=8), rand_np((16, 8), seed=9)
+  def mlp(dev):
+    return (Tensor(x, device=dev) @ Tensor(w1, device=dev)).silu() @ Tensor(w2, device=dev)
+  asts = [it.ast for it in mlp("NULL").schedule() if it.ast.op is Ops.SINK]
+  assert len(asts) == 2
+  assert sum(n.op is Ops.EXP2 for a in asts for n in a.toposort()) == 1 and not any(n.op is Ops.EXP2 for n in asts[1].toposort())
+  h = x @ w1
+  assert_close(mlp(None).numpy(), (h / (1 + np.exp(-h))) @ w2, rtol=1e-4, atol=1e-4)
+  rms = Tensor(x, device="NULL") * ((Tensor(x, device="NULL") ** 2).mean(-1, keepdim=True) + 1e-5).rsqrt()
+  assert len([it for it in (rms @ Tensor(w1, device="NULL")).schedule() if it.ast.op is Ops.SINK]) == 2   # mean, matmul

@@ -122,11 +122,40 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
     if (v := _storage_assign_source(n)) is not None:
       if n.src[1].op is Ops.COPY: skip.add(n.src[1])
       if not is_buffer_view(v) or contiguous_range(v)[2] is not v: realize.add(v)
+  realize = _expensive_broadcasts(nodes, realize)
+  for n in nodes:
     if n.op is Ops.EXPAND:  # reductions broadcast by this expand must be computed once, into a buffer
       # (not through nodes realized anyway: a contiguous() after a matmul keeps the matmul's epilogue in its kernel)
-      for x in n.src[0].toposort(gate=lambda y: y.op not in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and not is_buffer_view(y)):
+      for x in n.src[0].toposort(gate=lambda y: y.op is not Ops.REDUCE_AXIS and y not in realize and not is_buffer_view(y)):
         if x.op is Ops.REDUCE_AXIS: realize.add(x)
   return _shared_reduces(realize) - skip
+
+
+_EXPENSIVE = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD}
+
+
+def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
+  """`realize` plus the sources of broadcasts that a reduction reads, when they compute something expensive (e.g. the
+  activation between two matmuls, `(x @ w1).silu() @ w2`): fused, it would be recomputed once per output column."""
+  def below(u: UOp, stop: tuple = ()) -> dict[UOp, None]:
+    return u.toposort(gate=lambda y: y is u or (y not in realize and y.op is not Ops.REDUCE_AXIS and y.op not in stop and not is_buffer_view(y)))
+  out = set(realize)
+  for r in nodes:
+    if r.op is not Ops.REDUCE_AXIS: continue
+    for e in below(r.src[0], stop=(Ops.EXPAND,)):   # the operands' broadcasts (not broadcasts nested inside them)
+      if e.op is not Ops.EXPAND or e in realize: continue
+      src = e.src[0]
+      while src.op in GroupOp.Movement and src not in realize and not is_buffer_view(src): src = src.src[0]
+      if src in realize or is_buffer_view(src) or src.op is Ops.REDUCE_AXIS: continue
+      # only ops at src's full size count: a per-row scale like rms_norm's rsqrt is broadcast inside src and cheap
+      if any(x.op in _EXPENSIVE and _same_size(x.shape, src.shape) for x in below(src)): out.add(src)
+  return out
+
+
+def _same_size(a: tuple, b: tuple) -> bool:
+  na, nb = prod(a), prod(b)
+  if isinstance(na, int) and isinstance(nb, int): return na == nb
+  return na is nb or ssimplify(na - nb) == 0
 
 
 def _shared_reduces(realize: set[UOp]) -> set[UOp]:
