@@ -174,6 +174,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return self.shape[0]
   def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype!r} on {self.device}{' realized' if is_buffer_view(self.uop) else ''}>"
   def __hash__(self) -> int: return id(self)
+  def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails: Tensor methods that plugins add
+    if name.startswith("_") or hasattr(type(self), name): return object.__getattribute__(self, name)  # the real error
+    from plugrad.plugins.loader import tensor_method
+    return tensor_method(self, name)
 
   # ***** realization *****
   def schedule(self, *others: Tensor):
@@ -228,7 +232,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if self.dtype.np is None: return self.cast(dtypes.float32).numpy()
     if prod(shape) == 0: return np.zeros(shape, self.dtype.np)
     buf, _ = self._host_view()
-    return buf.numpy()[:prod(shape)].reshape(shape).copy()
+    out = np.empty(shape, self.dtype.np)
+    if buf.nbytes == out.nbytes: buf.copyout(out)  # one copy, into memory nobody zeroed first
+    else: out[...] = buf.numpy()[:prod(shape)].reshape(shape)
+    return out
 
   def tolist(self) -> Any: return self.numpy().tolist()
   def data(self) -> memoryview:

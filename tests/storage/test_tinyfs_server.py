@@ -46,6 +46,14 @@ def test_round_trip_one_chunk(server):
   assert back.shape == (x.nbytes,) and back.numpy().tobytes() == x.tobytes()
   assert fs_load(fs_store(Tensor(np.zeros(0, np.float32))), 0).shape == (0,)
 
+def test_tensor_methods_round_trip(server):
+  x = np.random.default_rng(5).standard_normal(CHUNK_SIZE // 4 + 300).astype(np.float32)  # two chunks, the last one short
+  h = Tensor(x).fs_store()  # added to Tensor by this plugin's plugrad_tensor_methods hook
+  assert h.shape == (16,) and h.dtype == dtypes.uint8 and h.numpy().tobytes() == root_hash_ref(x.tobytes())
+  back = h.fs_load(x.nbytes)
+  assert back.shape == (x.nbytes,) and np.array_equal(back.numpy().view(np.float32), x)
+  assert Tensor(x[::-1].copy()).fs_store().numpy().tobytes() != h.numpy().tobytes()
+
 def test_round_trip_two_chunks_same_hash(server):
   d = rand_bytes(CHUNK_SIZE + 1024, 1)
   h1 = fs_store(Tensor(d)).numpy().tobytes()

@@ -4,13 +4,16 @@ Environment: PLUGRAD_PLUGINS_AUTOLOAD=0 loads no external plugins (core built-in
 PLUGRAD_DISABLE_PLUGINS=nv,amd skips plugins by entry-point or distribution name;
 PLUGRAD_STRICT_PLUGINS=1 turns a broken plugin from a warning into a PluginError.
 Loading happens once per process, on first use of `Device` (not at `import plugrad`).
+Plugins may also add Tensor methods (hook plugrad_tensor_methods): `tensor_method` resolves them for `Tensor.__getattr__`.
 """
 from __future__ import annotations
+import importlib
 import threading
+import types
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 import pluggy
 from plugrad.helpers import getenv, getenv_list
 from plugrad.plugins import builtin, hookspecs
@@ -59,6 +62,38 @@ class DeviceEntry:
         self._avail = Availability.no(f"probe raised {type(e).__name__}: {e}")
     return self._avail
 
+@dataclass
+class TensorMethod:
+  """A Tensor method a plugin adds: its function (or "module:attr", imported on first use) and where it came from."""
+  name: str
+  target: Any
+  dist: DistInfo
+  clash: list[DistInfo] = field(default_factory=list)  # other distributions offering the same name
+
+  def function(self) -> Callable[..., Any]:
+    if self.clash:
+      ds = [self.dist, *self.clash]
+      raise PluginError(f"Tensor.{self.name} is offered by " + " and ".join(f"{d.name} {d.version}" for d in ds) + ": disable one with "
+                        + " or ".join(f"PLUGRAD_DISABLE_PLUGINS={_norm(d.name).removeprefix('plugrad-')}" for d in ds))
+    if isinstance(self.target, str):
+      mod, _, attr = self.target.partition(":")
+      try: self.target = getattr(importlib.import_module(mod), attr)
+      except Exception as e:
+        raise PluginError(f"Tensor.{self.name} from {self.dist.name} {self.dist.version}: can't load {self.target!r}: {type(e).__name__}: {e}") from e
+    return self.target
+
+def _check_methods(offered: Any) -> dict[str, Any]:
+  """Validate a plugrad_tensor_methods() result: public names Tensor doesn't define, functions or "module:attr" strings."""
+  from plugrad.tensor import Tensor
+  if not isinstance(offered, dict): raise TypeError(f"plugrad_tensor_methods() must return a dict of name -> function, got {offered!r}")
+  for name, fn in offered.items():
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+      raise ValueError(f"Tensor method name {name!r} must be a public identifier (no leading underscore)")
+    if hasattr(Tensor, name): raise ValueError(f"Tensor method {name!r} would shadow Tensor.{name}, which Tensor defines itself")
+    if not (callable(fn) or (isinstance(fn, str) and fn.count(":") == 1)):
+      raise TypeError(f"Tensor method {name!r} must be a function or a 'module:attr' string, got {fn!r}")
+  return offered
+
 def _norm(name: str) -> str: return name.lower().replace("_", "-")
 
 def _core_version() -> str:
@@ -83,6 +118,8 @@ class PluginRegistry:
     self.devices: dict[str, DeviceEntry] = {}
     self._plugin_dist: dict[str, DistInfo] = {}
     self.strict = getenv("PLUGRAD_STRICT_PLUGINS", False)
+    self.autoload = True
+    self._methods: dict[str, TensorMethod] | None = None
 
   @classmethod
   def load(cls, entry_points: Iterable[EntryPointLike] | None = None) -> PluginRegistry:
@@ -90,7 +127,8 @@ class PluginRegistry:
     self = cls()
     core = self._dist("plugrad", _core_version())
     self._register(builtin, "plugrad:builtin", core, "builtin")
-    if getenv("PLUGRAD_PLUGINS_AUTOLOAD", True):
+    self.autoload = bool(getenv("PLUGRAD_PLUGINS_AUTOLOAD", True))
+    if self.autoload:
       eps = metadata.entry_points(group="plugrad.plugins") if entry_points is None else entry_points
       self._load_entry_points(eps)
     self._collect_devices()
@@ -165,6 +203,36 @@ class PluginRegistry:
     """Devices, highest priority first (ties by name)."""
     return sorted(self.devices.values(), key=lambda e: (-e.spec.priority, e.name))
 
+  def tensor_methods(self) -> dict[str, TensorMethod]:
+    """The Tensor methods plugins add (hook plugrad_tensor_methods), collected on first call. A plugin whose hook raises or
+    returns something invalid is skipped like a broken device hook; a name two plugins offer raises when it is used."""
+    with _lock:
+      if self._methods is not None: return self._methods
+      methods: dict[str, TensorMethod] = {}
+      for impl in self.pm.hook.plugrad_tensor_methods.get_hookimpls():
+        dist = self._plugin_dist[impl.plugin_name]
+        try: offered = _check_methods(impl.function())
+        except Exception as e:
+          self._fail(dist, "return its Tensor methods (hook plugrad_tensor_methods)", e)
+          continue
+        for name, target in offered.items():
+          if name in methods: methods[name].clash.append(dist)
+          else: methods[name] = TensorMethod(name, target, dist)
+      self._methods = methods
+      return methods
+
+  def missing_method_hint(self, name: str) -> str:
+    """Why no plugin offers Tensor method `name`, and which distribution would (for the ones this project knows)."""
+    want = hookspecs.KNOWN_TENSOR_METHODS.get(name)
+    if want is None: return " (and no loaded plugin adds a Tensor method of that name)"
+    d = self.dists.get(_norm(want))
+    if d is None and not self.autoload: why = "but plugin autoloading is off (PLUGRAD_PLUGINS_AUTOLOAD=0)"
+    elif d is None: why = f"which is not installed (pip install {want})"
+    elif d.status == "disabled": why = "which is disabled by PLUGRAD_DISABLE_PLUGINS"
+    elif d.status == "failed": why = f"which failed to load: {d.error}"
+    else: why = f"but {d.name} {d.version} does not offer it (upgrade it: pip install -U {want})"
+    return f"; Tensor.{name} is provided by the plugin {want}, {why}"
+
   def plugin_dists(self) -> list[DistInfo]:
     """Distributions that registered or tried to register plugins, core first."""
     return sorted(self.dists.values(), key=lambda d: (d.name != "plugrad", _norm(d.name)))
@@ -178,6 +246,13 @@ def get_registry() -> PluginRegistry:
   with _lock:
     if _registry is None: _registry = PluginRegistry.load()
     return _registry
+
+def tensor_method(obj: Any, name: str) -> Any:
+  """`obj.name` for a Tensor method a plugin adds, bound to `obj`; otherwise AttributeError saying which plugin would add it."""
+  reg = get_registry()
+  m = reg.tensor_methods().get(name)
+  if m is not None: return types.MethodType(m.function(), obj)
+  raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}{reg.missing_method_hint(name)}", name=name, obj=obj)
 
 def set_registry(reg: PluginRegistry | None) -> None:
   """Replace (or with None, forget) the process-wide registry; used by tests and tools. Also drops cached devices."""

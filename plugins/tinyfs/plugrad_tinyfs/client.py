@@ -3,7 +3,8 @@ and returns the 16-byte root hash as a uint8 tensor; `fs_load(root, size)` fetch
 
 Hashes are computed on the host with the hashlib reference (plugrad_tinyfs.hashing). The server recomputes the hash of
 every blob it stores and the client checks it, and on load the client checks every node and chunk against the hash it was
-asked for, so a corrupted or substituted blob raises TinyFSError instead of returning wrong bytes.
+asked for, so a corrupted or substituted blob raises TinyFSError instead of returning wrong bytes. Chunk requests are
+pipelined one deep: the client hashes chunk i while the server hashes (store) or reads and sends (load) its neighbour.
 """
 from __future__ import annotations
 import os
@@ -49,14 +50,28 @@ class Connection:
 
   def store(self, blob: bytes) -> bytes:
     """Store a chunk or node; returns the hash the server computed."""
+    self.send_store(blob)
+    return self.recv_store()
+
+  def send_store(self, blob: bytes) -> None:
+    """The STORE request alone (its reply is read by `recv_store`, in request order)."""
     if len(blob) not in BLOB_SIZES: raise ValueError(f"tinyfs blobs are {BLOB_SIZES} bytes, got {len(blob)}")
-    self._send(STORE + U32.pack(len(blob)) + blob)
+    self._send(STORE + U32.pack(len(blob)))
+    self._send(blob)
+
+  def recv_store(self) -> bytes:
     self._status("STORE")
     return self._recv(HASH_SIZE, "STORE hash")
 
   def load(self, digest: bytes, size: int) -> bytes:
     """The blob stored under `digest`, which must be `size` bytes and hash to `digest`."""
-    self._send(LOAD + digest)
+    self.send_load(digest)
+    return self.recv_load(digest, size)
+
+  def send_load(self, digest: bytes) -> None: self._send(LOAD + digest)
+
+  def recv_load(self, digest: bytes, size: int) -> bytes:
+    """The reply to a LOAD of `digest` sent earlier, checked: `size` bytes that hash to `digest`."""
     self._status(f"LOAD {digest.hex()}")
     (n,) = U32.unpack(self._recv(4, "LOAD length"))
     if n != size: raise TinyFSError(f"tinyfs: blob {digest.hex()} on {self.name} has {n} bytes, expected {size}")
@@ -77,15 +92,24 @@ def _tensor_bytes(t: Any) -> bytes:
   if flat.dtype != dtypes.uint8: flat = flat.bitcast(dtypes.uint8).reshape(-1)
   return flat.numpy().tobytes()
 
+def _check_stored(c: Connection, want: bytes) -> None:
+  if (got := c.recv_store()) != want: raise TinyFSError(f"tinyfs: {c.name} hashed a blob to {got.hex()}, expected {want.hex()}")
+
 def store_bytes(data: bytes, conn: Connection | None = None) -> bytes:
   """Store `data` (chunks and every tree node); returns the 16-byte root hash."""
-  chunks = [data[i:i + CHUNK_SIZE].ljust(CHUNK_SIZE, b"\0") for i in range(0, max(len(data), 1), CHUNK_SIZE)]
-  levels = tree_levels([chunk_hash_ref(c) for c in chunks])
-  blobs = list(zip(chunks, levels[0]))
-  for lo, hi in zip(levels, levels[1:]): blobs += [(node_bytes(lo[i:i + FANOUT]), hi[i // FANOUT]) for i in range(0, len(lo), FANOUT)]
+  chunk_hashes: list[bytes] = []
   with (conn or Connection()) as c:
-    for blob, want in blobs:
-      if (got := c.store(blob)) != want: raise TinyFSError(f"tinyfs: {c.name} hashed a blob to {got.hex()}, expected {want.hex()}")
+    for i in range(0, max(len(data), 1), CHUNK_SIZE):
+      chunk = data[i:i + CHUNK_SIZE].ljust(CHUNK_SIZE, b"\0")
+      c.send_store(chunk)  # the server hashes and writes this chunk while we hash it here
+      if chunk_hashes: _check_stored(c, chunk_hashes[-1])  # the reply to the previous chunk
+      chunk_hashes.append(chunk_hash_ref(chunk))
+    _check_stored(c, chunk_hashes[-1])
+    levels = tree_levels(chunk_hashes)
+    for lo, hi in zip(levels, levels[1:]):
+      for i in range(0, len(lo), FANOUT):
+        c.send_store(node_bytes(lo[i:i + FANOUT]))
+        _check_stored(c, hi[i // FANOUT])
   return levels[-1][0]
 
 def level_sizes(size: int) -> list[int]:
@@ -108,7 +132,10 @@ def load_bytes(root: bytes, size: int, conn: Connection | None = None) -> bytes:
         kids += [node[j * HASH_SIZE:(j + 1) * HASH_SIZE] for j in range(k)]
       hashes = kids
     out = bytearray(len(hashes) * CHUNK_SIZE)
-    for i, dg in enumerate(hashes): out[i * CHUNK_SIZE:(i + 1) * CHUNK_SIZE] = c.load(dg, CHUNK_SIZE)
+    c.send_load(hashes[0])
+    for i, dg in enumerate(hashes):
+      if i + 1 < len(hashes): c.send_load(hashes[i + 1])  # the server reads and sends it while we check this one
+      out[i * CHUNK_SIZE:(i + 1) * CHUNK_SIZE] = c.recv_load(dg, CHUNK_SIZE)
   if any(out[size:]): raise TinyFSError(f"tinyfs: padding after byte {size} of {root.hex()} is not zero: wrong size?")
   return bytes(out[:size])
 

@@ -9,6 +9,7 @@ Levels of nodes are built over the chunk hashes until one node remains: the root
 """
 from __future__ import annotations
 import hashlib
+import threading
 import numpy as np
 from plugrad.uop.ops import Ops
 
@@ -17,6 +18,7 @@ PIECE_SIZE = 4096
 HASH_SIZE = 16
 FANOUT = PIECE_SIZE // HASH_SIZE  # 256 child hashes fill one 4096-byte node
 RATE = 168  # SHAKE-128 absorbs 168 bytes per permutation
+NBLK = -(-(PIECE_SIZE + 1) // RATE)  # 25 blocks of 168 bytes hold a padded 4096-byte message
 
 def h(m: bytes) -> bytes: return hashlib.shake_128(m).digest(HASH_SIZE)
 
@@ -40,6 +42,13 @@ def root_hash_ref(data: bytes) -> bytes:
   return tree_levels([chunk_hash_ref(c) for c in chunks])[-1][0]
 
 # ---------------------------------------------------------------------------- Keccak-f[1600] as Tensor ops
+# A batch of NB*W message states is one (NB, 5, 5, W) uint64 tensor [row, y, x, message]: lane x + 5y of message r*W + w
+# at [r, y, x, w]. The W states of a row sit side by side for every lane, so each kernel's inner loop runs over W
+# independent messages (the C compiler vectorizes it) and all lane index math (mod 5, the pi permutation) is invariant
+# in that loop. A round is two elementwise kernels: theta's column parities D (NB, 1, 5, W), then everything else.
+# One permutation (absorb + 24 rounds = 48 kernels) is captured once per (device, NB) with TinyJit and replayed.
+W = 64  # messages per row
+NB_MAX = 256  # rows per batch: 16384 messages (64 MiB of pieces); larger inputs run in batches of this size
 
 _RC = [0x0000000000000001, 0x0000000000008082, 0x800000000000808A, 0x8000000080008000, 0x000000000000808B, 0x0000000080000001,
        0x8000000080008081, 0x8000000000008009, 0x000000000000008A, 0x0000000000000088, 0x0000000080008009, 0x000000008000000A,
@@ -53,54 +62,101 @@ def _rho_offsets() -> list[int]:
   return r
 _ROT = _rho_offsets()
 
-# the lane ops call the ALU primitive directly: shapes and dtypes already match and shift amounts are in range
+# lane ops call the ALU primitive directly: shapes and dtypes already match (uint64) and shift amounts are in range
 def _xor(a, b): return a._alu(Ops.XOR, b)
-def _rotl(a, n: int): return a if n == 0 else a._alu(Ops.SHL, a._const_like(n))._alu(Ops.OR, a._alu(Ops.SHR, a._const_like(64 - n)))
+def _rotl(a, left, right): return a._alu(Ops.SHL, left)._alu(Ops.OR, a._alu(Ops.SHR, right))  # right = (64 - left) % 64
 
-def _round(state, rc):
-  """One Keccak-f[1600] round on a (B, 25) uint64 state tensor (lane x + 5y); `rc` is a (1,) uint64 tensor."""
+def _tile(t, axis: int, k: int):
+  """`t` repeated k times along `axis` (t[..., i % n, ...] for i < k*n): cyclic shifts become shrinks of it."""
+  sh = t.shape
+  return t.reshape(*sh[:axis], 1, *sh[axis:]).expand(*sh[:axis], k, *sh[axis:]).reshape(*sh[:axis], k * sh[axis], *sh[axis + 1:])
+
+def _theta_d(a):
+  """D[x] = C[x-1] ^ rotl(C[x+1], 1) with C[x] the xor of column x: shape (NB, 1, 5, W)."""
+  c = a[:, 0:1]
+  for y in range(1, 5): c = _xor(c, a[:, y:y + 1])
+  c2 = _tile(c, 2, 2)
+  return _xor(c2[:, :, 4:9], _rotl(c2[:, :, 1:6], c._const_like(1), c._const_like(63)))
+
+def _rho_pi_chi_iota(a, d, rot, back, rc):
+  """The rest of a round, given theta's D; `rot`/`back` hold the rho rotations, `rc` the round constant at lane 0."""
+  nb, w = a.shape[0], a.shape[3]
+  s = _xor(a, d.expand(a.shape))
+  s = _rotl(s, rot.expand(a.shape), back.expand(a.shape))  # s[y, x]
+  # pi: out[Y, X] = s[X, (X + 3Y) % 5] = s[X, 3 * ((Y + 2X) % 5) % 5]: first v[X, j] = s[X, 3j % 5] (stride 3 in a 3x tile),
+  # then q[X, Y] = v[X, Y + 2X] (rows of a 3x tile read with a skew of 2: rows of 17 over rows of 15), transposed
+  v = _tile(s, 2, 3).reshape(nb, 5, 5, 3, w)[:, :, :, 0]
+  q = _tile(v, 2, 3).reshape(nb, 75, w).pad(((0, 0), (0, 10), (0, 0))).reshape(nb, 5, 17, w)[:, :, 0:5]
+  b = q.permute(0, 2, 1, 3)
+  b2 = _tile(b, 2, 2)  # chi: out[Y, X] = b[Y, X] ^ (~b[Y, X+1] & b[Y, X+2])
+  out = _xor(b, _xor(b2[:, :, 1:6], b._const_like(0xFFFFFFFFFFFFFFFF))._alu(Ops.AND, b2[:, :, 2:7]))
+  return _xor(out, rc.expand(a.shape))
+
+class _Keccak:
+  """Keccak-f[1600] on (NB, 5, 5, W) states on one device: constants uploaded once, one permutation captured by TinyJit."""
+  def __init__(self, device: str, nb: int):
+    from plugrad.engine.jit import TinyJit
+    from plugrad.tensor import Tensor
+    r = np.array(_ROT, np.uint64).reshape(1, 5, 5, 1)
+    self.rot, self.back = Tensor(r, device=device).realize(), Tensor((64 - r) % 64, device=device).realize()
+    rcs = np.zeros((24, 1, 5, 5, 1), np.uint64)
+    rcs[:, 0, 0, 0, 0] = _RC
+    self.rcs = [Tensor(rcs[i], device=device).realize() for i in range(24)]
+    self.device, self.nb, self.permute = device, nb, TinyJit(self._absorb_permute)
+
+  def _absorb_permute(self, state, block):
+    a = _xor(state, block)
+    for rc in self.rcs:  # .contiguous(): every round is its own two kernels, and the scheduler reuses their buffers
+      a = _rho_pi_chi_iota(a, _theta_d(a).contiguous(), self.rot, self.back, rc).contiguous()
+    return a
+
+_keccaks: dict[tuple[str, int], _Keccak] = {}
+_lock = threading.Lock()  # a TinyJit replays into the same output buffers: one batch at a time
+
+def _blocks(msgs: np.ndarray, nb: int) -> np.ndarray:
+  """The padded SHAKE-128 blocks of (n <= nb*W, 4096) uint8 messages as (NBLK, nb, 5, 5, W) uint64 in the state layout."""
+  if msgs.shape[0] < nb * W: msgs = np.concatenate([msgs, np.zeros((nb * W - msgs.shape[0], PIECE_SIZE), np.uint8)])
+  m = np.ascontiguousarray(msgs).view("<u8")  # (nb*W, 512) lanes; block k holds lanes 21k .. 21k+20
+  out = np.zeros((NBLK, nb, 25, W), np.uint64)
+  out[:NBLK - 1, :, :RATE // 8] = m[:, :(NBLK - 1) * (RATE // 8)].reshape(nb, W, NBLK - 1, RATE // 8).transpose(2, 0, 3, 1)
+  tail = PIECE_SIZE // 8 - (NBLK - 1) * (RATE // 8)  # 8 message lanes in the last block, then the SHAKE padding
+  out[-1, :, :tail] = m[:, (NBLK - 1) * (RATE // 8):].reshape(nb, W, tail).transpose(0, 2, 1)
+  out[-1, :, tail] = 0x1F
+  out[-1, :, RATE // 8 - 1] = 0x80 << 56
+  return out.reshape(NBLK, nb, 5, 5, W)
+
+def _shake_batch(msgs: np.ndarray, device: str | None) -> np.ndarray:
+  from plugrad.device import Device, canonicalize
   from plugrad.tensor import Tensor
-  B = state.shape[0]
-  a = [state.shrink(((0, B), (i, i + 1))) for i in range(25)]
-  c = [_xor(_xor(_xor(_xor(a[x], a[x + 5]), a[x + 10]), a[x + 15]), a[x + 20]) for x in range(5)]
-  d = [_xor(c[(x - 1) % 5], _rotl(c[(x + 1) % 5], 1)) for x in range(5)]
-  a = [_xor(a[i], d[i % 5]) for i in range(25)]
-  b: list = [None] * 25
-  for x in range(5):
-    for y in range(5): b[y + 5 * ((2 * x + 3 * y) % 5)] = _rotl(a[x + 5 * y], _ROT[x + 5 * y])
-  ones = a[0]._const_like(0xFFFFFFFFFFFFFFFF)
-  out = [_xor(b[x + 5 * y], _xor(b[(x + 1) % 5 + 5 * y], ones)._alu(Ops.AND, b[(x + 2) % 5 + 5 * y])) for y in range(5) for x in range(5)]
-  out[0] = _xor(out[0], rc.reshape(1, 1).expand(B, 1))
-  return Tensor.cat(*out, dim=1)
+  device = canonicalize(device if device is not None else Device.DEFAULT)
+  n = msgs.shape[0]
+  nb = 1 << max(-(-n // W) - 1, 0).bit_length()  # rows rounded up to a power of two: few distinct kernel shapes
+  blocks = _blocks(msgs, nb)
+  with _lock:
+    k = _keccaks.get((device, nb)) or _keccaks.setdefault((device, nb), _Keccak(device, nb))
+    state = Tensor(np.zeros((nb, 5, 5, W), np.uint64), device=device)
+    for blk in blocks: state = k.permute(state, Tensor(blk, device=device)).realize()  # (JIT=0 returns it lazy)
+    st = state.numpy()
+  return np.ascontiguousarray(st[:, 0, 0:2, :].transpose(0, 2, 1)).reshape(nb * W, 2)[:n].view(np.uint8)
 
 def shake128_4096(msgs: np.ndarray, device: str | None = None) -> np.ndarray:
-  """16-byte SHAKE-128 digests of B messages of 4096 bytes (uint8 (B, 4096)), computed on `device` with Tensor ops."""
-  from plugrad.dtype import dtypes
-  from plugrad.tensor import Tensor
-  B = msgs.shape[0]
-  nblk = -(-(PIECE_SIZE + 1) // RATE)
-  padded = np.zeros((B, nblk * RATE), np.uint8)
-  padded[:, :PIECE_SIZE] = msgs
-  padded[:, PIECE_SIZE] ^= 0x1F
-  padded[:, -1] ^= 0x80
-  lanes = padded.view("<u8").reshape(B, nblk, RATE // 8)
-  state = Tensor(np.zeros((B, 25), np.uint64), device=device)
-  rcs = [Tensor(np.array([rc], np.uint64), device=device) for rc in _RC]
-  for k in range(nblk):  # every block is its own input buffer, so all absorbs share one compiled kernel (as do the rounds)
-    blk = Tensor(np.ascontiguousarray(np.pad(lanes[:, k], ((0, 0), (0, 25 - RATE // 8)))), device=device)
-    state = (state ^ blk).realize()
-    for r in range(24): state = _round(state, rcs[r]).realize()
-  out = state.shrink(((0, B), (0, 2))).contiguous().realize().bitcast(dtypes.uint8)
-  return out.numpy().reshape(B, HASH_SIZE)
+  """16-byte SHAKE-128 digests of B messages of 4096 bytes (uint8 (B, 4096)), computed on `device` with Tensor ops,
+  in batches of up to NB_MAX*W messages."""
+  if msgs.ndim != 2 or msgs.shape[1] != PIECE_SIZE or msgs.dtype != np.uint8:
+    raise ValueError(f"shake128_4096 needs uint8 messages of shape (B, {PIECE_SIZE}), got {msgs.dtype} {msgs.shape}")
+  out = np.empty((msgs.shape[0], HASH_SIZE), np.uint8)
+  for i in range(0, msgs.shape[0], NB_MAX * W): out[i:i + NB_MAX * W] = _shake_batch(msgs[i:i + NB_MAX * W], device)
+  return out
 
-def root_hash_device(data: bytes, device: str | None = None) -> tuple[bytes, list[list[bytes]]]:
-  """(root, levels) like `tree_levels`, every SHAKE-128 computed on `device` (pieces of all chunks in one batch)."""
-  n_chunks = max(-(-len(data) // CHUNK_SIZE), 1)
+def root_hash_device(data: bytes | np.ndarray, device: str | None = None) -> tuple[bytes, list[list[bytes]]]:
+  """(root, levels) like `tree_levels`, every SHAKE-128 computed on `device`: one batched pass over all pieces (in
+  batches of 64 MiB), one over all chunk hashes, one per tree level."""
+  raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+  n_chunks = max(-(-raw.size // CHUNK_SIZE), 1)
   buf = np.zeros(n_chunks * CHUNK_SIZE, np.uint8)
-  buf[:len(data)] = np.frombuffer(data, np.uint8)
+  buf[:raw.size] = raw
   piece_h = shake128_4096(buf.reshape(-1, PIECE_SIZE), device).reshape(n_chunks, PIECE_SIZE)  # 256 hashes per chunk
-  level = [bytes(x) for x in shake128_4096(piece_h, device)]
-  levels = [level]
+  levels = [[bytes(x) for x in shake128_4096(piece_h, device)]]
   while len(levels) == 1 or len(levels[-1]) > 1:
     cur = levels[-1]
     nodes = np.stack([np.frombuffer(node_bytes(cur[i:i + FANOUT]), np.uint8) for i in range(0, len(cur), FANOUT)])
