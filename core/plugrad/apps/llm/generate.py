@@ -91,8 +91,8 @@ class Generator:
   def _prefill(self, T: Any, start: Any, last: Any, keys: Any) -> Tensor:
     m = PREFILL_MULTIPLE
     return self.model.forward(self.inp[:, :T * m], start, last, keys * m).realize()
-  def _decode(self, start: Any) -> Tensor:
-    return self.model.forward(self.inp1, start).realize()
+  def _decode(self, start: Any, keys: Any) -> Tensor:
+    return self.model.forward(self.inp1, start, keys_len=keys * PREFILL_MULTIPLE).realize()
 
   @staticmethod
   def _write(t: Tensor, rows: np.ndarray) -> None:
@@ -111,7 +111,7 @@ class Generator:
     emb = self.model.embed(tokens)
     if n == 1:
       self._write(self.inp1, emb)
-      out = self.decode_jit(self.v_start.bind(start))
+      out = self.decode_jit(self.v_start.bind(start), self.v_keys.bind(-(-(start + 1) // PREFILL_MULTIPLE)))
     else:
       m = PREFILL_MULTIPLE
       padded = -(-n // m)

@@ -208,7 +208,8 @@ class Block:
     end = keys_len if keys_len is not None else T if isinstance(start, int) and start == 0 else start + T  # 0+T != T structurally
     keys = written(self.cache_k, start, T, k.transpose(2, 3), axis=3)[:, :, :, 0:end]
     values = written(self.cache_v, start, T, v)[:, :, 0:end]
-    mask = None if isinstance(T, int) and T == 1 else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
+    one = isinstance(T, int) and T == 1 and keys_len is None   # one token over exactly its keys: nothing to mask
+    mask = None if one else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
     out = attend(q, keys, values, mask)
     return linear(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), _t(self.wo))
 
