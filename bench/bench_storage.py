@@ -7,8 +7,10 @@
       vs the hashlib root hash alone (the client and the server each hash everything once on a store; a load verifies).
   (c) Keccak-f[1600] in Tensor ops (`root_hash_device`, the whole tinyfs tree on the default device) vs hashlib's
       `root_hash_ref` on the same bytes, and where the device time goes (host block layout, kernel replay, per kernel).
+  (d) Q4_K GEMV 8192x2048: gguf's dequantization fused into the one GEMV kernel (reads the quantized blocks), and the
+      LLM's repacked layout (scales decoded at load), in GB/s vs the read bandwidth (numpy / plugrad sums, same run).
 
-Run: .venv/bin/python bench/bench_storage.py [--gb 1.0] [--tinyfs-mib 64] [--keccak-mib 16 64] [--repeat 3] [--only a,b,c]
+Run: .venv/bin/python bench/bench_storage.py [--gb 1.0] [--tinyfs-mib 64] [--keccak-mib 16 64] [--repeat 3] [--only a,b,c,d]
 The last thing printed is one summary table.
 """
 from __future__ import annotations
@@ -78,6 +80,52 @@ def bench_safetensors(gb: float, repeat: int, tmp: str) -> list[tuple]:
     print(f"  {name:44s} best {nbytes / best / 1e9:6.2f} GB/s  median {nbytes / med / 1e9:6.2f} GB/s  ({best * 1e3:.0f} ms)")
     rows.append((f"safetensors {size / 1e9:.2f} GB load", name, f"{nbytes / best / 1e9:.2f} GB/s", "peer" if best == peer else f"{peer / best:.2f}x"))
   return rows
+
+
+def q4k_blocks(n_blocks: int, seed: int = 0) -> np.ndarray:
+  """Random valid Q4_K blocks (144 bytes per 256 weights): random quant and scale bits, finite float16 d and dmin."""
+  rng = np.random.default_rng(seed)
+  b = rng.integers(0, 256, (n_blocks, 144), dtype=np.uint8)
+  for off in (0, 2): b[:, off:off + 2] = rng.uniform(-2, 2, n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+  return b
+
+
+def bench_q4k_gemv(rows: int, cols: int, repeat: int) -> list[tuple]:
+  """y = W @ x with W Q4_K-quantized (rows, cols), dequantization fused into the one GEMV kernel, against the read
+  bandwidth of the same machine in the same run (numpy and plugrad summing 256 MiB)."""
+  from plugrad.engine.realize import GlobalCounters
+  from plugrad.nn.serialize import dequantize
+  blocks = q4k_blocks(rows * cols // 256, seed=7)
+  w = Tensor(blocks).realize()
+  x = Tensor(np.random.default_rng(1).standard_normal(cols).astype(np.float32)).realize()
+  def gemv(): return (dequantize(w, "Q4_K").reshape(rows, cols) @ x).realize()
+  from plugrad.apps.llm.model import repack   # the LLM's layout: scales decoded once at load, nibbles kept
+  wr = Tensor(repack(dequantize(w, "Q4_K").reshape(rows, cols).uop))
+  wr_bytes = rows * cols // 2 + rows * cols // 32 * 8
+  def gemv_repacked(): return (wr @ x).realize()
+  np.testing.assert_allclose(gemv_repacked().numpy(), gemv().numpy(), rtol=1e-3, atol=1e-2)
+  gemv()
+  k0 = GlobalCounters["kernels"]
+  gemv()
+  n_kernels = GlobalCounters["kernels"] - k0
+  big = np.ones(64 << 20, np.float32)
+  tbig = Tensor(big).realize()
+  t_gemv, t_rep, t_np, t_pg = [], [], [], []
+  for _ in range(max(repeat, 5)):   # interleaved with the bandwidth peers
+    t_gemv.append(timed(gemv)[0])
+    t_rep.append(timed(gemv_repacked)[0])
+    t_np.append(timed(big.sum)[0])
+    t_pg.append(timed(lambda: tbig.sum().realize())[0])
+  qbytes = blocks.nbytes + cols * 4 + rows * 4
+  gbs, np_bw, pg_bw = qbytes / min(t_gemv) / 1e9, big.nbytes / min(t_np) / 1e9, big.nbytes / min(t_pg) / 1e9
+  print(f"(d) Q4_K GEMV {rows}x{cols}: {n_kernels} kernel(s), {min(t_gemv) * 1e3:.2f} ms = {gbs:.2f} GB/s of quantized bytes "
+        f"({blocks.nbytes / 1e6:.1f} MB); read bandwidth: numpy sum {np_bw:.1f} GB/s, plugrad sum {pg_bw:.1f} GB/s")
+  rbs = (wr_bytes + cols * 4 + rows * 4) / min(t_rep) / 1e9
+  print(f"    LLM repacked layout (nibbles + float32 scale/min per 32): {min(t_rep) * 1e3:.2f} ms = {rbs:.2f} GB/s of the "
+        f"{wr_bytes / 1e6:.1f} MB it reads, {blocks.nbytes / min(t_rep) / 1e9:.2f} GB/s in Q4_K bytes")
+  return [(f"Q4_K GEMV {rows}x{cols}", "plugrad (dequant fused)", f"{gbs:.2f} GB/s", f"{gbs / max(np_bw, pg_bw):.2f}x of read bw"),
+          (f"Q4_K GEMV {rows}x{cols}", "plugrad (LLM repacked)", f"{rbs:.2f} GB/s", f"{rbs / max(np_bw, pg_bw):.2f}x of read bw"),
+          ("read bandwidth (256 MiB sum)", "numpy / plugrad", f"{np_bw:.1f} / {pg_bw:.1f} GB/s", "peer")]
 
 
 def start_server(root: str) -> tuple[subprocess.Popen, str]:
@@ -184,7 +232,7 @@ def main() -> None:
   ap.add_argument("--tinyfs-mib", type=int, default=64)
   ap.add_argument("--keccak-mib", type=int, nargs="+", default=[16, 64])
   ap.add_argument("--repeat", type=int, default=3)
-  ap.add_argument("--only", default="a,b,c", help="which parts: a (safetensors), b (tinyfs), c (keccak)")
+  ap.add_argument("--only", default="a,b,c,d", help="which parts: a (safetensors), b (tinyfs), c (keccak), d (Q4_K GEMV)")
   ap.add_argument("--dir", default=None, help="where the temporary files go (default: the system temp dir)")
   args = ap.parse_args()
   parts = set(args.only.split(","))
@@ -193,6 +241,7 @@ def main() -> None:
     if "a" in parts: rows += bench_safetensors(args.gb, args.repeat, tmp)
     if "b" in parts: rows += bench_tinyfs(args.tinyfs_mib, args.repeat, tmp)
   if "c" in parts: rows += bench_keccak(args.keccak_mib, args.repeat)
+  if "d" in parts: rows += bench_q4k_gemv(8192, 2048, args.repeat)
   w = [max(len(str(r[i])) for r in rows + [("what", "who", "throughput", "vs peer")]) for i in range(4)]
   print("\n" + " | ".join(h.ljust(x) for h, x in zip(("what", "who", "throughput", "vs peer"), w)))
   print("-|-".join("-" * x for x in w))

@@ -1,7 +1,8 @@
 """Generation: KV-cache reuse across turns, symbolic prefill, JIT decode, sampling, stop conditions.
 
 `Generator` runs a `Transformer` over token ids. The new part of a prompt is prefilled in one pass through kernels
-compiled once for a symbolic length (2..max_context, padded up to a multiple of PREFILL_MULTIPLE) and start position; single tokens are decoded under TinyJit
+compiled once for a symbolic length (2..max_context, padded up to a multiple of PREFILL_MULTIPLE) and start position;
+single tokens are decoded under TinyJit
 with a symbolic start position. The tokens whose keys/values sit in the cache are remembered, so a follow-up prompt
 that extends them only prefills its new tokens; a prompt that diverges rewrites the cache from the first difference.
 `LLM` adds the tokenizer, chat template, streaming detokenization and stop strings on top.
@@ -116,7 +117,8 @@ class Generator:
       m = PREFILL_MULTIPLE
       padded = -(-n // m)
       self._write(self.inp, np.concatenate([emb, np.zeros((padded * m - n, emb.shape[1]), np.float32)]))
-      out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1), self.v_keys.bind(-(-(start + padded * m) // m)))
+      keys = -(-(start + padded * m) // m)
+      out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1), self.v_keys.bind(keys))
     self.cached = self.cached[:start] + list(tokens)
     return out.numpy()[0]
 

@@ -136,33 +136,50 @@ def written(cache: Tensor, start: sint, T: sint, x: Tensor, axis: int = 2) -> Te
   return Tensor(UOp(Ops.AFTER, cache.dtype, (cache.uop, w.uop)))
 
 
-def _blocks_of(u: UOp) -> tuple[UOp, int] | None:
-  """The realized uint8 buffer of 32-element blocks a dequantized weight is computed from (if it is its only buffer)
-  and the bytes per block."""
-  bases = {buffer_of(n) for n in u.toposort(gate=lambda x: not is_buffer_view(x)) if is_buffer_view(n)}
+def _blocks_of(u: UOp) -> tuple[UOp, int, int] | None:
+  """(the realized uint8 buffer a dequantized weight is computed from, elements per block, bytes per block), when that
+  buffer is its only one; the block geometry is read from the (blocks, bytes) uint8 view the dequantization indexes."""
+  topo = u.toposort(gate=lambda x: not is_buffer_view(x))
+  bases = {buffer_of(n) for n in topo if is_buffer_view(n)}
   if len(bases) != 1 or (b := bases.pop()).dtype != dtypes.uint8 or u.dtype != dtypes.float32: return None
-  n, size = math.prod(u.shape) // 32, b.shape[0] if len(b.shape) == 1 else 0
-  return (b, size // n) if n and size and size % n == 0 else None
+  total = math.prod(u.shape)
+  for n in u.toposort():   # (views of views of the buffer too)
+    if n.dtype == dtypes.uint8 and len(n.shape) == 2 and all(isinstance(d, int) for d in n.shape) and n.shape[0] * n.shape[1] == math.prod(b.shape):
+      if n.shape[0] and total % n.shape[0] == 0: return b, total // n.shape[0], n.shape[1]
+  return None
+
+
+# (elements, bytes) per block -> ggml type, for the types repack handles
+_REPACKABLE = {(32, 18): "Q4_0", (32, 20): "Q4_1", (32, 34): "Q8_0", (256, 144): "Q4_K"}
+
+
+def _nibbles_of(qs: np.ndarray, groups: int) -> Tensor:
+  """uint8 (n, groups*width) -> float32 (n, groups*2*width): per group of `width` bytes, low nibbles then high ones."""
+  n, width = qs.shape[0], qs.shape[1] // groups
+  a, sh = Tensor(np.ascontiguousarray(qs)).reshape(n, groups, 1, width)._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 1, 2, 1))
+  return (a._alu(Ops.SHR, sh) & 15).reshape(n, groups * 2 * width).cast(dtypes.float32)
 
 
 def repack(u: UOp) -> UOp:
-  """Q4_0 / Q4_1 / Q8_0 weights re-laid out for fast fused dequantization: the float16 block scale (and min) decoded
-  once into float32 arrays, the quants in their own contiguous array. Dequantizing an element then costs a few ops
-  instead of two float16 decodes. Other tensors are returned unchanged."""
-  if (found := _blocks_of(u)) is None or found[1] not in (18, 20, 34): return u
-  b, tsize = found
+  """Q4_0 / Q4_1 / Q8_0 / Q4_K weights re-laid out for fast fused dequantization: the float16 block scales (and mins,
+  and Q4_K's 6-bit sub-block scales) decoded once into float32 arrays, the quants in their own contiguous array.
+  Dequantizing an element then costs a shift, a mask and a multiply-add. Other tensors are returned unchanged."""
+  if (found := _blocks_of(u)) is None or (qtype := _REPACKABLE.get(found[1:])) is None: return u
+  b, _, tsize = found
   raw = Tensor(b).numpy().reshape(-1, tsize)
   n = raw.shape[0]
-  def f16(col: int) -> Tensor: return Tensor(np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16).astype(np.float32).reshape(n, 1))
-  if tsize == 34: q = Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)).cast(dtypes.float32)   # Q8_0
+  def f16(col: int) -> np.ndarray: return np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16).astype(np.float32).reshape(n, 1)
+  if qtype == "Q4_K":   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j], the 6-bit (sc, mn) pairs packed in 12 bytes
+    d_, m_, md = (raw[:, 4 + 4 * i:8 + 4 * i].astype(np.int32) for i in range(3))
+    sc = np.concatenate([d_ & 63, (md & 15) | ((d_ >> 2) & 0x30)], axis=1).astype(np.float32)
+    mn = np.concatenate([m_ & 63, (md >> 4) | ((m_ >> 2) & 0x30)], axis=1).astype(np.float32)
+    q = _nibbles_of(raw[:, 16:], 4).reshape(n, 8, 32)
+    w = Tensor((f16(0) * sc).reshape(n, 8, 1)) * q - Tensor((f16(2) * mn).reshape(n, 8, 1))
+  elif qtype == "Q8_0": w = Tensor(f16(0)) * Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)).cast(dtypes.float32)
   else:
-    qs = Tensor(np.ascontiguousarray(raw[:, tsize - 16:])).reshape(n, 1, 16)   # low nibbles are elements 0..15, high 16..31
-    a, sh = qs._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 2, 1))
-    q = (a._alu(Ops.SHR, sh) & 15).reshape(n, 32).cast(dtypes.float32)
-    if tsize == 18: q = q - 8.0                                                  # Q4_0
-  w = f16(0) * q + (f16(2) if tsize == 20 else 0.0)
-  out = w.reshape(u.shape)
-  return out.uop
+    q = _nibbles_of(raw[:, tsize - 16:], 1)   # low nibbles are elements 0..15, high 16..31
+    w = Tensor(f16(0)) * (q - 8.0 if qtype == "Q4_0" else q) + (Tensor(f16(2)) if qtype == "Q4_1" else 0.0)
+  return w.reshape(u.shape).uop
 
 
 class Block:
