@@ -2,9 +2,9 @@
 
 `Generator` runs a `Transformer` over token ids. The new part of a prompt is prefilled in one pass through kernels
 compiled once for a symbolic length (2..max_context, padded up to a multiple of PREFILL_MULTIPLE) and start position;
-single tokens are decoded under TinyJit
-with a symbolic start position. The tokens whose keys/values sit in the cache are remembered, so a follow-up prompt
-that extends them only prefills its new tokens; a prompt that diverges rewrites the cache from the first difference.
+single tokens are decoded under TinyJit with a symbolic start position. The tokens whose keys/values sit in the cache
+are remembered, so a follow-up prompt that extends them only prefills its new tokens; a prompt that diverges rewrites
+the cache from the first difference.
 `LLM` adds the tokenizer, chat template, streaming detokenization and stop strings on top.
 """
 from __future__ import annotations
