@@ -85,7 +85,27 @@ def bench_ops(q: bool, m: dict, reps: int) -> list[dict]:
     fl = 2 * s ** 3
     rows.append(row(f"matmul {s}", best(lambda: (tx @ ty).realize(), reps), best(lambda: x @ y, reps), "GFLOPS", fl, fl / peak))
   rows.append(bench_conv(4 if q else 32, peak, reps))
+  rows.append(bench_q4_matvec(2048 if q else 8192, 4096, bw, reps))
   return rows
+
+
+def bench_q4_matvec(n: int, k: int, bw: float, reps: int) -> dict:
+  """LLM decode's kernel: x (1, k) @ W.T with W in the llm app's repacked Q4_1 layout (uint8 nibbles (n, k/2), float32
+  block scales and mins (n, k/32)), dequantized inside the matvec. GB/s of those weight bytes; the numpy peer is the
+  same product on the float32 weights (4x the bytes), the floor the weight bytes at the read bandwidth."""
+  rng = np.random.default_rng(2)
+  qs = rng.integers(0, 256, (n * k // 32, 16), dtype=np.uint8)
+  sc, mn = rng.uniform(0.01, 0.1, (n * k // 32, 1)).astype(np.float32), rng.uniform(-1, 0, (n * k // 32, 1)).astype(np.float32)
+  x = rng.standard_normal((1, k), dtype=np.float32)
+  w = (sc * np.concatenate([qs & 15, qs >> 4], 1) + mn).astype(np.float32).reshape(n, k)
+  from plugrad.uop.ops import Ops
+  tq, tsc, tmn, tx = Tensor(qs).realize(), Tensor(sc).realize(), Tensor(mn).realize(), Tensor(x).realize()
+  q, sh = tq.reshape(-1, 1, 16)._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 2, 1))
+  tw = (tsc * (q._alu(Ops.SHR, sh) & 15).reshape(-1, 32).cast("float32") + tmn).reshape(n, k)
+  err = float(np.abs((tx @ tw.T).numpy() - x @ w.T).max())
+  if err > 1e-2 * float(np.abs(x @ w.T).max()): raise RuntimeError(f"q4 matvec differs from numpy by {err}")
+  nbytes = qs.nbytes + sc.nbytes + mn.nbytes
+  return row(f"q4_1 matvec {n}x{k}", best(lambda: (tx @ tw.T).realize(), reps), best(lambda: x @ w.T, reps), "GB/s", nbytes, nbytes / bw)
 
 
 def bench_conv(bs: int, peak: float, reps: int) -> dict:

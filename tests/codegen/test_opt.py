@@ -65,7 +65,7 @@ def test_sum_split_accumulators(n: int):
 def test_reduce_pragma_only_on_single_accumulator_loops():
   dev = Device["CPU"]
   ren = copy.copy(dev.renderer)
-  ren.vectorizes_reductions = True
+  ren.vectorizes_reductions, ren.vector_lanes = True, 0  # the scalar path (explicit SIMD is tested in test_vectorize.py)
   x = Tensor(rand(64, 64)).realize()
   assert "#pragma clang loop vectorize" in get_program(x.sum(1).schedule()[-1].ast, ren).src
   assert "#pragma clang loop vectorize" not in get_program((x @ x).schedule()[-1].ast, ren).src  # register-blocked
@@ -158,7 +158,9 @@ def test_optimize_respects_renderer_and_noopt(monkeypatch: pytest.MonkeyPatch):
 
 def test_merged_accumulators_and_fma():
   ast = mm(rand(8, 16), rand(16, 32)).schedule()[-1].ast
-  spec = get_program(ast, Device["CPU"].renderer)
+  ren = copy.copy(Device["CPU"].renderer)
+  ren.vector_lanes = 0  # scalar copies (the vector form: test_vectorize.py)
+  spec = get_program(ast, ren)
   assert [u.op for u in spec.uops].count(Ops.RANGE) == 3  # 64 accumulators share one reduce loop
   assert spec.src.count("__builtin_fmaf") == 64 and spec.src.count("acc63[0] = 0.0f") == 1
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from plugrad.codegen.linearize import linearize
 from plugrad.codegen.opt import optimize
+from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS, vectorize
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.symbolic import prod, sint
@@ -40,13 +41,16 @@ def estimate_flops(uops: list[UOp]) -> sint:
   for u in uops:
     if u.op is Ops.RANGE: mult.append(u.src[0].arg if u.src[0].op is Ops.CONST else u.src[0])
     elif u.op is Ops.END: mult.pop()
-    elif u.op in GroupOp.ALU and u.dtype.scalar().name not in ("int32", "int64", "bool"): flops = flops + prod(mult)
+    elif u.op in GroupOp.ALU and u.dtype.scalar().name not in ("int32", "int64", "bool"): flops = flops + prod(mult) * u.dtype.count
   return flops
 
 
 def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
-  """Optimize (codegen/opt.py, as far as `renderer` supports it), linearize and render a kernel AST for `renderer`."""
-  uops = linearize(optimize(ast, renderer))
+  """Optimize (codegen/opt.py, as far as `renderer` supports it; vector lanes become vector types with
+  codegen/vectorize.py where the renderer has them), linearize and render a kernel AST for `renderer`."""
+  opt = optimize(ast, renderer)
+  if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS))
+  uops = linearize(opt)
   name = kernel_name(ast)
   glbls = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
   mem = sum(g.dtype.size * g.dtype.base.itemsize for g in glbls if isinstance(g.dtype.size, int) and g.dtype.size > 0)

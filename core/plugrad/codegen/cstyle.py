@@ -48,11 +48,16 @@ class CStyleRenderer(Renderer):
       if dt.base in self.emulated and dt.addrspace is not AddrSpace.REG: return "unsigned short*"
       return self.ctype(dt.base) + "*"
     if dt in self.emulated: return "float"
-    if dt.count > 1: raise NotImplementedError(f"{type(self).__name__} does not render vector type {dt}")
+    if dt.count > 1: return self.vector_type(dt)
     if dt not in self.type_map: raise NotImplementedError(f"{type(self).__name__} has no C type for {dt}")
     return self.type_map[dt]
 
+  def vector_type(self, dt: DType) -> str:
+    """The C name of vector type `dt` (renderers with vector types override this and declare it in their prelude)."""
+    raise NotImplementedError(f"{type(self).__name__} does not render vector type {dt}")
+
   def render_const(self, v, dt: DType) -> str:
+    if dt.count > 1: return f"(({self.ctype(dt)}){{{', '.join([self.render_const(v, dt.scalar())] * dt.count)}}})"
     if dt == dtypes.bool: return "1" if v else "0"
     if dtypes.is_float(dt):
       if math.isnan(v): s = "__builtin_nanf(\"\")" if dt != dtypes.float64 else "__builtin_nan(\"\")"
@@ -117,14 +122,28 @@ class CStyleRenderer(Renderer):
       elif op is Ops.INDEX:
         r[u] = f"{r[src[0]]}[{r[src[1]]}]"
         if len(src) > 2: gates[u] = r[src[2]]
+      elif op is Ops.LOAD and dt.count > 1 and src[0].dtype.base.count == 1:  # k contiguous elements of a buffer
+        r[u] = f"val{n}"
+        emit(f"{self.ctype(dt)} {r[u]};" if src[0] not in gates else f"{self.ctype(dt)} {r[u]} = {self.render_const(0, dt)};")
+        emit((f"if ({gates[src[0]]}) " if src[0] in gates else "") + f"__builtin_memcpy(&{r[u]}, &{r[src[0]]}, sizeof({r[u]}));")
+        if (hint := self.load_hint(u, f"&{r[src[0]]}")): emit(hint)
       elif op is Ops.LOAD:
         mem = self._from_storage(r[src[0]], src[0].dtype)
         val = mem if src[0] not in gates else f"({gates[src[0]]}?{mem}:{self.render_const(0, dt)})"
         r[u] = f"val{n}"
         emit(f"{self.ctype(dt)} {r[u]} = {val};")
+      elif op is Ops.STORE and src[1].dtype.count > 1 and src[0].dtype.base.count == 1:
+        st = f"{{ {self.ctype(src[1].dtype)} v_ = {r[src[1]]}; __builtin_memcpy(&{r[src[0]]}, &v_, sizeof(v_)); }}"
+        emit(f"if ({gates[src[0]]}) {st}" if src[0] in gates else st)
       elif op is Ops.STORE:
         st = f"{r[src[0]]} = {self._to_storage(r[src[1]], src[0].dtype)};"
         emit(f"if ({gates[src[0]]}) {st}" if src[0] in gates else st)
+      elif op is Ops.GEP:
+        r[u] = f"alu{n}"
+        emit(f"{self.ctype(dt)} {r[u]} = {r[src[0]]}[{u.arg[0]}];")
+      elif op is Ops.VECTORIZE:
+        r[u] = f"alu{n}"
+        emit(f"{self.ctype(dt)} {r[u]} = (({self.ctype(dt)}){{{', '.join(r[s] for s in src)}}});")
       else:
         r[u] = f"alu{n}"
         expr = self.render_alu(u, [r[s] for s in src])
@@ -153,12 +172,29 @@ class CStyleRenderer(Renderer):
     if "pg_b2f" in src or "pg_f2b" in src: out.append(BF16_C)
     return "\n".join(out)
 
+  def load_hint(self, u: UOp, addr: str) -> str | None:
+    """A statement emitted after vector load `u` of address `addr` (e.g. a software prefetch); None for nothing."""
+    return None
+
   def render_range(self, u: UOp, name: str, end: str) -> str:
     """The loop header opening RANGE `u` (a renderer may override it, e.g. to split the outer loop across threads)."""
     return f"for ({self.ctype(u.dtype)} {name} = 0; {name} < {end}; {name}++) {{"
 
+  def render_vector_alu(self, u: UOp, args: list[str]) -> str:
+    """A vector ALU op (codegen/vectorize.py): C vector extensions compute +, -, *, /, &, |, ^, <<, >> lane by lane."""
+    op, dt = u.op, u.dtype
+    if op is Ops.CAST: return f"__builtin_convertvector({args[0]}, {self.ctype(dt)})"
+    if op is Ops.RECIPROCAL: return f"({self.render_const(1, dt)}/{args[0]})"
+    if op is Ops.NEG: return f"(-{args[0]})"
+    if op is Ops.MULACC: return f"(({args[0]}*{args[1]})+{args[2]})"
+    if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR): return self.code_for_op[op](*args)
+    # anything else lane by lane: the scalar op on each lane, gathered into a vector
+    scalar = UOp(op, dt.scalar(), tuple(UOp(Ops.NOOP, s.dtype.scalar()) for s in u.src), u.arg)
+    return f"(({self.ctype(dt)}){{{', '.join(self.render_alu(scalar, [f'{a}[{i}]' for a in args]) for i in range(dt.count))}}})"
+
   def render_alu(self, u: UOp, args: list[str]) -> str:
     op, dt = u.op, u.dtype
+    if dt.count > 1: return self.render_vector_alu(u, args)
     if op is Ops.CAST: return f"(({self.ctype(dt)}){args[0]})"
     if op is Ops.BITCAST: return self.render_bitcast(args[0], u.src[0].dtype, dt)
     if op is Ops.NEG: return f"(!{args[0]})" if dt == dtypes.bool else f"(-{args[0]})"

@@ -1,8 +1,7 @@
 """Kernel optimizations: rewrites of the kernel AST (docs/kernel_ir.md, form 2) applied before linearizing.
 
-Every optimization splits one loop, `RANGE r` of constant size N, into an outer loop `r'` of size N/k and k
-copies of the code with `r = r'*k + i` (i = 0..k-1), so the result is still a plain scalar AST that any renderer
-(and the PYTHON device) runs unchanged:
+Every optimization splits one loop, `RANGE r` of size N (a constant, or a symbolic size that k divides for every value
+of its variables, such as `8*T`), into an outer loop `r'` of size N/k and an inner part `r = r'*k + i`:
 
 - UPCAST a global range: the kernel's STOREs are replicated k times (k outputs per loop iteration). Loads that
   don't depend on the range are shared by hash-consing, so upcasting two output axes of a matmul gives a
@@ -10,30 +9,37 @@ copies of the code with `r = r'*k + i` (i = 0..k-1), so the result is still a pl
 - SPLIT a reduce range: REDUCE(x, r) becomes op(REDUCE(x[i=0], r'), ..., REDUCE(x[i=k-1], r')): k accumulators
   that break the add dependency chain (the linearizer runs REDUCEs over the same ranges in one loop).
 - UNROLL a small reduce range (k = N): the REDUCE disappears into an op chain.
+- VECTOR a global or reduce range: the inner part becomes a new RANGE `i` of size k marked as a vector lane
+  (arg `(id, kind, "vector")`). The AST stays scalar and valid for every renderer (a lane range is an ordinary
+  loop); renderers with vector types (`vector_lanes` > 0) turn it into SIMD values with codegen/vectorize.py.
+  VECTOR goes first on its range, so later UPCAST/SPLIT copies of `r'` sit outside the contiguous lanes.
 
-Only ranges with a constant size that k divides are touched, so symbolic (DEFINE_VAR) sizes and gated loads keep
-their exact semantics. `choose_opts` picks the optimizations from the renderer's capabilities:
-`upcast_max` (accumulators/outputs per loop iteration; 0 or missing disables all of this), `vectorizes_reductions`
-(the compiler vectorizes a plain reduce loop, so streaming ADD/MUL reductions aren't split), and `has_local` /
-`has_shared` (GPU renderers: local memory and grouped reductions are hooks, not implemented; see `local_opts`).
-NOOPT=1 turns everything off.
+UPCAST/SPLIT/UNROLL produce plain scalar code that any renderer (and the PYTHON device) runs unchanged.
+`choose_opts` picks the optimizations from the renderer's capabilities: `upcast_max` (accumulators/outputs per loop
+iteration; 0 or missing disables all of this), `vectorizes_reductions` (the compiler vectorizes a plain reduce
+loop, so streaming ADD/MUL reductions aren't split), `vector_lanes`/`vector_regs` (explicit SIMD: the lanes of one
+float vector and the number of vector registers) and `has_local` / `has_shared` (GPU renderers: local memory and
+grouped reductions are hooks, not implemented; see `local_opts`). NOOPT=1 turns everything off.
 """
 from __future__ import annotations
 
 import functools
+import math
+import random
 from dataclasses import dataclass
 
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
 from plugrad.uop.rewrite import graph_rewrite
-from plugrad.uop.symbolic import pm_symbolic
+from plugrad.uop.symbolic import _collect, _sum, pm_symbolic
 from plugrad.uop.upat import PatternMatcher, UPat
 
 
 @dataclass(frozen=True)
 class Opt:
-  """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range); `rid` the range id."""
+  """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range), "VECTOR" (either) or
+  "OUTER" (a global range becomes the outermost loop; amount unused); `rid` the range id."""
   kind: str
   rid: int
   amount: int
@@ -43,15 +49,35 @@ def ranges_of(ast: UOp) -> dict[int, UOp]:
   return {n.arg[0]: n for n in ast.toposort() if n.op is Ops.RANGE}
 
 
+def is_vector_range(r: UOp) -> bool: return r.op is Ops.RANGE and len(r.arg) > 2 and r.arg[2] == "vector"
+
+
 def _const_end(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
+
+
+def div_end(end: UOp, k: int) -> UOp | None:
+  """`end / k` when k divides `end` for every value of its variables: a constant, `c*v` with k | c, a product with
+  such a factor, or a sum of such terms (None otherwise)."""
+  if k < 1: return None
+  if k == 1: return end
+  if end.op is Ops.CONST: return UOp.const(dtypes.index, end.arg // k) if end.arg % k == 0 else None
+  if end.op is Ops.MUL:
+    for a, b in (end.src, end.src[::-1]):
+      if (q := div_end(a, k)) is not None: return b if q.op is Ops.CONST and q.arg == 1 else q * b
+  if end.op is Ops.ADD and (a := div_end(end.src[0], k)) is not None and (b := div_end(end.src[1], k)) is not None: return a + b
+  return None
+
+
+def _outer(rng: UOp, k: int) -> UOp:
+  """The range `rng` of size N/k, keeping its id and kind (raises when k doesn't divide N)."""
+  if (n := div_end(rng.src[0], k)) is None: raise ValueError(f"can't split range {rng.arg} of size {rng.src[0].render()} by {k}")
+  return UOp(Ops.RANGE, rng.dtype, (n,), rng.arg)
 
 
 def _copies(rng: UOp, k: int) -> tuple[UOp | None, list[dict[UOp, UOp]]]:
   """The outer range (None when fully unrolled) and the k substitutions r -> r'*k + i."""
-  n = _const_end(rng)
-  if n is None or k < 1 or n % k: raise ValueError(f"can't split range {rng.arg} of size {rng.src[0].render()} by {k}")
-  if k == n: return None, [{rng: UOp.const(dtypes.index, i)} for i in range(k)]
-  outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, n // k),), rng.arg)
+  if k == _const_end(rng): return None, [{rng: UOp.const(dtypes.index, i)} for i in range(k)]
+  outer = _outer(rng, k)
   return outer, [{rng: outer * k + i} if i else {rng: outer * k} for i in range(k)]
 
 
@@ -64,23 +90,72 @@ def _split_reduce(ctx: tuple[UOp, UOp | None, list[dict[UOp, UOp]]], red: UOp) -
   return functools.reduce(lambda a, b: UOp(red.arg, red.dtype, (a, b)), parts)
 
 
+def _vector_reduce(ctx: tuple[UOp, UOp, UOp], red: UOp) -> UOp | None:
+  rng, outer, lane = ctx
+  if rng not in red.src[1:]: return None
+  rngs = tuple(x for r in red.src[1:] for x in ((outer, lane) if r is rng else (r,)))
+  return UOp(Ops.REDUCE, red.dtype, (red.src[0].substitute({rng: outer * lane.src[0].arg + lane}, walk=True), *rngs), red.arg)
+
+
+def _divmod_low_terms(x: UOp, d: UOp, op: Ops) -> UOp | None:
+  """(a*g + b) // (g*m) -> a // m and (a*g + b) % (g*m) -> (a % m)*g + b when 0 <= b < g and a >= 0: the low terms
+  an optimization splits off (`16*r + lane`, `32*r + 17`) fall out of block indices, so lanes and copies see that
+  they read the same block (pm_symbolic only folds remainders that stay below the divisor)."""
+  c = d.arg
+  if x.dtype != dtypes.index or c <= 1 or x.vmin < 0: return None
+  parts, const = _collect(x)
+  for g in sorted({math.gcd(c, f) for f in parts.values()} - {1, c}, reverse=True):
+    hi = {b: f // g for b, f in parts.items() if f % g == 0}
+    lo = _sum(x.dtype, {b: f for b, f in parts.items() if f % g}, const)
+    if not hi or lo.vmin < 0 or lo.vmax >= g or _sum(x.dtype, hi, 0).vmin < 0: continue
+    a = _sum(x.dtype, hi, 0)
+    return a // (c // g) if op is Ops.IDIV else (a % (c // g)) * g + lo
+  return None
+
+
+pm_low_terms = PatternMatcher([(UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"),
+                                lambda x, d, n: _divmod_low_terms(x, d, n.op))])
+pm_opt_symbolic = pm_symbolic + pm_low_terms  # the simplifier used on optimized kernels
 pm_split_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _split_reduce)])
+pm_vector_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _vector_reduce)])
 
 
 def apply_opt(ast: UOp, opt: Opt) -> UOp:
   """`ast` with one optimization applied (raises ValueError if it doesn't fit the kernel)."""
-  rng = ranges_of(ast).get(opt.rid)
+  rngs = ranges_of(ast)
+  rng = rngs.get(opt.rid)
   if rng is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
-  want = "global" if opt.kind == "UPCAST" else "reduce"
-  if rng.arg[1] != want: raise ValueError(f"{opt}: range {opt.rid} is a {rng.arg[1]} range, {opt.kind} needs a {want} range")
+  want = {"UPCAST": "global", "SPLIT": "reduce", "UNROLL": "reduce"}.get(opt.kind)
+  if opt.kind not in ("UPCAST", "SPLIT", "UNROLL", "VECTOR", "OUTER"): raise ValueError(f"{opt}: unknown optimization {opt.kind!r}")
+  if opt.kind == "OUTER":  # loop order: range rid becomes the outermost global loop (the one split across cores)
+    if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: OUTER needs a global range")
+    glbl = sorted((r for r in rngs.values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+    order = [rng] + [r for r in glbl if r is not rng]
+    return ast.substitute({r: r.replace(arg=(g.arg[0], *r.arg[1:])) for r, g in zip(order, glbl) if r is not g}, walk=True)
+  if want is not None and rng.arg[1] != want: raise ValueError(f"{opt}: range {opt.rid} is a {rng.arg[1]} range, {opt.kind} needs a {want} range")
+  if is_vector_range(rng): raise ValueError(f"{opt}: range {opt.rid} is a vector lane range")
   if opt.kind == "UNROLL" and opt.amount != _const_end(rng): raise ValueError(f"{opt}: UNROLL must cover the whole range")
+  if opt.kind == "VECTOR":
+    if opt.amount < 2 or opt.amount & (opt.amount - 1): raise ValueError(f"{opt}: vector lanes must be a power of two >= 2")
+    if any(is_vector_range(r) and (r.arg[1] == "global" or rng.arg[1] == "global" or any(r in t and rng in t for t in _reduce_ranges(ast)))
+           for r in rngs.values()): raise ValueError(f"{opt}: the kernel has a vector lane range where range {opt.rid} is used")
+    outer = _outer(rng, opt.amount)
+    lane = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), (max(rngs) + 1, rng.arg[1], "vector"))
+    if rng.arg[1] == "global": ast = ast.substitute({rng: outer * opt.amount + lane}, walk=True)
+    else: ast = graph_rewrite(ast, pm_vector_reduce, ctx=(rng, outer, lane), name="vector reduce")
+    return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
   outer, subs = _copies(rng, opt.amount)
   if opt.kind == "UPCAST":
     stores = [st.substitute(m, walk=True) for st in ast.src for m in subs] if all(rng in st.toposort() for st in ast.src) else None
     if stores is None: raise ValueError(f"{opt}: a store of the kernel doesn't use range {opt.rid}")
     ast = UOp(Ops.SINK, dtypes.void, tuple(stores))
   else: ast = graph_rewrite(ast, pm_split_reduce, ctx=(rng, outer, subs), name=f"{opt.kind.lower()} reduce")
-  return graph_rewrite(ast, pm_symbolic, name="simplify after opt")
+  return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
+
+
+def _reduce_ranges(ast: UOp) -> list[set[UOp]]:
+  """For each REDUCE, every range its value uses (nested reduces included): two vector lanes may not meet in one."""
+  return [{x for x in n.toposort() if x.op is Ops.RANGE} for n in ast.toposort() if n.op is Ops.REDUCE]
 
 
 def _stride_one(idx: UOp, rng: UOp) -> bool:
@@ -90,42 +165,155 @@ def _stride_one(idx: UOp, rng: UOp) -> bool:
   return d.op is Ops.CONST and d.arg == 1
 
 
-def _pick(n: int | None, amounts: tuple[int, ...], budget: int) -> int:
-  return next((a for a in amounts if n is not None and n % a == 0 and n > a and a <= budget), 0)
+def _divides(r: UOp, a: int, whole: bool = False) -> bool:
+  """Whether `a` splits range `r` (covering all of it only if `whole`)."""
+  n = _const_end(r)
+  return (n % a == 0 and (n > a or whole)) if n is not None else div_end(r.src[0], a) is not None
 
 
-def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True) -> list[Opt]:
+def _pick(r: UOp | None, amounts: tuple[int, ...], budget: int) -> int:
+  return next((a for a in amounts if r is not None and a <= budget and _divides(r, a)), 0)
+
+
+def eval_index(x: UOp, env: dict[UOp, int]) -> int:
+  """The value of index/bool expression `x` with ranges and variables set by `env` (memoized in `env`)."""
+  if (v := env.get(x)) is not None: return v
+  if x.op is Ops.CONST: v = x.arg
+  elif x.op is Ops.DEFINE_VAR: v = x.arg[1]
+  elif x.op is Ops.RANGE: v = 0
+  elif x.op is Ops.CAST: v = eval_index(x.src[0], env)
+  elif x.op in GroupOp.ALU: v = exec_alu(x.op, x.dtype, [eval_index(s, env) for s in x.src])
+  else: raise ValueError(f"can't evaluate {x.op} statically")  # e.g. an index loaded from memory (a gather)
+  env[x] = v
+  return v
+
+
+def lane_pattern(idx: UOp, lane: UOp, samples: int = 3) -> str:
+  """How `idx` moves across the lanes of vector range `lane`, judged at a few sample points of the other ranges and
+  variables: "broadcast" (the same for every lane), "contiguous" (lane i reads base + i) or "gather"."""
+  if lane not in idx.toposort(): return "broadcast"
+  k, rnd = lane.src[0].arg, random.Random(0)
+  free = [n for n in idx.toposort() if n.op in (Ops.RANGE, Ops.DEFINE_VAR) and n is not lane]
+  try: return _lane_pattern(idx, lane, k, rnd, free, samples)
+  except (ValueError, ZeroDivisionError): return "gather"
+
+
+def _lane_pattern(idx: UOp, lane: UOp, k: int, rnd: random.Random, free: list[UOp], samples: int) -> str:
+  kinds = set()
+  for _ in range(samples):
+    env: dict[UOp, int] = {}
+    for n in free:  # variables first (range sizes may depend on them), then each range inside its size
+      if n.op is Ops.DEFINE_VAR: env[n] = rnd.randint(n.arg[1], n.arg[2])
+    for n in free:
+      if n.op is Ops.RANGE: env[n] = rnd.randrange(max(1, eval_index(n.src[0], dict(env))))
+    vals = [eval_index(idx, {**env, lane: i}) for i in range(k)]
+    kinds.add("broadcast" if all(v == vals[0] for v in vals) else "contiguous" if all(v - vals[0] == i for i, v in enumerate(vals)) else "gather")
+  return "gather" if "gather" in kinds or len(kinds) > 1 else kinds.pop()
+
+
+def _reduce_loads(ast: UOp) -> list[UOp]:
+  """The INDEX nodes of the loads inside reduce loops."""
+  topo = ast.toposort()
+  red_rngs = {r for n in topo if n.op is Ops.REDUCE for r in n.src[1:]}
+  return [n.src[0] for n in topo if n.op is Ops.LOAD and n.src[0].op is Ops.INDEX and any(r in n.src[0].toposort() for r in red_rngs)]
+
+
+def _vector_score(ast: UOp) -> int:
+  """Contiguous reduce-loop loads count +1, gathers -2 (lane by lane loads and inserts), broadcasts 0."""
+  score = 0
+  for lane in (r for r in ranges_of(ast).values() if is_vector_range(r)):
+    for ix in _reduce_loads(ast):
+      kind = "gather" if len(ix.src) > 2 and lane_pattern(ix.src[2], lane) != "broadcast" else lane_pattern(ix.src[1], lane)
+      score += {"contiguous": 1, "broadcast": 0, "gather": -2}[kind]
+  return score
+
+
+def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
+  """Explicit SIMD for a reducing kernel: VECTOR the axis (a global one or the innermost reduce one) along which the
+  reduce loop's loads are contiguous (`lanes` wide), then register-block with UPCAST/SPLIT within `regs` vector
+  registers for accumulators. None when no axis vectorizes well (the scalar heuristics apply)."""
+  topo = ast.toposort()
+  reduces = [n for n in topo if n.op is Ops.REDUCE]
+  if not reduces or any(n.dtype.scalar() in (dtypes.bool, dtypes.float16, dtypes.bfloat16) for n in reduces): return None
+  glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  best: tuple[int, int, int, list[UOp], UOp] | None = None
+  inner = sorted({n.src[-1] for n in reduces}, key=lambda r: r.arg[0])  # the innermost range of each reduce
+  cands = [(pref, cs, n) for n in (lanes, lanes // 2) if n >= 4 for pref, cs in enumerate([inner, *([g] for g in glbl)])
+           if all(_divides(c, n, whole=True) for c in cs)]  # ties go to wider vectors, then to global axes (vector stores, no horizontal sum)
+  for pref, cs, n in cands:
+    try:
+      a = ast
+      for c in cs: a = apply_opt(a, Opt("VECTOR", c.arg[0], n))
+    except ValueError: continue
+    if (sc := _vector_score(a)) > 0 and (best is None or (sc, n, pref) > best[:3]): best = (sc, n, pref, cs, a)
+  if best is None: return None
+  _, lanes, _, cs, a = best
+  opts = []
+  for c in cs:
+    opts.append(Opt("VECTOR", c.arg[0], lanes))
+    if c.arg[1] == "reduce" and _divides(_outer(c, lanes), 2): opts.append(Opt("SPLIT", c.arg[0], 2))  # two accumulator chains
+  vr = ranges_of(ast)[opts[0].rid]
+  loads = _reduce_loads(a)
+  reuse = [g for g in reversed(glbl) if g is not vr and any(g not in ix.toposort() for ix in loads)]
+  if vr.arg[1] == "global":  # matmul-like: a tile of (rows x 2 vectors) accumulators, the broadcast loads reused
+    budget = regs * 3 // 4
+    if _divides(_outer(vr, lanes), 2) and reuse: opts.append(Opt("UPCAST", vr.arg[0], 2)); budget //= 2
+    for g in reuse:
+      if (k := _pick(g, (8, 6, 4, 3, 2), budget)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
+    # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by
+    if reuse and vr is not glbl[0] and _const_end(vr) is not None and _const_end(vr) // lanes >= 16: opts.append(Opt("OUTER", vr.arg[0], 0))
+  else:  # matvec-like: a few rows share the loads of the vector operand (more rows means more prefetch streams)
+    budget = max(1, regs // 2 // max((o.amount for o in opts if o.kind == "SPLIT"), default=1))
+    # the axis whose copies share the most loads first (prefill: tokens share a dequantized weight row, rows share x)
+    for g in sorted(reuse, key=lambda g: -sum(g not in ix.toposort() for ix in loads)):
+      if (k := _pick(g, (4, 2), min(4, budget))): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
+    if all(o.kind != "UPCAST" for o in opts):  # streaming: four accumulator chains
+      opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and _divides(_outer(ranges_of(ast)[o.rid], lanes), 4) else o for o in opts]
+  return opts
+
+
+def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16) -> list[Opt]:
   """Heuristic optimizations for a CPU-like target with `upcast_max` registers' worth of accumulators. `split_reduce=False`
-  leaves streaming reductions to the compiler (a renderer whose compiler vectorizes reduce loops itself)."""
+  leaves streaming reductions to the compiler (a renderer whose compiler vectorizes reduce loops itself); `lanes` > 0
+  allows explicit SIMD (VECTOR) of that many float32 lanes with `regs` vector registers."""
   topo = ast.toposort()
   glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
   reduces = [n for n in topo if n.op is Ops.REDUCE]
   if not reduces or upcast_max < 2: return []
   red_rngs = sorted({r for n in reduces for r in n.src[1:]}, key=lambda r: r.arg[0])
-  loads = [n.src[0].src[1] for n in topo if n.op is Ops.LOAD and any(r in n.toposort() for r in red_rngs)]
-  opts: list[Opt] = []
-  budget = upcast_max
-  split_reduce = split_reduce or any(n.arg is Ops.MAX for n in reduces)  # compilers don't vectorize a NaN-aware max loop
-  # register blocking: upcast output axes that some reduce-loop load doesn't depend on (that load is reused k times)
-  # the second axis is picked to reuse the loads the first one doesn't (matmul: rows of A, columns of B)
-  reuse = [g for g in reversed(glbl) if any(g not in ld.toposort() for ld in loads) and _const_end(g) is not None]
-  for amounts in ((16, 8, 4), (4, 2)):
-    left = [ld for ld in loads if all(o.kind != "UPCAST" or ranges_of(ld).get(o.rid) is not None for o in opts)]
-    g = next((g for g in reuse if all(o.rid != g.arg[0] for o in opts) and any(g not in ld.toposort() for ld in left)
-              and _pick(_const_end(g), amounts, budget)), None)
-    if g is None: break
-    opts.append(Opt("UPCAST", g.arg[0], k := _pick(_const_end(g), amounts, budget)))
-    budget //= k
-  if not opts:  # streaming reduce: more accumulators, contiguous along whichever loop walks memory with stride 1
-    inner = red_rngs[-1]
-    if any(_stride_one(ld, inner) for ld in loads) or not glbl:
-      if split_reduce and (k := _pick(_const_end(inner), (16, 8, 4), budget)): opts.append(Opt("SPLIT", inner.arg[0], k)); budget //= k
-    elif (k := _pick(_const_end(glbl[-1]), (16, 8, 4), budget)): opts.append(Opt("UPCAST", glbl[-1].arg[0], k)); budget //= k
+  opts: list[Opt] = (vector_opts(ast, lanes, regs) or []) if lanes >= 2 else []
+  if not split_reduce and all(o.kind in ("VECTOR", "SPLIT") and ranges_of(ast)[o.rid].arg[1] == "reduce" for o in opts):
+    opts = []  # a streaming reduce (nothing to register-block): the compiler's loop vectorizer does the same, and better
+  if not opts: opts = _scalar_opts(ast, upcast_max, split_reduce, glbl, reduces, red_rngs)
   unroll = 1
   for r in red_rngs:  # small reduce loops (e.g. a 3x3 window) are unrolled
     if (n := _const_end(r)) is not None and n <= 4 and unroll * n <= 16 and all(o.rid != r.arg[0] for o in opts):
       opts.append(Opt("UNROLL", r.arg[0], n))
       unroll *= n
+  return opts
+
+
+def _scalar_opts(ast: UOp, upcast_max: int, split_reduce: bool, glbl: list[UOp], reduces: list[UOp], red_rngs: list[UOp]) -> list[Opt]:
+  """Register blocking by scalar copies (the compiler's SLP vectorizer packs them) for renderers without vectors."""
+  loads = [n.src[0].src[1] for n in ast.toposort() if n.op is Ops.LOAD and any(r in n.toposort() for r in red_rngs)]
+  opts: list[Opt] = []
+  budget = upcast_max
+  split_reduce = split_reduce or any(n.arg is Ops.MAX for n in reduces)  # compilers don't vectorize a NaN-aware max loop
+  # register blocking: upcast output axes that some reduce-loop load doesn't depend on (that load is reused k times)
+  # the second axis is picked to reuse the loads the first one doesn't (matmul: rows of A, columns of B)
+  reuse = [g for g in reversed(glbl) if any(g not in ld.toposort() for ld in loads)]
+  for amounts in ((16, 8, 4), (4, 2)):
+    left = [ld for ld in loads if all(o.kind != "UPCAST" or ranges_of(ld).get(o.rid) is not None for o in opts)]
+    g = next((g for g in reuse if all(o.rid != g.arg[0] for o in opts) and any(g not in ld.toposort() for ld in left)
+              and _pick(g, amounts, budget)), None)
+    if g is None: break
+    opts.append(Opt("UPCAST", g.arg[0], k := _pick(g, amounts, budget)))
+    budget //= k
+  if not opts:  # streaming reduce: more accumulators, contiguous along whichever loop walks memory with stride 1
+    inner = red_rngs[-1]
+    if any(_stride_one(ld, inner) for ld in loads) or not glbl:
+      if split_reduce and (k := _pick(inner, (16, 8, 4), budget)): opts.append(Opt("SPLIT", inner.arg[0], k))
+    elif (k := _pick(glbl[-1], (16, 8, 4), budget)): opts.append(Opt("UPCAST", glbl[-1].arg[0], k))
   return opts
 
 
@@ -141,5 +329,6 @@ def optimize(ast: UOp, renderer) -> UOp:
   upcast_max = getattr(renderer, "upcast_max", 0)
   if getenv("NOOPT", False) or not upcast_max: return ast
   split = not getattr(renderer, "vectorizes_reductions", False)
-  for opt in choose_opts(ast, upcast_max, split) + local_opts(ast, renderer): ast = apply_opt(ast, opt)
+  lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
+  for opt in choose_opts(ast, upcast_max, split, lanes, regs) + local_opts(ast, renderer): ast = apply_opt(ast, opt)
   return ast

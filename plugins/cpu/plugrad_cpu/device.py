@@ -13,11 +13,14 @@ import os
 import subprocess
 import tempfile
 import time
+import weakref
 from typing import Any
 import numpy as np
 from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program
 from plugrad.helpers import getenv
 from plugrad.codegen.cstyle import CStyleRenderer
+from plugrad.codegen.opt import eval_index
+from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS
 from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad_cpu import find_cc
@@ -56,12 +59,78 @@ def _exp2f_src() -> str:
 
 EXP2F_SRC = _exp2f_src()
 
+def simd_shape() -> tuple[int, int]:
+  """(float32 lanes of one vector register, vector registers) of the host, from /proc/cpuinfo: AVX-512 (16, 32),
+  AVX2 (8, 16), NEON/SSE (4, 32/16). VECTOR_LANES overrides the lanes (0 turns explicit SIMD off)."""
+  try: info = open("/proc/cpuinfo").read()
+  except OSError: info = ""
+  flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith(("flags", "Features"))), []))
+  lanes, regs = (16, 32) if "avx512f" in flags else (8, 16) if "avx2" in flags else (4, 32) if "asimd" in flags else (4, 16)
+  return getenv("VECTOR_LANES", lanes), regs
+
+def _vector_prelude(types: dict[str, tuple[str, int]], body: str) -> str:
+  """typedefs of the vector types (name -> scalar C type, bytes) and the helpers `body` uses: pg_fma_T (a*b+c rounded
+  once), pg_max_T (NaN-propagating max, as the scalar MAX) and pg_exp2f_T (the lane-wise pg_exp2f, bit for bit)."""
+  out = [f"typedef {c} {n} __attribute__((vector_size({b})));" for n, (c, b) in types.items()]
+  for n, (c, b) in types.items():
+    lanes = b // {"double": 8, "float": 4}.get(c, 1)
+    mask = {"double": "long long", "float": "int"}.get(c)
+    if f"pg_fma_{n}(" in body:
+      sig = f"static inline {n} pg_fma_{n}({n} a, {n} b, {n} c)"
+      out += ["#ifdef __clang__", sig + " {", "#pragma clang fp contract(fast)", "  return a * b + c;", "}", "#else",
+              f"__attribute__((optimize(\"fp-contract=fast\"))) {sig} {{ return a * b + c; }}", "#endif"]
+    if f"pg_max_{n}(" in body:
+      if mask is None: out.append(f"static inline {n} pg_max_{n}({n} a, {n} b) {{ {n} m = (a > b); return (a & m) | (b & ~m); }}")
+      else:
+        mt = f"pg_mask_{n}"
+        out += [f"typedef {mask} {mt} __attribute__((vector_size({b})));",
+                f"static inline {n} pg_max_{n}({n} a, {n} b) {{ {mt} m = (a > b) | (a != a); return ({n})((({mt})a & m) | (({mt})b & ~m)); }}"]
+    if f"pg_exp2f_{n}(" in body: out.append(_exp2f_vector_src(n, lanes))
+  return "\n".join(out)
+
+def _exp2f_vector_src(v: str, lanes: int) -> str:
+  """pg_exp2f on a vector of float32 lanes, the same operations as the scalar one (selects by bit masks, rint by adding
+  and subtracting 1.5*2^23, exact for the clamped |x| <= 152), so every lane gives the scalar's result bit for bit."""
+  c = [f"{math.log(2) ** k / math.factorial(k):.10e}f" for k in range(8)]
+  horner = c[7]
+  for k in range(6, -1, -1): horner = f"({horner}*f+{c[k]})"
+  vi = f"pg_i_{v}"
+  sel = f"#define PG_SEL_{v}(m, a, b) (({v})(((({vi})(a)) & (m)) | ((({vi})(b)) & ~(m))))"
+  return "\n".join([f"typedef int {vi} __attribute__((vector_size({4 * lanes})));", sel,
+    f"static inline {v} pg_exp2f_{v}({v} x) {{",
+    f"  {vi} nan = (x != x);",
+    f"  {v} xc = PG_SEL_{v}(x < -152.0f, ({v}){{}} - 152.0f, x);",
+    f"  xc = PG_SEL_{v}(xc > 129.0f, ({v}){{}} + 129.0f, xc);",
+    f"  xc = PG_SEL_{v}(nan, ({v}){{}}, xc);",
+    f"  {v} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n;",
+    f"  {v} p = {horner};",
+    f"  {vi} i = __builtin_convertvector(n, {vi}), i1 = i / 2, i2 = i - i1;",
+    f"  {v} s1 = ({v})((i1 + 127) << 23), s2 = ({v})((i2 + 127) << 23);",
+    f"  return PG_SEL_{v}(nan, x, (p * s1) * s2);", "}"])
+
 class ClangRenderer(CStyleRenderer):
-  """C for clang/gcc: the shared C-style renderer with host types, FMA for MULACC, and the threaded kernel ABI."""
+  """C for clang/gcc: the shared C-style renderer with host types, FMA for MULACC, the threaded kernel ABI, explicit SIMD
+  through the compilers' vector extensions (`vector_size` types, codegen/vectorize.py) and software prefetch of the
+  weight streams of matrix-vector products (`load_hint`)."""
   name, device, suffix = "CLANG", "CPU", "CLANG"
   supports_float4, global_max = True, None
   upcast_max = 64  # accumulators per loop iteration for codegen/opt.py (32 AVX-512 or 16 AVX2 vector registers)
   vectorizes_reductions = False  # set per device when the compiler is clang: see render_range
+  vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
+  vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
+  prefetch_bytes = getenv("PREFETCH_BYTES", 1024)  # software prefetch distance of streamed loads (0: none), see load_hint
+
+  def vector_type(self, dt: DType) -> str:
+    if dt.itemsize & (dt.itemsize - 1): raise NotImplementedError(f"vector type {dt} is not a power-of-two number of bytes")
+    name = f"pg_{self.ctype(dt.scalar()).replace(' ', '_')}{dt.count}"
+    self._vtypes[name] = (self.ctype(dt.scalar()), dt.itemsize)
+    return name
+
+  def render_vector_alu(self, u: UOp, args: list[str]) -> str:
+    if u.op is Ops.MULACC and dtypes.is_float(u.dtype): return f"pg_fma_{self.ctype(u.dtype)}({args[0]}, {args[1]}, {args[2]})"
+    if u.op is Ops.MAX and u.dtype.scalar() not in (dtypes.float16, dtypes.bfloat16): return f"pg_max_{self.ctype(u.dtype)}({args[0]}, {args[1]})"
+    if u.op is Ops.EXP2 and u.dtype.scalar() == dtypes.float32: return f"pg_exp2f_{self.ctype(u.dtype)}({args[0]})"
+    return super().render_vector_alu(u, args)
 
   def render_alu(self, u: UOp, args: list[str]) -> str:
     if u.op is Ops.MULACC and u.dtype in (dtypes.float32, dtypes.float64):
@@ -87,7 +156,8 @@ class ClangRenderer(CStyleRenderer):
     for u in uops:
       if u.op is Ops.RANGE: mult.append(u.src[0].arg if u.src[0].op is Ops.CONST else u.src[0])
       elif u.op is Ops.END: mult.pop()
-      elif u.op in GroupOp.ALU or u.op in (Ops.LOAD, Ops.STORE, Ops.CAST): counts[tuple(mult)] = counts.get(tuple(mult), 0) + 1
+      elif u.op in GroupOp.ALU or u.op in (Ops.LOAD, Ops.STORE, Ops.CAST):  # a vector op counts once per lane
+        counts[tuple(mult)] = counts.get(tuple(mult), 0) + (u.src[1] if u.op is Ops.STORE else u).dtype.count
     total: int | UOp = 0
     for ms, cnt in counts.items():
       p: int | UOp = cnt
@@ -102,7 +172,31 @@ class ClangRenderer(CStyleRenderer):
     try: return c(total)
     except NotImplementedError: return f"{int(total.vmax)}LL"
 
+  def load_hint(self, u: UOp, addr: str) -> str | None:
+    """Streamed loads (see `streamed_loads`) prefetch PREFETCH_BYTES ahead: the hardware prefetcher alone leaves a
+    decode step's weight streams latency-bound. A prefetch past the end of a buffer is harmless (it never faults)."""
+    return f"__builtin_prefetch(((const char*){addr}) + {self.prefetch_bytes});" if u in self._streamed and self.prefetch_bytes else None
+
+  @staticmethod
+  def streamed_loads(uops: list[UOp]) -> set[UOp]:
+    """Vector loads of a buffer inside a reduce loop that walk memory forward in small steps (<= 128 bytes per trip)
+    and whose address moves with an output (global) range: each output row reads its own data once, so nothing brings
+    it into cache early (the weights of a matrix-vector product; not a matmul's column panel, which is reused)."""
+    out, stack = set(), []
+    for u in uops:
+      if u.op is Ops.RANGE: stack.append(u)
+      elif u.op is Ops.END: stack.pop()
+      elif u.op is Ops.LOAD and u.dtype.count > 1 and stack and stack[-1].arg[1] == "reduce" and u.src[0].op is Ops.INDEX \
+           and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and any(x.op is Ops.RANGE and x.arg[1] == "global" for x in u.src[0].src[1].toposort()):
+        idx = u.src[0].src[1]
+        try: step = (eval_index(idx, {stack[-1]: 1}) - eval_index(idx, {})) * u.dtype.scalar().itemsize
+        except (ValueError, ZeroDivisionError): continue  # an address loaded from memory: not a stream
+        if 0 < step <= 128: out.add(u)
+    return out
+
   def render(self, name: str, uops: list) -> str:
+    self._vtypes: dict[str, tuple[str, int]] = {}
+    self._streamed = self.streamed_loads(uops)
     self._outer = next((u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"), None)
     self._vec_loops = self.vectorizable_reduce_loops(uops) if self.vectorizes_reductions else set()
     body = self.render_body(uops)
@@ -114,6 +208,7 @@ class ClangRenderer(CStyleRenderer):
     split = "1LL" if self._outer is None else (f"{self._outer.src[0].arg}LL" if self._outer.src[0].op is Ops.CONST else
                                                f"(long long){self.work_const(self._outer.src[0])}")
     prelude = ([EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []) + ([self.emulation_prelude("".join(body))] if self.emulated else [])
+    if self._vtypes: prelude.insert(0, _vector_prelude(self._vtypes, "\n".join(body)))
     return "\n".join([*prelude, f"static inline void {name}_k({params}) {{", *guard, *body, "}",
                       f"void {name}(void **bufs, const int *vals, int core_id, int core_n) {{",
                       f"  {name}_k({args}{', ' if args else ''}core_id, core_n);", "}",
@@ -123,7 +218,8 @@ class ClangRenderer(CStyleRenderer):
 
   @staticmethod
   def vectorizable_reduce_loops(uops: list[UOp]) -> set[UOp]:
-    """Innermost reduce loops that update exactly one accumulator (register-blocked loops are vectorized by upcasting)."""
+    """Innermost reduce loops that update exactly one scalar accumulator (register-blocked loops are vectorized by
+    upcasting, loops with vector accumulators by codegen/vectorize.py)."""
     out, stack = set(), []
     for u in uops:
       if u.op is Ops.RANGE: stack.append([u, True, 0])
@@ -131,7 +227,8 @@ class ClangRenderer(CStyleRenderer):
         r, inner, stores = stack.pop()
         if inner and stores == 1 and r.arg[1] == "reduce": out.add(r)
         if stack: stack[-1][1] = False
-      elif u.op is Ops.STORE and stack and u.src[0].src[0].op is Ops.DEFINE_REG: stack[-1][2] += 1
+      elif u.op is Ops.STORE and stack and u.src[0].src[0].op is Ops.DEFINE_REG:
+        stack[-1][2] += 1 if u.src[1].dtype.count == 1 else 2  # a vector accumulator: the loop is vectorized already
     return out
 
   def work_const(self, x: UOp) -> str:
@@ -190,15 +287,28 @@ class CPUProgram(Program):
       self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
       self.work.restype, self.work.argtypes = ctypes.c_longlong, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_longlong)]
       self._split = ctypes.c_longlong(1)
+      self._arg_cache: dict[tuple, tuple] = {}  # buffer ids -> (weakrefs to the buffers, their pointer array)
+      self._no_vals = (ctypes.c_int32 * 1)()
       self._const_work: tuple[int, int] | None = None  # (work, outer trips) when they don't depend on variables
       if not hasattr(self._dll, name + "_work_vars"): self._const_work = (self.work(None, ctypes.byref(self._split)), self._split.value)
 
-  def threads_for(self, vals: tuple[int, ...] = ()) -> int:
+  def _args(self, bufs: tuple, vals: tuple[int, ...]) -> tuple[Any, Any]:
+    """The C arrays of buffer pointers (reused for the same buffers, by identity, held weakly: a JIT replay launches each
+    kernel with the same buffers, and `ndarray.ctypes.data` costs ~1.5 us per buffer) and values."""
+    cvals = self._no_vals if not vals else (ctypes.c_int32 * len(vals))(*vals)
+    key = tuple(map(id, bufs))
+    if (hit := self._arg_cache.get(key)) is not None and all(w() is b for w, b in zip(hit[0], bufs)): return hit[1], cvals
+    cbufs = (ctypes.c_void_p * max(len(bufs), 1))(*[b.ctypes.data for b in bufs])
+    if len(self._arg_cache) >= 256: self._arg_cache.clear()
+    self._arg_cache[key] = (tuple(weakref.ref(b) for b in bufs), cbufs)
+    return cbufs, cvals
+
+  def threads_for(self, vals: tuple[int, ...] = (), cvals: Any = None) -> int:
     """How many cores a launch with `vals` uses (estimated work / MIN_WORK_PER_THREAD, capped by CPU_THREADS and the outer loop)."""
     if self.work is None: return 1
     if self._const_work is not None: w, split = self._const_work
     else:
-      w = self.work((ctypes.c_int32 * max(len(vals), 1))(*vals), ctypes.byref(self._split))
+      w = self.work(cvals if cvals is not None else (ctypes.c_int32 * max(len(vals), 1))(*vals), ctypes.byref(self._split))
       split = self._split.value
     return max(1, min(self.dev.threads, w // MIN_WORK_PER_THREAD, split))
 
@@ -208,9 +318,8 @@ class CPUProgram(Program):
     st = time.perf_counter()
     if self.work is None: self.fn(*[ctypes.c_void_p(b.ctypes.data) for b in bufs], *[ctypes.c_int32(v) for v in vals])
     else:
-      cbufs = (ctypes.c_void_p * max(len(bufs), 1))(*[b.ctypes.data for b in bufs])
-      cvals = (ctypes.c_int32 * max(len(vals), 1))(*vals)
-      if self.threads_for(vals) == 1: self.fn(cbufs, cvals, 0, 1)  # small kernels never touch the pool
+      cbufs, cvals = self._args(bufs, vals)
+      if self.threads_for(vals, cvals) == 1: self.fn(cbufs, cvals, 0, 1)  # small kernels never touch the pool
       else: self.dev.pool_launch(self._fn_ptr, self._work_ptr, cbufs, cvals, self.dev.threads, MIN_WORK_PER_THREAD)
     return time.perf_counter() - st if wait else None
 
@@ -223,6 +332,7 @@ class CPUDevice(Compiled):
     super().__init__(device, CPUAllocator(), [ClangRenderer], ClangCompiler(), CPUProgram)
     if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
       self.renderer.vectorizes_reductions = True
+    if isinstance(self.renderer, ClangRenderer): self.renderer.vector_lanes, self.renderer.vector_regs = simd_shape()
     if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
       self.renderer.emulated = frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
                                          if not self.compiler.supports_type(t))

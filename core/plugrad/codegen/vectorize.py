@@ -1,0 +1,187 @@
+"""Explicit SIMD: turn the vector lane range of an optimized kernel AST (Opt VECTOR, codegen/opt.py) into vector values.
+
+Renderers with vector types (`vector_lanes` > 0) run `vectorize` between codegen/opt.py and the linearizer. Every
+node that depends on the lane range L (k lanes) becomes a value of dtype T.vec(k), or k scalars where that is better:
+- a LOAD whose address is base + lane (checked symbolically, lane by lane) is one LOAD of dtype T.vec(k) from
+  INDEX(buf, base): k contiguous elements; one whose address is the same for every lane stays a scalar LOAD;
+  other loads (and loads whose gate depends on L) are done lane by lane;
+- ALU ops the renderer has for vectors (`vector_ops`, not bool/index/16-bit float) become vector ops with scalar
+  sources broadcast (VECTORIZE of one value k times); other ops run lane by lane on GEPs of their sources;
+- index and bool values are never vectors: lane i is the expression with L replaced by i (then simplified);
+- a REDUCE over L reduces a vector accumulator over its other ranges, then combines the lanes (a tree of GEPs); a
+  REDUCE not over L (L is an output axis) has a vector accumulator and result;
+- a STORE to base + lane is one vector STORE; other stores are written lane by lane.
+The result has no lane range, so the linearizer treats it like any kernel. Renderers without vector types never run
+this: for them (and the PYTHON device) a lane range is a plain loop.
+"""
+from __future__ import annotations
+
+import functools
+
+from plugrad.codegen.opt import lane_pattern, pm_opt_symbolic
+from plugrad.dtype import DType, dtypes
+from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.rewrite import graph_rewrite
+
+# ops that C vector extensions (and most SIMD targets) compute lane by lane with the scalar semantics
+DEFAULT_VECTOR_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.RECIPROCAL, Ops.MULACC, Ops.CAST,
+                                Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
+_NO_VECTOR_DTYPES = (dtypes.bool, dtypes.index, dtypes.float16, dtypes.bfloat16, dtypes.fp8e4m3, dtypes.fp8e5m2)
+
+Lanes = tuple  # k scalar UOps, one per lane
+_WIDEN_OPS = (Ops.SHR, Ops.AND, Ops.OR, Ops.XOR)
+
+
+def _widen(x: UOp) -> UOp:
+  """An unsigned 8/16-bit expression of SHR/AND/OR/XOR computed in int32 (zero extension commutes with these ops, and
+  C computes them in int anyway)."""
+  if x.op in _WIDEN_OPS: return UOp(x.op, dtypes.int32, (_widen(x.src[0]), _widen(x.src[1])))
+  if x.op is Ops.CONST: return UOp.const(dtypes.int32, x.arg)
+  return UOp(Ops.CAST, dtypes.int32, (x,))
+
+
+def _horizontal(v: UOp, op: Ops) -> UOp:
+  """The lanes of vector `v` combined with `op`: halves added as vectors (the compiler makes shuffles), then a scalar."""
+  while (k := v.dtype.count) > 1:
+    lo, hi = (UOp(Ops.VECTORIZE, v.dtype.scalar().vec(k // 2), tuple(UOp(Ops.GEP, v.dtype.scalar(), (v,), (i,)) for i in rng))
+              for rng in (range(k // 2), range(k // 2, k)))
+    v = UOp(op, lo.dtype, (lo, hi)) if k > 2 else UOp(op, v.dtype.scalar(), (lo, hi))
+  return v
+
+
+class _Expander:
+  def __init__(self, lane: UOp, vector_ops: frozenset[Ops]):
+    self.lane, self.k, self.vops = lane, lane.src[0].arg, vector_ops
+    self.consts = [UOp.const(dtypes.index, i) for i in range(self.k)]
+    self.memo: dict[UOp, UOp | Lanes] = {}
+    self.subs: dict[tuple[UOp, int], UOp] = {}
+    self.patterns: dict[UOp, tuple[str, UOp]] = {}
+    self.dep: dict[UOp, bool] = {lane: True}
+    self.closers: set[UOp] = set()
+
+  def depends(self, n: UOp) -> bool:
+    """Whether `n` varies with the lane (a REDUCE over the lane range doesn't)."""
+    if (d := self.dep.get(n)) is not None: return d
+    for x in n.toposort(gate=lambda y: y not in self.dep):
+      if x not in self.dep: self.dep[x] = x not in self.closers and any(self.dep[s] for s in x.src)
+    return self.dep[n]
+
+  def at(self, n: UOp, i: int) -> UOp:
+    """`n` in lane i: the lane range replaced by the constant i, simplified."""
+    if not self.depends(n): return n
+    if (r := self.subs.get((n, i))) is None:
+      r = self.subs[(n, i)] = graph_rewrite(n.substitute({self.lane: self.consts[i]}, walk=True), pm_opt_symbolic, name="lane")
+    return r
+
+  def vec_dtype_ok(self, dt: DType) -> bool: return dt.scalar() not in _NO_VECTOR_DTYPES and dt.count == 1
+
+  # ----- conversions between the three forms: scalar (lane-invariant), vector UOp, Lanes
+  def vec(self, x: UOp | Lanes, dt: DType) -> UOp:
+    if isinstance(x, tuple): return UOp(Ops.VECTORIZE, dt.vec(self.k), x)
+    if x.dtype.count == self.k and x.dtype.count > 1: return x
+    return UOp(Ops.VECTORIZE, dt.vec(self.k), (x,) * self.k)
+
+  def gep(self, x: UOp | Lanes, i: int) -> UOp:
+    if isinstance(x, tuple): return x[i]
+    if x.dtype.count > 1: return x.src[i] if x.op is Ops.VECTORIZE else UOp(Ops.GEP, x.dtype.scalar(), (x,), (i,))
+    return x
+
+  # ----- expansion
+  def ex(self, n: UOp) -> UOp | Lanes:
+    if not self.depends(n): return n
+    if (r := self.memo.get(n)) is not None: return r
+    r = self.memo[n] = self._ex(n)
+    return r
+
+  def _ex(self, n: UOp) -> UOp | Lanes:
+    if n.dtype.scalar() == dtypes.index or n.op not in GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.LOAD, Ops.REDUCE}:
+      return tuple(self.at(n, i) for i in range(self.k))
+    if n.op is Ops.LOAD: return self.load(n)
+    if n.op is Ops.REDUCE: return self.reduce(n)
+    if n.op is Ops.CAST and n.dtype.count == 1 and dtypes.is_float(n.dtype) and n.src[0].dtype in (dtypes.uint8, dtypes.uint16) \
+       and n.src[0].op in _WIDEN_OPS:  # unpacking bits of bytes: the same values computed in int32 lanes (no byte shifts on x86)
+      return self.ex(UOp(Ops.CAST, n.dtype, (_widen(n.src[0]),)))
+    srcs = [self.ex(s) for s in n.src]
+    if n.op in self.vops and self.vec_dtype_ok(n.dtype) and all(self.vec_dtype_ok(s.dtype) for s in n.src):
+      return UOp(n.op, n.dtype.vec(self.k), tuple(self.vec(s, o.dtype) for s, o in zip(srcs, n.src)), n.arg)
+    return tuple(UOp(n.op, n.dtype, tuple(self.gep(s, i) for s in srcs), n.arg) for i in range(self.k))
+
+  def pattern(self, idx: UOp) -> tuple[str, UOp]:
+    """("broadcast" | "contiguous" | "gather", the index of lane 0)."""
+    if (r := self.patterns.get(idx)) is not None: return r
+    r = self.patterns[idx] = self._pattern(idx)
+    return r
+
+  def _pattern(self, idx: UOp) -> tuple[str, UOp]:
+    if (guess := lane_pattern(idx, self.lane)) == "gather" or (guess == "contiguous" and idx.dtype != dtypes.index):
+      return "gather", self.at(idx, 0)  # sampled: no need to prove
+    d = graph_rewrite(idx - self.lane if guess == "contiguous" else idx, pm_opt_symbolic, name="lane stride")
+    if self.lane not in d.toposort(): return guess, self.at(idx, 0)  # idx is (something without the lane) + lane, or without it
+    base = self.at(idx, 0)  # e.g. (16*r+lane)//32: lane by lane
+    diffs = [graph_rewrite(self.at(idx, i) - base, pm_opt_symbolic, name="lane stride") for i in range(1, self.k)]
+    if all(d.op is Ops.CONST and d.arg == 0 for d in diffs): return "broadcast", base
+    if all(d.op is Ops.CONST and d.arg == i for i, d in enumerate(diffs, 1)): return "contiguous", base
+    return "gather", base
+
+  def uniform_gate(self, ix: UOp) -> tuple[UOp, ...] | None:
+    """The gate of INDEX `ix` as a lane-invariant source tuple (empty without a gate), None if it varies by lane."""
+    if len(ix.src) < 3 or not self.depends(ix.src[2]): return tuple(ix.src[2:])
+    kind, g = self.pattern(ix.src[2])
+    return (g,) if kind == "broadcast" else None
+
+  def load(self, n: UOp) -> UOp | Lanes:
+    ix = n.src[0]
+    if len(n.src) == 1 and ix.op is Ops.INDEX and (gate := self.uniform_gate(ix)) is not None:
+      kind, base = self.pattern(ix.src[1])
+      if kind == "broadcast": return UOp(Ops.LOAD, n.dtype, (ix.replace(src=(ix.src[0], base, *gate)),))
+      if kind == "contiguous" and self.vec_dtype_ok(n.dtype): return UOp(Ops.LOAD, n.dtype.vec(self.k), (ix.replace(src=(ix.src[0], base, *gate)),))
+    return tuple(self.at(n, i) for i in range(self.k))
+
+  def reduce(self, n: UOp) -> UOp | Lanes:
+    x, rngs = self.ex(n.src[0]), n.src[1:]
+    other = tuple(r for r in rngs if r is not self.lane)
+    vector = n.arg in (Ops.ADD, Ops.MUL, Ops.MAX) and n.arg in self.vops and self.vec_dtype_ok(n.dtype)
+    if self.lane not in rngs:
+      if vector: return UOp(Ops.REDUCE, n.dtype.vec(self.k), (self.vec(x, n.dtype), *rngs), n.arg)
+      return tuple(UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *rngs), n.arg) for i in range(self.k))
+    if (acc := self.reduce_vector(n)) is not None: return _horizontal(acc, n.arg)
+    parts = [UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *other), n.arg) if other else self.gep(x, i) for i in range(self.k)]
+    return functools.reduce(lambda a, b: UOp(n.arg, n.dtype, (a, b)), parts)
+
+  def reduce_vector(self, n: UOp) -> UOp | None:
+    """The vector accumulator of a REDUCE over the lane range (lane i holds lane i's partial result), also for an
+    ADD/MUL tree of such REDUCEs with the same op (SPLIT's accumulators are combined before the horizontal step).
+    None where the reduce isn't done on vectors."""
+    if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and n not in self.closers:
+      parts = [self.reduce_vector(s) if s.op is Ops.REDUCE and s.arg is n.op or s.op is n.op else None for s in n.src]
+      return UOp(n.op, n.dtype.vec(self.k), tuple(parts)) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
+    if n not in self.closers or n.arg not in (Ops.ADD, Ops.MUL, Ops.MAX) or n.arg not in self.vops or not self.vec_dtype_ok(n.dtype): return None
+    x, other = self.ex(n.src[0]), tuple(r for r in n.src[1:] if r is not self.lane)
+    return UOp(Ops.REDUCE, n.dtype.vec(self.k), (self.vec(x, n.dtype), *other), n.arg) if other else self.vec(x, n.dtype)
+
+  def store(self, st: UOp) -> list[UOp]:
+    if not self.depends(st): return [st]
+    ix, val = st.src[0], st.src[1]
+    v = self.ex(val)
+    if ix.op is Ops.INDEX and len(st.src) == 2 and (gate := self.uniform_gate(ix)) is not None:
+      kind, base = self.pattern(ix.src[1])
+      nix = ix.replace(src=(ix.src[0], base, *gate))
+      if kind == "broadcast": return [st.replace(src=(nix, self.gep(v, self.k - 1)))]  # the last lane's write wins, as in the loop
+      if kind == "contiguous" and self.vec_dtype_ok(val.dtype): return [st.replace(src=(nix, self.vec(v, val.dtype)))]
+    return [st.replace(src=(self.at(ix, i), self.gep(v, i), *st.src[2:])) for i in range(self.k)]
+
+
+def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS) -> UOp:
+  """`ast` with its vector lane range (if any) turned into vector values (see the module docstring)."""
+  lanes = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and len(n.arg) > 2 and n.arg[2] == "vector"), key=lambda r: r.arg[0])
+  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops)  # several lanes only in separate reduces (opt.py checks)
+  return ast
+
+
+def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops]) -> UOp:
+  ex = _Expander(lane, vector_ops)
+  ex.closers = {n for n in ast.toposort() if n.op is Ops.REDUCE and lane in n.src[1:]}  # lane-invariant results
+  if lane.arg[1] == "reduce":  # the outermost ADD/MUL trees of vector accumulators first (substitute is pre-order)
+    trees = {n: _horizontal(v, n.op) for n in ast.toposort() if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and (v := ex.reduce_vector(n)) is not None}
+    return ast.substitute({**{c: ex.reduce(c) for c in ex.closers}, **trees}, walk=True)
+  return UOp(Ops.SINK, dtypes.void, tuple(functools.reduce(lambda a, st: a + ex.store(st), ast.src, [])))

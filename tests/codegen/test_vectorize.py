@@ -1,0 +1,272 @@
+"""Explicit SIMD (Opt VECTOR, codegen/vectorize.py) and symbolic range splits: values against numpy on the CPU device
+(vector types in C) and the PYTHON device (a lane range is a plain loop there), that the optimizations were chosen,
+and that vector lanes give the scalar kernel's results where no reduction is reordered."""
+from __future__ import annotations
+
+import copy
+import shutil
+
+import numpy as np
+import pytest
+
+from plugrad import Variable
+from plugrad.codegen import get_program
+from plugrad.codegen.opt import Opt, apply_opt, choose_opts, div_end, is_vector_range, ranges_of
+from plugrad.device import Device
+from plugrad.dtype import dtypes
+from plugrad.engine.realize import buffer_for, lower_item
+from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops, UOp
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def renderer(**attrs):
+  """The CPU renderer with 16-lane vectors; streaming reductions vectorized by us too, not left to clang's loop vectorizer."""
+  ren = copy.copy(Device["CPU"].renderer)
+  for k, v in {"vector_lanes": 16, "vector_regs": 32, "vectorizes_reductions": False, **attrs}.items(): setattr(ren, k, v)
+  return ren
+
+
+def run(t: Tensor, opts: list[Opt] | None = None, dev: str = "CPU", **attrs) -> tuple[np.ndarray, str]:
+  """Realize the last kernel of `t` (earlier ones normally) on `dev` with `opts` applied by hand (None: the renderer's
+  own choice, CPU only). Returns the output and the kernel source."""
+  *pre, it = t.schedule()
+  for p in pre: lower_item(p).run()
+  ast = it.ast
+  d = Device[dev]
+  if opts is not None:
+    for o in opts: ast = apply_opt(ast, o)
+  ren = renderer(**{"upcast_max": 64 if opts is None else 0, **attrs}) if dev == "CPU" else d.renderer
+  spec = get_program(ast, ren)
+  bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
+  d.load(spec.name, d.compiler.compile_cached(spec.src))(*bufs, vals=tuple(it.var_vals.values()))
+  out = buffer_for(it.bufs[0])
+  got = np.frombuffer(bytes(out.copyout()), dtype=out.dtype.np)
+  return (got.reshape(t.shape) if all(isinstance(s, int) for s in t.shape) else got), spec.src
+
+
+def chosen(t: Tensor, lanes: int = 16, regs: int = 32) -> list[Opt]:
+  return choose_opts(t.schedule()[-1].ast, 64, True, lanes, regs)
+
+
+def mm(a: np.ndarray, b: np.ndarray) -> Tensor: return Tensor(a).realize() @ Tensor(b).realize()
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 64), (24, 40, 96), (37, 29, 32), (8, 100, 16), (1, 64, 64)])
+def test_matmul_vector_columns(m: int, k: int, n: int):
+  a, b = rand(m, k), rand(k, n)
+  opts = chosen(mm(a, b))
+  vr = ranges_of(mm(a, b).schedule()[-1].ast)[opts[0].rid]
+  assert opts[0].kind == "VECTOR" and opts[0].amount == 16 and vr.arg[1] == "global" and vr.src[0].arg == n  # lanes along n
+  got, src = run(mm(a, b))
+  assert "pg_float16" in src and "pg_fma_pg_float16(" in src
+  np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_tile_and_outer_loop_order():
+  a, b = rand(64, 32), rand(32, 512)
+  opts = chosen(mm(a, b))
+  assert [o.kind for o in opts] == ["VECTOR", "UPCAST", "UPCAST", "OUTER"] and opts[-1].rid == 1  # column panels outermost
+  got, _ = run(mm(a, b))
+  np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+  ast = apply_opt(mm(a, b).schedule()[-1].ast, Opt("OUTER", 1, 0))
+  assert sorted((r.arg[0], r.src[0].arg) for r in ranges_of(ast).values() if r.arg[1] == "global") == [(0, 512), (1, 64)]
+
+
+def test_matvec_vector_reduce_with_bit_unpacking():
+  """A Q4-style dequantizing matvec: lanes along the contiguous reduce axis, two copies per 32-element block."""
+  n, k = 64, 256
+  qs = RNG.integers(0, 256, (n * k // 32, 16), dtype=np.uint8)
+  sc, mn = rand(n * k // 32, 1), rand(n * k // 32, 1)
+  q, sh = Tensor(qs).reshape(-1, 1, 16)._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 2, 1))
+  w = (Tensor(sc) * (q._alu(Ops.SHR, sh) & 15).reshape(-1, 32).cast(dtypes.float32) + Tensor(mn)).reshape(n, k)
+  x = rand(1, k)
+  t = Tensor(x) @ w.T
+  ref = x @ (sc * np.concatenate([qs & 15, qs >> 4], 1) + mn).reshape(n, k).T
+  assert [o.kind for o in chosen(t)] == ["VECTOR", "SPLIT", "UPCAST"] and chosen(t)[0].rid == 1
+  got, src = run(t)
+  assert "__builtin_convertvector" in src and "pg_int16" in src  # nibbles unpacked in int32 lanes
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,axis", [((48, 64), 1), ((48, 64), 0), ((5, 128), 1), ((16, 3, 32), (0, 2))])
+def test_vector_reductions(shape: tuple[int, ...], axis):
+  x = rand(*shape)
+  x.flat[7] = np.nan if shape[0] == 5 else x.flat[7]
+  for op, ref in ((lambda t: t.sum(axis), x.sum(axis)), (lambda t: t.max(axis), x.max(axis)), (lambda t: t.exp().sum(axis), np.exp(x).sum(axis))):
+    got, src = run(op(Tensor(x).realize()))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+  xi = RNG.integers(-50, 50, shape).astype(np.int32)
+  for op, ref in ((lambda t: t.sum(axis), xi.sum(axis)), (lambda t: t.max(axis), xi.max(axis))):
+    np.testing.assert_array_equal(run(op(Tensor(xi).realize()))[0], ref)
+
+
+def test_streaming_reduce_left_to_loop_vectorizer():
+  x = rand(16, 256)
+  t = Tensor(x).realize().exp().sum(1)
+  ast = t.schedule()[-1].ast
+  assert choose_opts(ast, 64, False, 16, 32) == [] and choose_opts(ast, 64, True, 16, 32)[0].kind == "VECTOR"
+  got, src = run(t, vectorizes_reductions=True)
+  assert "#pragma clang loop vectorize" in src and "pg_float16" not in src
+  np.testing.assert_allclose(got, np.exp(x).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_vector_lanes_equal_scalar_lanes():
+  """Elementwise ops on vectors (exp2, max with NaN, casts, shifts) give the scalar kernel's results bit for bit."""
+  x = np.concatenate([np.linspace(-160, 140, 4096 - 16, dtype=np.float32),
+                      np.array([np.nan, np.inf, -np.inf, 0, -0.0, 1e-40, -1e-40, 128, -126, -149.5, 3.3, -2.7, 0.5, -0.5, 7, 1e30], np.float32)])
+  u = RNG.integers(0, 256, 4096, dtype=np.uint8)
+  def prog() -> Tensor:
+    tx, tu = Tensor(x).realize(), Tensor(u).realize()
+    return tx.exp2() + tx.maximum(1.0) * ((tu >> 3) & 7).cast(dtypes.float32) - tx.cast(dtypes.int32).cast(dtypes.float32)
+  want, _ = run(prog(), [], upcast_max=0)
+  got, src = run(prog(), [Opt("VECTOR", 0, 16)])
+  assert "pg_exp2f_pg_float16(" in src and "pg_max_pg_float16(" in src
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  py, _ = run(prog(), [Opt("VECTOR", 0, 16)], dev="PYTHON")  # the same AST on the interpreter: a lane range is a loop
+  np.testing.assert_array_equal(py.view(np.uint32)[:64], want.view(np.uint32)[:64])
+
+
+def test_gated_loads_keep_lane_by_lane():
+  x = rand(6, 40)
+  t = Tensor(x)._pad(((1, 1), (0, 8)))  # (8, 48), padded loads are gated along the vector axis
+  w = rand(48, 32)
+  got, _ = run(t.realize() @ Tensor(w).realize())
+  np.testing.assert_allclose(got, np.pad(x, ((1, 1), (0, 8))) @ w, rtol=1e-5, atol=1e-5)
+  got, _ = run((t * 2).sum(1))
+  np.testing.assert_allclose(got, np.pad(x, ((1, 1), (0, 8))).sum(1) * 2, rtol=1e-5, atol=1e-5)
+
+
+def test_two_reduces_two_lanes():
+  """Separate reduces (e.g. a projection and its rotated partner) each get their own vector lanes."""
+  x, w1, w2 = rand(1, 64), rand(32, 64), rand(32, 64)
+  t = (Tensor(x) @ Tensor(w1).realize().T) * 2 + (Tensor(x) @ Tensor(w2).realize().T)
+  opts = chosen(t)
+  if sum(o.kind == "VECTOR" for o in opts) == 2:
+    got, src = run(t)
+    np.testing.assert_allclose(got, (x @ w1.T) * 2 + x @ w2.T, rtol=1e-5, atol=1e-5)
+  ast = t.schedule()[-1].ast
+  reds = sorted({n.src[-1] for n in ast.toposort() if n.op is Ops.REDUCE}, key=lambda r: r.arg[0])
+  if len(reds) == 2:  # both lanes in one kernel: allowed because no reduce uses both ranges
+    a = apply_opt(apply_opt(ast, Opt("VECTOR", reds[0].arg[0], 8)), Opt("VECTOR", reds[1].arg[0], 8))
+    assert sum(is_vector_range(r) for r in ranges_of(a).values()) == 2
+
+
+def test_vector_opt_errors():
+  ast = mm(rand(8, 32), rand(32, 32)).schedule()[-1].ast
+  with pytest.raises(ValueError, match="power of two"): apply_opt(ast, Opt("VECTOR", 1, 6))
+  with pytest.raises(ValueError, match="can't split range"): apply_opt(ast, Opt("VECTOR", 0, 16))
+  a = apply_opt(ast, Opt("VECTOR", 1, 8))
+  with pytest.raises(ValueError, match="vector lane range"): apply_opt(a, Opt("VECTOR", 2, 8))
+  with pytest.raises(ValueError, match="vector lane range"): apply_opt(a, Opt("UPCAST", 3, 2))
+  with pytest.raises(ValueError, match="OUTER needs a global range"): apply_opt(ast, Opt("OUTER", 2, 0))
+
+
+def test_div_end():
+  v = UOp.variable("v", 1, 64)
+  eight_v = v * 8
+  assert div_end(eight_v, 8) is v and div_end(eight_v, 4).render() == "v*2" and div_end(eight_v, 16) is None
+  assert div_end(eight_v + 16, 8).render().strip("()") == "v+2" and div_end(eight_v + 4, 8) is None and div_end(v, 2) is None
+  assert div_end(UOp.const(dtypes.index, 48), 16).arg == 3 and div_end(UOp.const(dtypes.index, 48), 32) is None
+  assert div_end((v * 3) * (v * 8), 4) is not None and div_end((v * 3) * (v * 5), 4) is None
+
+
+@pytest.mark.parametrize("dev", ["CPU", "PYTHON"])
+def test_symbolic_multiple_of_eight(dev: str):
+  """A (8*v, K) operand: the symbolic row range is split (by 8 for UPCAST, lanes along the constant axis) and the
+  values match numpy for every bound value with one compiled kernel."""
+  x, w = rand(64, 24), rand(24, 32)
+  v = Variable("v", 1, 8)
+  def prog(n: int) -> Tensor: return Tensor(x)[:v.bind(n) * 8] @ Tensor(w)
+  opts = chosen(prog(2))
+  assert Opt("UPCAST", 0, 8) in opts and opts[0].kind == "VECTOR"
+  sym = [o for o in opts if o.kind != "OUTER"]
+  for n in (1, 3, 8):
+    got, _ = run(prog(n), None if dev == "CPU" else sym, dev=dev)
+    np.testing.assert_allclose(got.reshape(-1)[:n * 8 * 32].reshape(n * 8, 32), x[:n * 8] @ w, rtol=1e-5, atol=1e-5)
+  ast = prog(2).schedule()[-1].ast
+  assert apply_opt(ast, Opt("UPCAST", 0, 4)) is not None and apply_opt(ast, Opt("UPCAST", 0, 2)) is not None
+  with pytest.raises(ValueError, match="can't split range"): apply_opt(ast, Opt("UPCAST", 0, 16))
+
+
+def test_symbolic_reduce_split():
+  """A reduce over 8*v elements (attention over a padded length) split into vector lanes and accumulators."""
+  x = rand(4, 128)
+  v = Variable("v", 1, 16)
+  def prog(n: int) -> Tensor: return Tensor(x)[:, :v.bind(n) * 8].sum(1)
+  ast = prog(2).schedule()[-1].ast
+  assert [r.src[0].render() for r in ranges_of(apply_opt(ast, Opt("VECTOR", 1, 8))).values() if r.arg[1] == "reduce"] == ["v", "8"]
+  for n in (1, 5, 16):
+    for opts, dev in (([Opt("VECTOR", 1, 8)], "CPU"), ([Opt("VECTOR", 1, 4), Opt("SPLIT", 1, 2)], "CPU"), ([Opt("VECTOR", 1, 8)], "PYTHON")):
+      got, _ = run(prog(n), opts, dev=dev)
+      np.testing.assert_allclose(got[:4], x[:, :n * 8].sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
+def test_gcc_compiles_vector_kernels():
+  from plugrad_cpu.device import ClangCompiler, CPUProgram
+  a, b, x = rand(16, 32), rand(32, 64), rand(8, 256)
+  gcc, dev = ClangCompiler("gcc"), Device["CPU"]
+  for t, want in ((mm(a, b), a @ b), (Tensor(x).realize().exp().sum(1), np.exp(x).sum(1)), (Tensor(x).realize().max(1), x.max(1))):
+    (it,) = t.schedule()
+    spec = get_program(it.ast, renderer())
+    assert "pg_float16" in spec.src
+    prg = CPUProgram(dev, spec.name, gcc.compile(spec.src))
+    bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
+    prg(*bufs)
+    np.testing.assert_allclose(bufs[0].view(np.float32).reshape(np.shape(want)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_q4k_gemv_block_scales_broadcast():
+  """Q4_K blocks dequantized inside a matvec (6-bit scales through gated loads of a cat): every lane of a 16-wide vector
+  reads the same scale bytes, which must be proven (so they load once per block, not lane by lane)."""
+  from plugrad.nn.serialize import dequantize
+  n, k = 8, 512
+  blocks = RNG.integers(0, 256, (n * k // 256, 144), dtype=np.uint8)
+  blocks[:, :4] = np.frombuffer(np.array([0.01, 0.002] * (n * k // 256), np.float16).tobytes(), np.uint8).reshape(-1, 4)
+  tb, x = Tensor(blocks).realize(), rand(1, k)
+  w = dequantize(tb, "Q4_K").reshape(n, k).numpy()
+  t = Tensor(x) @ dequantize(tb, "Q4_K").reshape(n, k).T
+  assert [o.kind for o in chosen(t)][:2] == ["VECTOR", "SPLIT"]
+  got, src = run(t)
+  assert "pg_unsigned_char16" in src and src.count("(pg_unsigned_char16){") == 0  # no lane-by-lane byte gathers
+  np.testing.assert_allclose(got, x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_low_terms_fold_out_of_block_indices():
+  from plugrad.codegen.opt import pm_opt_symbolic
+  from plugrad.uop.rewrite import graph_rewrite
+  r = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 64),), (0, "reduce"))
+  lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 16),), (1, "reduce", "vector"))
+  def simp(x: UOp) -> UOp: return graph_rewrite(x, pm_opt_symbolic)
+  assert simp((r * 32 + 17) // 256).render() == "r0_reduce//8" and simp((r * 16 + lane) // 32).render() == "r0_reduce//2"
+  assert simp((r * 32 + 17) % 256).render().replace("(", "").replace(")", "") == "r0_reduce%8*32+17"
+  assert simp((r * 16 + 17) // 32).render() != "r0_reduce//2"  # 17 >= 16: the low part carries into the block
+  for rv in range(64):
+    for lv in (0, 5, 15):
+      for e in ((r * 16 + lane) // 32, (r * 16 + lane) % 32, (r * 32 + 17) // 256, (r * 16 + 17) // 32):
+        want = e.substitute({r: UOp.const(dtypes.index, rv), lane: UOp.const(dtypes.index, lv)})
+        got = simp(e).substitute({r: UOp.const(dtypes.index, rv), lane: UOp.const(dtypes.index, lv)})
+        assert graph_rewrite(want, pm_opt_symbolic).arg == graph_rewrite(got, pm_opt_symbolic).arg
+
+
+def test_prefetch_only_streamed_weight_loads():
+  x, w = rand(1, 256), rand(64, 256)
+  _, src = run(Tensor(x) @ Tensor(w).realize().T)  # matvec: each row's weights are read once
+  assert "__builtin_prefetch" in src
+  _, src = run(mm(rand(64, 64), rand(64, 64)))  # matmul: the column panel is reused, no prefetch
+  assert "__builtin_prefetch" not in src
+
+
+def test_data_dependent_indices():
+  """Indices loaded from memory (an embedding gather feeding a reduce) can't be judged statically: lane by lane."""
+  emb, idx = rand(50, 64), RNG.integers(0, 50, 16).astype(np.int32)
+  t = Tensor(emb).realize()[Tensor(idx).realize()]
+  got, _ = run((t * 3).sum(1))
+  np.testing.assert_allclose(got, (emb[idx] * 3).sum(1), rtol=1e-5, atol=1e-5)
+  got, _ = run(t.T.realize() @ Tensor(emb).realize()[:16])
+  np.testing.assert_allclose(got, emb[idx].T @ emb[:16], rtol=1e-5, atol=1e-5)
