@@ -498,8 +498,18 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
         ident = 0 if op is Ops.ADD else 1
         out = Tensor.full(tuple(1 if i in axes else s for i, s in enumerate(self.shape)), ident, self.dtype, self.device)
         return out if keepdim else out.reshape(new_shape)
-    ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+    if (ret := self._split_full_reduce(op, axes)) is None: ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
     return ret if keepdim else ret.reshape(new_shape)
+
+  def _split_full_reduce(self, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
+    """A full reduction of many elements as two: p partial reductions over contiguous runs (one kernel whose p
+    outputs a device spreads over its cores or threads; a single output would run on one), then one over the partials.
+    None when the reduction is partial, symbolic or small (< 2**16 elements)."""
+    n = prod(self.shape)
+    if len(axes) != self.ndim or not isinstance(n, int) or n < (1 << 16): return None
+    if (p := next((p for p in (256, 128, 64, 32, 16, 8, 4, 2) if n % p == 0 and n // p >= 1024), None)) is None: return None
+    part = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.reshape(p, n // p).uop,), (op, (1,)))).reshape(p).contiguous()
+    return Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (part.uop,), (op, (0,)))).reshape((1,) * self.ndim)
 
   def sum(self, axis=None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
     acc = to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype)

@@ -57,9 +57,21 @@ def test_small_and_scalar_kernels_use_one_thread():
   assert n == 1 and out.view(np.float32).tolist() == [1, 2, 3, 4, 5]
   out, n = run(Tensor(np.full(1, 3, np.float32)).realize() * 2, 8)  # 1 element: no global range at all
   assert n == 1 and out.view(np.float32).tolist() == [6]
+  y = Tensor(RNG.standard_normal(1 << 12).astype(np.float32)).realize()
+  out, n = run(y.sum(), 8)  # a small full reduction: one kernel, nothing to split
+  assert n == 1 and abs(out.view(np.float32)[0] - y.numpy().sum(dtype=np.float64)) < 1e-3
+
+
+def test_large_full_reduction_runs_on_all_cores():
+  """A full reduction of 2**18 elements is two kernels: 256 partial sums (spread over the cores), then their sum."""
   y = Tensor(RNG.standard_normal(1 << 18).astype(np.float32)).realize()
-  out, n = run(y.sum(), 8)  # full reduction: nothing to split
-  assert n == 1 and abs(out.view(np.float32)[0] - y.numpy().sum(dtype=np.float64)) < 1e-2
+  items = y.sum().schedule()
+  assert len(items) == 2
+  part = get_runner("CPU", items[0].ast).prg
+  old, Device["CPU"].threads = Device["CPU"].threads, 8
+  try: assert part.threads_for(()) > 1
+  finally: Device["CPU"].threads = old
+  assert abs(y.sum().item() - y.numpy().sum(dtype=np.float64)) < 1e-2 and y.max().item() == y.numpy().max()
 
 
 def test_outer_loop_smaller_than_thread_count():
