@@ -31,3 +31,26 @@ def test_repack_matches_gguf(qtype):
 def test_unquantized_weights_are_not_repacked():
   u = Tensor(np.ones((4, 32), np.float32)).realize().uop
   assert repack(u) is u
+
+
+def test_dense_prefill_weights_give_the_same_logits():
+  """Quantized block weights kept as dense float32 copies for prefill (the default when they fit the budget) give
+  the same prefill logits as dequantizing inside every prefill, and decode still reads the quantized weights."""
+  from llm_helpers import tiny_config, tiny_weights
+
+  from plugrad.apps.llm.generate import Generator
+  from plugrad.apps.llm.model import Transformer
+  cfg = tiny_config("llama")
+  w = tiny_weights(cfg, 5, True)
+  def quantized(k: str, v: np.ndarray) -> Tensor:
+    if not k.startswith("blk.") or v.ndim != 2 or v.shape[1] % 32: return Tensor(v)
+    blocks = gguf.quants.quantize(v.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    return dequantize(Tensor(blocks.reshape(-1, 34)).realize(), "Q8_0").reshape(v.shape)
+  models = [Transformer(cfg, {k: quantized(k, v) for k, v in w.items()}, max_context=48, dense_prefill_bytes=b) for b in (0, 1 << 30)]
+  assert not any(layer.dense for layer in models[0].layers) and all(layer.dense for layer in models[1].layers)
+  toks = [3, 9, 4, 1, 7, 2, 8, 5, 6, 10, 11]
+  outs = []
+  for m in models:
+    g = Generator(m)
+    outs.append((g.forward(toks, 0), g.forward([12], len(toks))))
+  for a, b in zip(*outs): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

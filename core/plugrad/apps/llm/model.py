@@ -204,6 +204,17 @@ class Block:
     rows = max_context + CACHE_PAD
     self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, cfg.head_dim, rows)   # transposed; zeroed by Transformer
     self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
+    self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
+
+  def lin(self, x: Tensor, w: UOp, b: UOp | None = None) -> Tensor:
+    """x @ w.T (+ b): a prefill (more than one token) reads the dense copy of w when the model keeps one."""
+    if (d := self.dense.get(w)) is not None and not (isinstance(x.shape[-2], int) and x.shape[-2] == 1): return x.linear(Tensor(d), _t(b))
+    return linear(x, _t(w), _t(b))
+
+  def dense_weights(self) -> list[UOp]:
+    """The quantized (computed, not stored) weights of the block that a prefill reads as matrices."""
+    ws = [self.wq, self.wk, self.wv, self.wo] + ([] if self.cfg.n_experts else [self.w_gate, self.w_up, self.w_down])
+    return [w for w in ws if not is_buffer_view(w)]
 
   def _qk_norm(self, x: Tensor, w: Tensor | None) -> Tensor:
     if w is None: return x
@@ -216,9 +227,9 @@ class Block:
     a padded prefill reads a multiple of PREFILL_MULTIPLE keys, the extra ones masked)."""
     c = self.cfg
     B, T, _ = x.shape
-    q = linear(x, _t(self.wq), _t(self.bq)).reshape(B, T, c.n_heads, c.head_dim)
-    k = linear(x, _t(self.wk), _t(self.bk)).reshape(B, T, c.n_kv_heads, c.head_dim)
-    v = linear(x, _t(self.wv), _t(self.bv)).reshape(B, T, c.n_kv_heads, c.head_dim)
+    q = self.lin(x, self.wq, self.bq).reshape(B, T, c.n_heads, c.head_dim)
+    k = self.lin(x, self.wk, self.bk).reshape(B, T, c.n_kv_heads, c.head_dim)
+    v = self.lin(x, self.wv, self.bv).reshape(B, T, c.n_kv_heads, c.head_dim)
     q, k = self._qk_norm(q, _t(self.q_norm)), self._qk_norm(k, _t(self.k_norm))
     q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -228,10 +239,10 @@ class Block:
     one = isinstance(T, int) and T == 1 and keys_len is None   # one token over exactly its keys: nothing to mask
     mask = None if one else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
     out = attend(q, keys, values, mask)
-    return linear(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), _t(self.wo))
+    return self.lin(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), self.wo)
 
   def ffn(self, x: Tensor) -> Tensor:
-    if not self.cfg.n_experts: return linear(linear(x, _t(self.w_gate)).silu() * linear(x, _t(self.w_up)), _t(self.w_down))
+    if not self.cfg.n_experts: return self.lin(self.lin(x, self.w_gate).silu() * self.lin(x, self.w_up), self.w_down)
     return self.moe(x)
 
   def moe(self, x: Tensor) -> Tensor:
@@ -264,7 +275,8 @@ class Transformer:
   """A decoder with per-block KV caches of `max_context` positions. `forward(x, start)`: x (B, T, dim) embeddings of
   the tokens at positions [start, start + T) -> logits (B, vocab) of the last one (float32)."""
 
-  def __init__(self, cfg: Config, weights: dict[str, Tensor], max_context: int = 4096, batch: int = 1):
+  def __init__(self, cfg: Config, weights: dict[str, Tensor], max_context: int = 4096, batch: int = 1,
+               dense_prefill_bytes: int = 1 << 30):
     if (cfg.rope_dim or cfg.head_dim) != cfg.head_dim:
       raise ValueError(f"partial rotary embeddings (rope dim {cfg.rope_dim} < head dim {cfg.head_dim}) aren't supported")
     if not isinstance(max_context, int) or max_context < 2: raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
@@ -283,6 +295,18 @@ class Transformer:
     self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context + CACHE_PAD, cfg.rope_theta,
                                      None if ff is None else Tensor(ff.uop).numpy())
     self._embd_np: np.ndarray | None = None
+    self.keep_dense_weights(dense_prefill_bytes)
+
+  def keep_dense_weights(self, budget: int) -> bool:
+    """When float32 (in, out) copies of all the blocks' quantized weights fit in `budget` bytes, compute them once now:
+    a prefill then reads them instead of dequantizing every weight on every call (a fixed ~0.25 s per prefill for
+    SmolLM2-135M, most of a short prompt's time). Decode keeps reading the quantized weights. Returns whether it did."""
+    ws = [(layer, w) for layer in self.layers for w in layer.dense_weights()]
+    if not ws or sum(math.prod(w.shape) * 4 for _, w in ws) > budget: return False
+    ts = [Tensor(w).transpose().contiguous() for _, w in ws]
+    Tensor.realize_all(*ts)
+    for (layer, w), t in zip(ws, ts): layer.dense[w] = t.uop
+    return True
 
   def embedding_table(self) -> np.ndarray:
     """The dequantized token embeddings on the host (float32; float16 when that would exceed 512 MB)."""
