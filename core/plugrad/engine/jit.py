@@ -4,13 +4,18 @@ Call 1 runs the function normally (compiling its kernels). Call 2 runs it again 
 copy it executes (ExecItems). From call 3 on, the function is not called at all: the recorded kernels run with the
 new inputs' buffers swapped in and the new values of bound Variables, and the returned tensors are the same
 objects as the capture's (their buffers hold the new results). JIT=0 turns capturing off.
+
+Replay runs each maximal stretch of compiled kernels on one device through that device's `batch_runner(items)` when
+it offers one (e.g. CPU: one C call for the stretch, no Python per kernel); copies and the rest run item by item.
+JIT_BATCH=0 turns batching off.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Callable, Generic, TypeVar
 
-from plugrad.engine.realize import CAPTURING, ExecItem, buffer_for
+from plugrad.device import Device
+from plugrad.engine.realize import CAPTURING, ExecItem, GlobalCounters, buffer_for
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import buffer_of, rebind_view
 from plugrad.uop.ops import Ops, UOp
@@ -56,6 +61,7 @@ class TinyJit(Generic[R]):
     self.input_slots: list[tuple[int, int, int]] = []
     self.signature: list[tuple] = []
     self.ret: Any = None
+    self.plan: list[tuple[Any, list[ExecItem], list[tuple[int, int]]]] = []  # (batch runner or None, items, input slots)
     functools.update_wrapper(self, fn)
 
   def __get__(self, obj, objtype=None):  # a jitted method binds like a function
@@ -63,7 +69,7 @@ class TinyJit(Generic[R]):
 
   def reset(self) -> None:
     """Forget the capture: the next call runs normally again."""
-    self.cnt, self.captured, self.input_slots, self.signature, self.ret = 0, [], [], [], None
+    self.cnt, self.captured, self.input_slots, self.signature, self.ret, self.plan = 0, [], [], [], None, []
 
   def __call__(self, *args, **kwargs) -> R:
     from plugrad.tensor import Tensor
@@ -100,7 +106,26 @@ class TinyJit(Generic[R]):
         if b.base in in_bufs and b is not b.base:
           raise JitError(f"kernel {i} of the capture reads a view of an input buffer; pass the whole tensor to the jitted function")
     self.captured, self.signature, self.ret, self.cnt = items, self._signature(inputs), ret, 2
+    self.plan = self._plan(items) if getenv("JIT_BATCH", 1) else []
     return ret
+
+  def _plan(self, items: list[ExecItem]) -> list[tuple[Any, list[ExecItem], list[tuple[int, int]]]]:
+    """Split the capture into stretches of kernels on one device (batched when the device offers `batch_runner`) and
+    single items; each with the (index in stretch, buffer index) input slots it reads."""
+    plan: list[tuple[Any, list[ExecItem], list[tuple[int, int]]]] = []
+    i = 0
+    while i < len(items):
+      j, dev = i + 1, items[i].runner.device if items[i].runner is not None else None
+      while dev is not None and j < len(items) and items[j].runner is not None and items[j].runner.device == dev: j += 1
+      make = getattr(Device[dev], "batch_runner", None) if dev is not None and j - i > 1 else None
+      batch = make(items[i:j]) if make is not None else None
+      plan.append((batch, items[i:j] if batch is not None else [items[i]], []))
+      i = j if batch is not None else i + 1
+    start = 0
+    for _, its, slots in plan:
+      slots += sorted({(a - start, b) for a, b, _ in self.input_slots if start <= a < start + len(its)})
+      start += len(its)
+    return plan
 
   def _replay(self, inputs: list, var_vals: dict[str, int]) -> R:
     sig = self._signature(inputs)
@@ -110,7 +135,12 @@ class TinyJit(Generic[R]):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
     for i, j, k in self.input_slots: self.captured[i].bufs[j] = bufs[k]
-    for ei in self.captured: ei.run(var_vals if ei.runner is not None and ei.runner.spec.vars else None)
+    if self.plan:
+      for batch, its, slots in self.plan:
+        if batch is None: its[0].run(var_vals if its[0].runner is not None and its[0].runner.spec.vars else None)
+        else: batch(var_vals, slots); GlobalCounters["kernels"] += len(its)
+    else:
+      for ei in self.captured: ei.run(var_vals if ei.runner is not None and ei.runner.spec.vars else None)
     if var_vals:  # outputs with symbolic shapes take this call's sizes
       for t in _tensors_in(self.ret): t.uop = rebind_view(t.uop, var_vals)
     return self.ret

@@ -337,16 +337,63 @@ class CPUDevice(Compiled):
       self.renderer.emulated = frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
                                          if not self.compiler.supports_type(t))
 
-  @property
-  def pool_launch(self) -> Any:
-    """`plugrad_pool_launch` of the process-wide thread pool for this device's compiler (compiled and loaded on first use)."""
-    if (fn := _POOLS.get(self.compiler.cachekey)) is None:
+  def _pool_lib(self) -> Any:
+    """The process-wide thread pool library for this device's compiler (compiled and loaded on first use)."""
+    if (lib := _POOLS.get(self.compiler.cachekey)) is None:
       with tempfile.NamedTemporaryFile(suffix=".so", prefix="plugrad-pool-") as f:
         f.write(self.compiler.compile_cached(POOL_SRC)); f.flush()
         lib = ctypes.CDLL(f.name)
-      fn = lib.plugrad_pool_launch
-      fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong]
-      _POOLS[self.compiler.cachekey] = fn
-    return fn
+      p = ctypes.c_void_p
+      lib.plugrad_pool_launch.restype, lib.plugrad_pool_launch.argtypes = ctypes.c_int, [p, p, p, p, ctypes.c_int, ctypes.c_longlong]
+      lib.plugrad_batch_run.restype, lib.plugrad_batch_run.argtypes = None, [p, ctypes.c_int, p, ctypes.c_int, ctypes.c_longlong]
+      _POOLS[self.compiler.cachekey] = lib
+    return lib
+
+  @property
+  def pool_launch(self) -> Any:
+    """`plugrad_pool_launch` of the process-wide thread pool for this device's compiler."""
+    return self._pool_lib().plugrad_pool_launch
+
+  def batch_runner(self, items: list) -> CPUBatch | None:
+    """A runner of these ExecItems (compiled threaded kernels of this device, in order) as one C call, or None when
+    some kernel can't go into a batch (a hand-written kernel without `name_work`). See CPUBatch."""
+    if not items or any(ei.runner is None or not isinstance(ei.runner.prg, CPUProgram) or ei.runner.prg.work is None
+                        or ei.runner.prg.dev is not self for ei in items): return None
+    return CPUBatch(self, items)
+
+class _Entry(ctypes.Structure):
+  _fields_ = [("fn", ctypes.c_void_p), ("work", ctypes.c_void_p), ("bufs", ctypes.c_void_p), ("vals", ctypes.c_void_p),
+              ("var_idx", ctypes.c_void_p), ("nvars", ctypes.c_longlong), ("work_c", ctypes.c_longlong), ("split_c", ctypes.c_longlong)]
+
+class CPUBatch:
+  """Captured kernels run in order by one C call (`plugrad_batch_run`), each on one core or the pool exactly as
+  CPUProgram.__call__ would. The kernels' variables are indices into one int array filled per call from `var_vals`;
+  `__call__(var_vals, slots)` re-reads the buffer pointers of the (item, buffer) `slots` that may have changed (the
+  JIT's input slots); every other buffer pointer is fixed at construction."""
+  def __init__(self, dev: CPUDevice, items: list) -> None:
+    self.dev, self.items, self._run = dev, items, dev._pool_lib().plugrad_batch_run
+    self.var_names = sorted({v.arg[0] for ei in items for v in ei.runner.spec.vars})
+    pos = {n: i for i, n in enumerate(self.var_names)}
+    self._gvals = (ctypes.c_int32 * max(len(self.var_names), 1))()
+    self._entries = (_Entry * len(items))()
+    self._bufs, self._keep, self._last = [], [], {}  # per item its pointer array; value/index arrays kept alive; slot -> ndarray
+    for e, ei in zip(self._entries, items):
+      prg: CPUProgram = ei.runner.prg
+      cbufs = (ctypes.c_void_p * max(len(ei.bufs), 1))(*[b._buf.ctypes.data for b in ei.bufs])
+      names = [v.arg[0] for v in ei.runner.spec.vars]
+      vals, idx = (ctypes.c_int32 * max(len(names), 1))(), (ctypes.c_int32 * max(len(names), 1))(*[pos[n] for n in names])
+      w, split = prg._const_work if prg._const_work is not None else (-1, 1)
+      e.fn, e.work, e.bufs, e.vals, e.var_idx = prg._fn_ptr, prg._work_ptr, ctypes.addressof(cbufs), ctypes.addressof(vals), ctypes.addressof(idx)
+      e.nvars, e.work_c, e.split_c = len(names), w, split
+      self._bufs.append(cbufs); self._keep += [vals, idx]
+
+  def __call__(self, var_vals: dict[str, int], slots: list[tuple[int, int]] = ()) -> None:
+    for k, n in enumerate(self.var_names):
+      if (v := var_vals.get(n)) is None: raise RuntimeError(f"kernel needs a value for variable {n!r}, which was not bound")
+      self._gvals[k] = v
+    for i, j in slots:
+      arr = self.items[i].bufs[j]._buf
+      if self._last.get((i, j)) is not arr: self._bufs[i][j], self._last[(i, j)] = arr.ctypes.data, arr
+    self._run(self._entries, len(self.items), self._gvals, self.dev.threads, MIN_WORK_PER_THREAD)
 
 _POOLS: dict[str | None, Any] = {}  # one pool (one set of worker threads) per compiler per process

@@ -6,6 +6,7 @@ core `core_id` runs its share of the outermost global loop, and `long long name_
 count from these (one core when the work is small), wakes that many persistent workers, runs share 0 on the
 calling thread and waits for the rest. Workers spin briefly after a job (cheap back-to-back launches), then sleep
 on a condition variable. One launch at a time (a mutex); after fork() the child starts with no workers.
+`plugrad_batch_run` runs an array of such kernels in order (a TinyJit replay without a Python call per kernel).
 """
 from __future__ import annotations
 
@@ -77,11 +78,14 @@ static int start_workers(int want) {
 
 void plugrad_pool_set_spin_ns(long long ns) { spin_ns = ns; }
 
-int plugrad_pool_launch(kern_t fn, work_t work, void **bufs, const int *vals, int max_threads, long long min_work) {
-  long long split = 1, w = work(vals, &split), n = min_work > 0 ? w / min_work : max_threads;
+static long long threads_for(long long w, long long split, int max_threads, long long min_work) {
+  long long n = min_work > 0 ? w / min_work : max_threads;
   if (n > max_threads) n = max_threads;
   if (n > split) n = split;
-  if (n > MAXT) n = MAXT;
+  return n > MAXT ? MAXT : n;
+}
+
+static int run_on(kern_t fn, void **bufs, const int *vals, long long n) {
   if (n <= 1) { fn(bufs, vals, 0, 1); return 1; }
   pthread_mutex_lock(&launch_mu);
   if (start_workers((int)n - 1) < n - 1) n = nworkers + 1;
@@ -96,5 +100,24 @@ int plugrad_pool_launch(kern_t fn, work_t work, void **bufs, const int *vals, in
   for (long i = 1; atomic_load_explicit(&pending, memory_order_acquire) != 0; i++) { PAUSE(); if ((i & 1023) == 0) sched_yield(); }
   pthread_mutex_unlock(&launch_mu);
   return (int)n;
+}
+
+int plugrad_pool_launch(kern_t fn, work_t work, void **bufs, const int *vals, int max_threads, long long min_work) {
+  long long split = 1, w = work(vals, &split);
+  return run_on(fn, bufs, vals, threads_for(w, split, max_threads, min_work));
+}
+
+/* One kernel of a batch: its entry points, buffer pointers, value array (filled from the batch's values through
+   var_idx), and its (work, outer trips) when they don't depend on variables (work < 0: ask `work`). */
+typedef struct { kern_t fn; work_t work; void **bufs; int *vals; const int *var_idx; long long nvars, work_c, split_c; } pg_entry;
+
+/* Run n kernels in order, each on one core or the pool exactly as plugrad_pool_launch would. */
+void plugrad_batch_run(pg_entry *e, int n, const int *gvals, int max_threads, long long min_work) {
+  for (int i = 0; i < n; i++, e++) {
+    for (long long j = 0; j < e->nvars; j++) e->vals[j] = gvals[e->var_idx[j]];
+    long long split = e->split_c, w = e->work_c;
+    if (w < 0) w = e->work(e->vals, &split);
+    run_on(e->fn, e->bufs, e->vals, threads_for(w, split, max_threads, min_work));
+  }
 }
 """
