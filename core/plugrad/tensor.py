@@ -38,7 +38,21 @@ _assign_counter = itertools.count()
 
 
 def _buffers_read(u: UOp) -> list[UOp]:
-  return list(dict.fromkeys(buffer_of(n) for n in u.toposort(gate=lambda x: not is_buffer_view(x)) if is_buffer_view(n)))
+  """The buffers `u` reads, in first-read (post-order) order. Memoized per node: pending KV-cache assigns have
+  overlapping value graphs, and the order of the merged children's lists equals that of a fresh walk."""
+  stack: list[tuple[UOp, bool]] = [(u, False)]
+  while stack:
+    n, merge = stack.pop()
+    if (c := n._cache) is not None and "bufs_read" in c: continue
+    if merge:
+      parts = [s._cache["bufs_read"] for s in n.src]
+      parts = [p for i, p in enumerate(parts) if p and all(p is not q for q in parts[:i])]
+      n._cached()["bufs_read"] = () if not parts else parts[0] if len(parts) == 1 else tuple(dict.fromkeys(b for p in parts for b in p))
+    elif is_buffer_view(n): n._cached()["bufs_read"] = (buffer_of(n),)
+    else:
+      stack.append((n, True))
+      stack.extend((s, False) for s in reversed(n.src) if s._cache is None or "bufs_read" not in s._cache)
+  return list(u._cache["bufs_read"])
 
 
 def _pending_writes(targets: list[UOp]) -> list[UOp]:

@@ -173,3 +173,17 @@ class TestCall:
     body, call = self.body_and_call()
     out = graph_rewrite(call, PatternMatcher([(name_is("a"), lambda v: B)]), enter_calls=True)
     assert out.src[0] is body.substitute({A: B}) and out.src[1] is B
+
+
+class TestSubstituteMatcher:
+  def test_same_result_as_the_generic_rule(self):
+    from plugrad.uop.rewrite import pm_substitute
+    generic = PatternMatcher(list(pm_substitute.rules))  # the plain rule, matched the generic way
+    e, m = (A + B) * (A + C), {A: B, B: C + 1}
+    for walk in (False, True):
+      assert e.substitute(m, walk=walk) is graph_rewrite(e, generic, ctx=m, bottom_up=True, walk=walk)
+
+  def test_non_uop_value_is_a_clear_error(self):
+    from plugrad.uop.upat import RuleError
+    with pytest.raises(RuleError, match="pm_substitute.*int"):
+      (A + B).substitute({A: 3})

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from plugrad.uop.ops import Ops, UOp
-from plugrad.uop.upat import PatternMatcher, UPat
+from plugrad.uop.upat import PatternMatcher, RuleError, UPat
 
 REWRITE_LIMIT_PER_NODE = 1000  # a fixed-point rewrite doing more rewrites than this per visited node is runaway
 
@@ -25,14 +25,11 @@ class _Rewriter:
     self.pm, self.bpm, self.ctx, self.enter_calls, self.name = pm, bpm, ctx, enter_calls, name or "graph_rewrite"
     self.replace: dict[UOp, UOp] = {}
 
-  def children(self, n: UOp) -> tuple[UOp, ...]:
-    return n.src[1:] if n.op is Ops.CALL and not self.enter_calls else n.src
-
   def rebuild(self, n: UOp) -> UOp:
     """`n` with each source replaced by its rewrite (the same object when nothing changed)."""
-    rep, kids = self.replace, self.children(n)
-    new_src = tuple(rep[s] for s in kids)
-    if all(a is b for a, b in zip(new_src, kids)): return n
+    rep, kids = self.replace, (n.src[1:] if n.op is Ops.CALL and not self.enter_calls else n.src)
+    new_src = tuple([rep[s] for s in kids])
+    if new_src == kids: return n  # UOps compare by identity
     if len(kids) != len(n.src): new_src = (n.src[0],) + new_src
     return UOp(n.op, n.dtype, new_src, n.arg, n.tag)
 
@@ -57,7 +54,8 @@ class _Rewriter:
           stack.append((n, 2, r)); stack.append((r, 0, r))
           continue
         stack.append((n, 1, n))
-        stack.extend((s, 0, s) for s in reversed(self.children(n)) if s not in replace)
+        kids = n.src[1:] if n.op is Ops.CALL and not self.enter_calls else n.src
+        stack.extend([(s, 0, s) for s in reversed(kids) if s not in replace])
       elif stage == 1:
         rebuilt = self.rebuild(n)
         if rebuilt is not n and bpm is not None: nxt = rebuilt  # the rebuilt node may now match a pre-order rule
@@ -87,7 +85,8 @@ class _Rewriter:
         replace[n] = r  # pre-order match: used as is, subtree not visited
         continue
       stack.append((n, True))
-      stack.extend((s, False) for s in reversed(self.children(n)) if s not in replace)
+      kids = n.src[1:] if n.op is Ops.CALL and not self.enter_calls else n.src
+      stack.extend([(s, False) for s in reversed(kids) if s not in replace])
     return replace[root]
 
 
@@ -112,4 +111,12 @@ def graph_rewrite_map(sink: UOp, pm: PatternMatcher | None, ctx: Any = None, bot
   return {n: rw.replace[n] for n in sink.toposort() if n in rw.replace}
 
 
-pm_substitute = PatternMatcher([(UPat(name="x"), lambda ctx, x: ctx.get(x))])
+class _SubstituteMatcher(PatternMatcher):
+  """`ctx.get(x)` for any node: the rule below, with the generic matching skipped (substitution is on every realize)."""
+  def rewrite(self, uop: UOp, ctx: Any = None) -> UOp | None:
+    if (r := ctx.get(uop)) is None or r is uop: return None
+    if not isinstance(r, UOp): raise RuleError(f"pm_substitute: the mapping gives {type(r).__name__} {r!r} for a node, not a UOp")
+    return r
+
+
+pm_substitute = _SubstituteMatcher([(UPat(name="x"), lambda ctx, x: ctx.get(x))])
