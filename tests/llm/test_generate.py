@@ -112,3 +112,10 @@ def test_registry_and_cli(tiny_gguf, capsys):
   assert main(["-m", tiny_gguf, "--benchmark", "3", "--max_context", "40"]) == 0
   out = capsys.readouterr().out
   assert "prefill    16 tokens" in out and "decode 3 steps" in out and "M parameters" in out
+
+
+def test_cli_dense_prefill_flag(tiny_gguf, capsys):
+  from plugrad.apps.llm.__main__ import main
+  assert main(["-m", tiny_gguf, "--prompt", "hello the world", "--max_tokens", "3", "--max_context", "40", "--dense_prefill_mb", "0"]) == 0
+  with pytest.raises(SystemExit): main(["-m", tiny_gguf, "--dense_prefill_mb", "-1"])
+  assert "--dense_prefill_mb must be >= 0" in capsys.readouterr().err

@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--top_k", type=int, default=0)
   ap.add_argument("--top_p", type=float, default=1.0)
   ap.add_argument("--system", default=None, help="system message")
+  ap.add_argument("--dense_prefill_mb", type=int, default=1024,
+                  help="keep float32 copies of the quantized weights for prefill when they fit in this many MB (0: never; default 1024)")
   ap.add_argument("--benchmark", nargs="?", const=64, type=int, metavar="N", help="measure prefill and N decode steps (default 64)")
   ap.add_argument("--serve", nargs="?", const=11434, type=int, metavar="PORT", help="OpenAI-compatible server (default port 11434)")
   ap.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default 127.0.0.1)")
@@ -30,6 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   args = ap.parse_args(argv)
   if args.max_context < 8: ap.error(f"--max_context must be at least 8, got {args.max_context}")
   if args.benchmark is not None and args.benchmark < 1: ap.error("--benchmark N needs N >= 1")
+  if args.dense_prefill_mb < 0: ap.error(f"--dense_prefill_mb must be >= 0, got {args.dense_prefill_mb}")
   return args
 
 
@@ -40,7 +43,7 @@ def load(args: argparse.Namespace) -> tuple[LLM, str, float]:
     from tqdm import tqdm
     def progress(xs: Any) -> Any: return tqdm(xs, desc=f"loading {name}", unit="tensor", leave=False, file=sys.stderr)
   except ImportError: progress = None
-  llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name)
+  llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name, dense_prefill_mb=args.dense_prefill_mb)
   return llm, path, time.perf_counter() - t0
 
 

@@ -187,9 +187,9 @@ class LLM:
     self.finish_reason: str | None = None
 
   @staticmethod
-  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model") -> LLM:
+  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 1024) -> LLM:
     from plugrad.apps.llm.tokenizer import Tokenizer
-    model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress)
+    model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress, dense_prefill_bytes=dense_prefill_mb << 20)
     return LLM(model, Tokenizer.from_gguf_metadata(meta), meta.get("tokenizer.chat_template"), name)
 
   def _special(self, tid: int | None) -> str:

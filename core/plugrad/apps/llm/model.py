@@ -353,9 +353,11 @@ class Transformer:
     return linear(rms_norm(x, _t(self.norm), self.cfg.norm_eps), _t(self.output))[0].numpy()
 
   @staticmethod
-  def from_gguf(path: str, max_context: int = 4096, progress: Callable[[Iterable], Iterable] | None = None) -> tuple[Transformer, dict[str, Any]]:
+  def from_gguf(path: str, max_context: int = 4096, progress: Callable[[Iterable], Iterable] | None = None,
+                dense_prefill_bytes: int = 1 << 30) -> tuple[Transformer, dict[str, Any]]:
     """Load a GGUF file: (model, metadata). Quantized weights stay quantized in memory and are dequantized inside the
-    kernels that use them. `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
+    kernels that use them (plus float32 prefill copies within `dense_prefill_bytes`, see `keep_dense_weights`).
+    `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
     from plugrad.nn.state import gguf_load
     meta, tensors = gguf_load(path)
     uops = {k: t.uop for k, t in tensors.items()}
@@ -369,7 +371,7 @@ class Transformer:
         copies.update({n: t.uop for n, t in zip(todo, ts)})
     weights = {k: Tensor(repack(u.substitute(copies))) for k, u in uops.items()}
     cfg = Config.from_gguf(meta, weights["token_embd.weight"].shape[0] if "token_embd.weight" in weights else None)
-    return Transformer(cfg, weights, max_context), meta
+    return Transformer(cfg, weights, max_context, dense_prefill_bytes=dense_prefill_bytes), meta
 
   def param_count(self) -> int:
     """Parameters (elements of every weight, the tied output counted once)."""
