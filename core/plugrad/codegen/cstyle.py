@@ -21,6 +21,7 @@ class CStyleRenderer(Renderer):
   """Renders the kernel IR as C. Override `type_map`, `kernel_prefix`, `buffer_prefix`, `code_for_op` as needed."""
   kernel_prefix = "void"
   buffer_prefix = ""
+  restrict = "restrict"        # the pointer qualifier of buffer parameters (CUDA spells it __restrict__)
   arg_int_type = "int"
   float_suffix = "f"
   type_map: dict[DType, str] = {
@@ -92,7 +93,7 @@ class CStyleRenderer(Renderer):
   def render_params(self, uops: list[UOp]) -> list[str]:
     params = []
     for u in uops:
-      if u.op is Ops.DEFINE_GLOBAL: params.append(f"{self.buffer_prefix}{self.ctype(u.dtype)} restrict data{u.arg}")
+      if u.op is Ops.DEFINE_GLOBAL: params.append(f"{self.buffer_prefix}{self.ctype(u.dtype)} {self.restrict} data{u.arg}")
       elif u.op is Ops.DEFINE_VAR: params.append(f"const {self.arg_int_type} {u.arg[0]}")
     return params
 

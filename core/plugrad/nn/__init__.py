@@ -164,28 +164,22 @@ class GroupNorm:
   """Normalizes each of num_groups channel groups over (channels in group, spatial); per-channel affine."""
   def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
     if num_groups < 1 or num_channels % num_groups:
-      raise ValueError(f"GroupNorm: num_channels={num_channels} must be divisible by num_groups={num_groups}")
+      raise ValueError(f"{type(self).__name__}: num_channels={num_channels} must be divisible by num_groups={num_groups}")
     self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
     self.weight = Tensor.ones(num_channels) if affine else None
     self.bias = Tensor.zeros(num_channels) if affine else None
 
   def __call__(self, x: Tensor) -> Tensor:
-    shape = _channel_shape(x, "GroupNorm", self.num_channels)
+    shape = _channel_shape(x, type(self).__name__, self.num_channels)
     x = x.reshape(x.shape[0], self.num_groups, -1).layernorm(eps=self.eps).reshape(x.shape)
     return x if self.weight is None else x * self.weight.reshape(shape) + self.bias.reshape(shape)
 
 
-class InstanceNorm:
-  """Normalizes each (sample, channel) over the spatial dims; per-channel affine."""
+class InstanceNorm(GroupNorm):
+  """Normalizes each (sample, channel) over the spatial dims; per-channel affine (GroupNorm with one channel a group)."""
   def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True):
-    self.num_features, self.eps = num_features, eps
-    self.weight = Tensor.ones(num_features) if affine else None
-    self.bias = Tensor.zeros(num_features) if affine else None
-
-  def __call__(self, x: Tensor) -> Tensor:
-    shape = _channel_shape(x, "InstanceNorm", self.num_features)
-    x = x.reshape(x.shape[0], self.num_features, -1).layernorm(eps=self.eps).reshape(x.shape)
-    return x if self.weight is None else x * self.weight.reshape(shape) + self.bias.reshape(shape)
+    super().__init__(num_features, num_features, eps, affine)
+    self.num_features = num_features
 
 
 class Embedding:

@@ -54,7 +54,8 @@ def flatten(idxs: tuple[UOp, ...], shape: tuple) -> UOp:
   return ret
 
 
-def _same(a: sint, b: sint) -> bool:
+def same_size(a: sint, b: sint) -> bool:
+  """Whether two (possibly symbolic) sizes are provably equal."""
   if isinstance(a, int) and isinstance(b, int): return a == b
   return a is b or (isinstance(d := ssimplify(_as_sym(a) - b), int) and d == 0)
 
@@ -95,7 +96,7 @@ def _reshape_groups(new: tuple, old: tuple) -> list[tuple[range, range]] | None:
     i, j = i + 1, j + 1
     while pn != po:
       if (grow_new := _smaller(pn, po)) is None:
-        if _same(rn, ro): break   # equal sizes written differently (e.g. start+T vs T+start)
+        if same_size(rn, ro): break   # equal sizes written differently (e.g. start+T vs T+start)
         return None
       if grow_new and i < len(new): pn, rn, i = _mono_mul(pn, _monomial(new[i])), rn * new[i], i + 1
       elif not grow_new and j < len(old): po, ro, j = _mono_mul(po, _monomial(old[j])), ro * old[j], j + 1

@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from plugrad.dtype import dtypes
-from plugrad.schedule.indexing import TRUE, KernelContext, pm_index
+from plugrad.schedule.indexing import TRUE, KernelContext, pm_index, same_size
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
 from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map, pm_substitute
@@ -148,14 +148,8 @@ def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
       while src.op in GroupOp.Movement and src not in realize and not is_buffer_view(src): src = src.src[0]
       if src in realize or is_buffer_view(src) or src.op is Ops.REDUCE_AXIS: continue
       # only ops at src's full size count: a per-row scale like rms_norm's rsqrt is broadcast inside src and cheap
-      if any(x.op in _EXPENSIVE and _same_size(x.shape, src.shape) for x in below(src)): out.add(src)
+      if any(x.op in _EXPENSIVE and same_size(prod(x.shape), prod(src.shape)) for x in below(src)): out.add(src)
   return out
-
-
-def _same_size(a: tuple, b: tuple) -> bool:
-  na, nb = prod(a), prod(b)
-  if isinstance(na, int) and isinstance(nb, int): return na == nb
-  return na is nb or ssimplify(na - nb) == 0
 
 
 def _shared_reduces(realize: set[UOp]) -> set[UOp]:
@@ -179,11 +173,11 @@ def _kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UOp | No
   """`_build_kernel_ast`, cached by structure: the PARAM placeholders are renamed in order of first appearance, so
   the repeated layers of a model (same graph, other buffers) are indexed and simplified once."""
   parts = (value, out) if store_target is None else (value, out, store_target)
-  topo = UOp.sink_of(*parts).toposort()
+  topo = (sink := UOp.sink_of(*parts)).toposort()
   params = [n for n in topo if n.op is Ops.PARAM]
   canon = {p: UOp(Ops.PARAM, p.dtype, arg=("k", i, *p.arg[2:])) for i, p in enumerate(params)}
   uniques = [n for n in topo if n.op is Ops.UNIQUE and isinstance(n.arg, tuple) and n.arg[0] == "const"]  # user constants: never in the AST
-  key = UOp.sink_of(*parts).substitute(canon | {u: UOp(Ops.UNIQUE, u.dtype, arg=("k", i)) for i, u in enumerate(uniques)})
+  key = sink.substitute(canon | {u: UOp(Ops.UNIQUE, u.dtype, arg=("k", i)) for i, u in enumerate(uniques)})
   if (hit := _KERNEL_CACHE.get(key)) is None:
     kctx = KernelContext()
     hit = _KERNEL_CACHE[key] = (_build_kernel_ast(*key.src[:2], kctx, key.src[2] if len(key.src) > 2 else None), kctx.bufs)

@@ -96,6 +96,7 @@ class CUDARenderer(CStyleRenderer):
   """CUDA C for NVRTC. `arch` is the target (sm_90 by default); see the module docstring for the thread mapping."""
   name, device, suffix = "CUDA", "NV", "CUDA"
   has_local, has_shared, supports_float4 = True, False, False
+  restrict = "__restrict__"
   global_max, local_max, shared_max = (GRID_X_MAX, GRID_YZ_MAX, GRID_YZ_MAX), (1024, 1024, 64), 48 * 1024
   upcast_max = 16       # outputs/accumulators per thread for codegen/opt.py (register blocking)
   block_threads = 256   # threads per block the launch plan aims for
@@ -140,13 +141,6 @@ class CUDARenderer(CStyleRenderer):
     if u.op is Ops.CAST and u.dtype in (dtypes.fp8e4m3, dtypes.fp8e5m2, dtypes.bfloat16, dtypes.float16) and u.src[0].dtype not in (dtypes.float32,):
       return f"(({self.ctype(u.dtype)})(float){args[0]})"
     return super().render_alu(u, args)
-
-  def render_params(self, uops: list[UOp]) -> list[str]:
-    out = []
-    for u in uops:
-      if u.op is Ops.DEFINE_GLOBAL: out.append(f"{self.ctype(u.dtype)} __restrict__ data{u.arg}")
-      elif u.op is Ops.DEFINE_VAR: out.append(f"const int {u.arg[0]}")
-    return out
 
   # ---- thread mapping
   def _c(self, e: Expr) -> str:

@@ -82,13 +82,15 @@ def rms_norm(x: Tensor, w: Tensor | None, eps: float) -> Tensor:
   return y if w is None else y * w
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-  """x @ w.T (+ b) with w stored (out, in) as in GGUF. With more than one token the (quantized) weight is dequantized
-  into a buffer first, once, instead of once per token inside the matmul, and laid out (in, out) so the matmul reads
-  its rows contiguously along the output axis (the register-blocked form codegen vectorizes)."""
-  if not (x.ndim >= 2 and isinstance(x.shape[-2], int) and x.shape[-2] == 1) and not is_buffer_view(w.uop):
-    return x.linear(w.transpose().contiguous(), b)
-  return x.linear(w.transpose(), b)
+def _one_token(x: Tensor) -> bool: return x.ndim >= 2 and isinstance(x.shape[-2], int) and x.shape[-2] == 1
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None, dense: UOp | None = None) -> Tensor:
+  """x @ w.T (+ b) with w stored (out, in) as in GGUF. With more than one token the (quantized) weight is read as a
+  float32 (in, out) matrix, the register-blocked form codegen vectorizes: `dense` when the model keeps that copy,
+  else w dequantized into such a buffer first, once, instead of once per token inside the matmul."""
+  if _one_token(x) or is_buffer_view(w.uop): return x.linear(w.transpose(), b)
+  return x.linear(Tensor(dense) if dense is not None else w.transpose().contiguous(), b)
 
 
 def rope_tables(head_dim: int, rope_dim: int, max_context: int, theta: float, freq_factors: np.ndarray | None = None) -> tuple[Tensor, Tensor]:
@@ -139,11 +141,11 @@ def written(cache: Tensor, start: sint, T: sint, x: Tensor, axis: int = 2) -> Te
 def _blocks_of(u: UOp) -> tuple[UOp, int, int] | None:
   """(the realized uint8 buffer a dequantized weight is computed from, elements per block, bytes per block), when that
   buffer is its only one; the block geometry is read from the (blocks, bytes) uint8 view the dequantization indexes."""
-  topo = u.toposort(gate=lambda x: not is_buffer_view(x))
+  topo = u.toposort()   # (views of views of the buffer too)
   bases = {buffer_of(n) for n in topo if is_buffer_view(n)}
   if len(bases) != 1 or (b := bases.pop()).dtype != dtypes.uint8 or u.dtype != dtypes.float32: return None
   total = math.prod(u.shape)
-  for n in u.toposort():   # (views of views of the buffer too)
+  for n in topo:
     if n.dtype == dtypes.uint8 and len(n.shape) == 2 and all(isinstance(d, int) for d in n.shape) and n.shape[0] * n.shape[1] == math.prod(b.shape):
       if n.shape[0] and total % n.shape[0] == 0: return b, total // n.shape[0], n.shape[1]
   return None
@@ -207,9 +209,8 @@ class Block:
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
 
   def lin(self, x: Tensor, w: UOp, b: UOp | None = None) -> Tensor:
-    """x @ w.T (+ b): a prefill (more than one token) reads the dense copy of w when the model keeps one."""
-    if (d := self.dense.get(w)) is not None and not (isinstance(x.shape[-2], int) and x.shape[-2] == 1): return x.linear(Tensor(d), _t(b))
-    return linear(x, _t(w), _t(b))
+    """`linear` with this block's weight w, reading its dense prefill copy when the model keeps one."""
+    return linear(x, _t(w), _t(b), self.dense.get(w))
 
   def dense_weights(self) -> list[UOp]:
     """The quantized (computed, not stored) weights of the block that a prefill reads as matrices."""
