@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, Union
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
   from plugrad.plugins.loader import DeviceEntry, PluginRegistry
 
 __all__ = ["Device", "DeviceName", "Buffer", "BufferOptions", "Allocator", "LRUAllocator", "Compiled", "Program", "Compiler",
-           "CompileError", "Renderer", "DeviceError", "DeviceNotFoundError", "DeviceUnavailableError", "PATH_DEVICES"]
+           "CompileError", "Renderer", "DeviceError", "DeviceWarning", "DeviceNotFoundError", "DeviceUnavailableError", "PATH_DEVICES"]
 
 # ---------------------------------------------------------------------------- DEV grammar
 
@@ -315,6 +316,21 @@ class Compiled:
 
 # ---------------------------------------------------------------------------- the registry
 
+class DeviceWarning(UserWarning):
+  """The default device is a fallback: a slow reference device, or not the highest-priority one because that failed to open."""
+
+_python_warned = False
+
+def _warn_python_default(skipped: list[str]) -> None:
+  """Once per process: the default is the PYTHON reference interpreter because no other compute device is available."""
+  global _python_warned
+  if _python_warned: return
+  _python_warned = True
+  why = "; ".join(skipped) if skipped else "no compute device plugin is installed"
+  warnings.warn(f"plugrad: the default device is PYTHON, a slow reference interpreter meant for testing ({why}). Install a "
+                "compute backend, e.g. `pip install plugrad-cpu` (needs a C compiler: clang or gcc, or set CC), or pick a device "
+                "with DEV=...", DeviceWarning, stacklevel=5)
+
 class DeviceError(RuntimeError):
   """A device was requested that cannot be used."""
 class DeviceNotFoundError(DeviceError):
@@ -371,7 +387,7 @@ class _DeviceRegistry:
       if (dev := self._opened.get(canon)) is not None: return dev
       e = self.entry(canon)
       try: dev = e.spec.load_factory()(canon)
-      except Exception as ex:
+      except (Exception, SystemExit) as ex:  # a plugin calling sys.exit() while opening must not end the program
         raise DeviceError(f"opening device {canon} (from {e.dist.name} {e.dist.version}, factory {e.spec.factory!r}) failed: "
                           f"{type(ex).__name__}: {ex}") from ex
       if not isinstance(dev, Compiled): raise DeviceError(f"factory {e.spec.factory!r} for {canon} returned {dev!r}, not a Compiled device")
@@ -380,22 +396,44 @@ class _DeviceRegistry:
 
   @property
   def DEFAULT(self) -> str:
-    """Canonical name of the default device: $DEV if set (checked strictly), else the highest-priority available device."""
+    """Canonical name of the default device: $DEV if set (checked strictly), else the highest-priority available compute
+    device that opens (never a fake or storage-only one; PYTHON, with a one-time warning, when no other is available)."""
     with self._lock:
       if self._default is None:
-        if (dev := os.environ.get("DEV", "").strip()):
-          self.entry(dev)
-          self._default = canonicalize(dev)
-        else:
-          best = next((e for e in self.registry.by_priority() if e.availability().ok), None)
-          if best is None: raise DeviceUnavailableError(_report(self.registry, "no device is available", ""))
-          self._default = best.name
+        if (dev := os.environ.get("DEV", "").strip()): self._default = self._checked_default(dev, "DEV")
+        else: self._default = self._pick_default()
       return self._default
 
   @DEFAULT.setter
   def DEFAULT(self, name: str) -> None:
-    self.entry(name)
-    self._default = canonicalize(name)
+    self._default = self._checked_default(name, "Device.DEFAULT")
+
+  def _checked_default(self, name: str, via: str) -> str:
+    """An explicitly requested default: it must exist and be available, and not be a storage-only device."""
+    e = self.entry(name)
+    if e.spec.storage:
+      raise DeviceError(f"{via}={name!r}: {e.name} is a storage-only device and can't be the default device (tensors created "
+                        f"without a device would be written into its file). Pick a compute device (e.g. {via}=CPU) and use "
+                        f"{e.name} explicitly: t.to('{e.name}:/path'), safe_load, safe_save")
+    return canonicalize(name)
+
+  def _pick_default(self) -> str:
+    """The first compute device, by priority, that is available and whose factory works; failures are warned about."""
+    skipped: list[str] = []
+    for e in self.registry.by_priority():
+      if e.spec.fake or e.spec.storage: continue
+      if not (a := e.availability()).ok:
+        skipped.append(f"{e.name} (from {e.dist.name} {e.dist.version}) is unavailable: {a.reason}")
+        continue
+      try: dev = self[e.name]
+      except DeviceError as ex:
+        warnings.warn(f"plugrad: {str(ex).splitlines()[0]}; falling back to the next available device", DeviceWarning, stacklevel=4)
+        skipped.append(f"{e.name} (from {e.dist.name} {e.dist.version}) failed to open")
+        continue
+      if dev.storage: continue
+      if e.name == "PYTHON": _warn_python_default(skipped)
+      return e.name
+    raise DeviceUnavailableError(_report(self.registry, "no compute device is available" + "".join(f"; {s}" for s in skipped), ""))
 
   def default(self) -> Compiled:
     """The default device instance."""

@@ -1,7 +1,8 @@
 """`python -m plugrad.devices` / `plugrad-devices`: installed plugins, their devices, availability, and a smoke test.
 
-Exit status is non-zero only when the device requested with DEV (or --device) is unusable or fails its smoke test,
-or when the plugin set itself cannot load (conflicting plugins, strict mode).
+Exit status is non-zero when any smoke test fails, when the device requested with DEV (or --device) is unusable, or
+when the plugin set itself cannot load (conflicting plugins, strict mode). Storage devices (DISK) are smoke-tested on a
+temporary file, never on a file named in DEV. Unavailable devices are reported, not failed.
 """
 from __future__ import annotations
 import argparse
@@ -41,10 +42,13 @@ def smoke(name: str) -> tuple[bool, str]:
     return False, f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 def _smoke_name(name: str, tmp: str) -> str:
-  return f"{name}:{os.path.join(tmp, 'smoke.bin')}" if name in PATH_DEVICES else name
+  """The device to smoke-test for `name`: a path device (DISK) always on a fresh file in `tmp`, never on the user's file."""
+  d = parse_device(name)
+  return f"{d.device}:{os.path.join(tmp, 'smoke.bin')}" if d.device in PATH_DEVICES else name
 
-def report(reg: PluginRegistry, run_smoke: bool, tmp: str) -> None:
-  """Print every plugin distribution with its devices."""
+def report(reg: PluginRegistry, run_smoke: bool, tmp: str) -> bool:
+  """Print every plugin distribution with its devices; False when some available device failed its smoke test."""
+  all_ok = True
   for dist in reg.plugin_dists():
     eps = ", ".join(dist.entry_points) or "-"
     print(f"{dist.name} {dist.version} (entry points: {eps})" + ("" if dist.status == "loaded" else f": {dist.status.upper()}"
@@ -57,6 +61,8 @@ def report(reg: PluginRegistry, run_smoke: bool, tmp: str) -> None:
       if run_smoke and a.ok:
         ok, msg = smoke(_smoke_name(e.name, tmp))
         print(f"  {'':<8} smoke: {'PASS' if ok else 'FAIL'} ({msg})")
+        all_ok &= ok
+  return all_ok
 
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="plugrad-devices", description=__doc__.splitlines()[0] if __doc__ else None)
@@ -71,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 1
   with tempfile.TemporaryDirectory(prefix="plugrad-devices-") as tmp:
-    report(reg, not args.no_smoke, tmp)
+    smoke_ok = report(reg, not args.no_smoke, tmp)
     print(f"default device: {_default()}")
-    if not args.device: return 0
-    return _check_requested(args.device, tmp)
+    rc = 0 if smoke_ok else 1
+    if not smoke_ok: print("error: a device failed its smoke test (see FAIL above)", file=sys.stderr)
+    if args.device: rc |= _check_requested(args.device, tmp)
+    return rc
 
 def _default() -> str:
   try: return Device.DEFAULT
@@ -83,8 +91,7 @@ def _default() -> str:
 def _check_requested(name: str, tmp: str) -> int:
   try:
     Device.entry(name)
-    name = canonicalize(name)
-    if parse_device(name).device in PATH_DEVICES and parse_device(name).path is None: name = _smoke_name(name, tmp)
+    name = _smoke_name(canonicalize(name), tmp)
   except (DeviceError, ValueError) as e:
     print(f"requested device {name}: FAIL\n{e}", file=sys.stderr)
     return 1

@@ -1,5 +1,6 @@
 """The CPU plugin (real clang/gcc compile + ctypes run) and the DISK plugin (mmap-backed files)."""
 from __future__ import annotations
+import os
 import shutil
 import numpy as np
 import pytest
@@ -68,7 +69,11 @@ def test_disk_roundtrip_views_and_persistence(tmp_path):
   v.copyin(np.array([-1, -2], np.int32))
   Device[f"DISK:{path}"].synchronize()
   assert path.read_bytes()[4:12] == np.array([-1, -2], np.int32).tobytes()
-  bigger = Buffer(f"DISK:{path}", 32, dtypes.uint8).ensure_allocated()  # grows the file, old contents kept
+  with pytest.raises(ValueError, match="the file has 16 bytes, a buffer of 32 bytes does not fit. DISK never grows"):
+    Buffer(f"DISK:{path}", 32, dtypes.uint8).ensure_allocated()
+  assert path.stat().st_size == 16 and path.read_bytes()[:4] == bytes(range(4))
+  os.truncate(path, 32)  # the caller grows the file explicitly: then it maps, old contents kept
+  bigger = Buffer(f"DISK:{path}", 32, dtypes.uint8).ensure_allocated()
   assert bytes(bigger.copyout())[:4] == bytes(range(4)) and path.stat().st_size == 32
 
 def test_disk_cannot_compute_and_needs_path(tmp_path):

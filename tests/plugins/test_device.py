@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from plugin_helpers import fake_ep, plugin
 from plugrad import PLUGIN_API_VERSION, Device
-from plugrad.device import Compiled, DeviceName, DeviceNotFoundError, DeviceUnavailableError, parse_device
+from plugrad.device import Compiled, DeviceName, DeviceNotFoundError, DeviceWarning, DeviceUnavailableError, parse_device
 from plugrad.plugins import Availability, DeviceSpec
 from plugrad.plugins.null import NullAllocator, NullDevice
 from plugrad.runtime.renderer import Renderer, choose_renderer
@@ -45,17 +45,19 @@ def test_unavailable_device_says_why(use_registry):
   msg = str(ei.value)
   assert "'NV:1' is unavailable: no /dev/nvidiactl" in msg and "NV       from plugrad-nv 0.2: unavailable: no /dev/nvidiactl" in msg
   assert "did you mean NULL (the best available device)?" in msg
-  assert Device.DEFAULT == "NULL"  # unavailable high-priority device is skipped
+  with pytest.warns(DeviceWarning, match=r"default device is PYTHON.*NV \(from plugrad-nv 0.2\) is unavailable: no /dev/nvidiactl"):
+    assert Device.DEFAULT == "PYTHON"  # unavailable high-priority device is skipped; NULL (fake) never becomes the default
 
 def test_default_is_highest_priority_available():
-  assert Device.DEFAULT == "CPU"  # CPU (100) > DISK (-50) > NULL (-100)
+  assert Device.DEFAULT == "CPU"  # CPU (100); DISK (storage) and NULL (fake) are never defaults
 
 def test_default_by_priority_with_plugins(use_registry):
-  use_registry(fake_ep("a", "plugrad-a", "1", lambda: plugin(DeviceSpec("AAA", 7, PLUGIN_API_VERSION, Availability.yes, "x:Y"),
-                                                             DeviceSpec("BBB", 9, PLUGIN_API_VERSION, Availability.yes, "x:Y"))))
+  fac = "plugrad.plugins.python:PythonDevice"
+  use_registry(fake_ep("a", "plugrad-a", "1", lambda: plugin(DeviceSpec("AAA", 7, PLUGIN_API_VERSION, Availability.yes, fac),
+                                                             DeviceSpec("BBB", 9, PLUGIN_API_VERSION, Availability.yes, fac))))
   assert Device.DEFAULT == "BBB" and Device.available() == ["BBB", "AAA", "NULL", "PYTHON"]
 
-@pytest.mark.parametrize("dev,expect", [("NULL", "NULL"), ("null:0", "NULL"), ("CPU:1", "CPU:1"), ("disk:/tmp/x", "DISK:/tmp/x")])
+@pytest.mark.parametrize("dev,expect", [("NULL", "NULL"), ("null:0", "NULL"), ("CPU:1", "CPU:1")])
 def test_dev_env_selects_default(monkeypatch, dev, expect):
   monkeypatch.setenv("DEV", dev)
   assert Device.DEFAULT == expect

@@ -96,7 +96,8 @@ def test_devices_cli_exit_codes(dev, rc, needle):
 def test_devices_cli_reports_unavailable_without_failing(tmp_path):
   p = run_py(["-m", "plugrad.devices"], CC="no-such-cc-xyz")
   assert p.returncode == 0 and "CPU      priority  100  api 1.0  renderers: CLANG  UNAVAILABLE: CC='no-such-cc-xyz'" in p.stdout
-  assert "default device: DISK" in p.stdout
+  assert "default device: PYTHON" in p.stdout  # not DISK (storage only) nor NULL (fake); the warning says why
+  assert "CPU (from plugrad-cpu 0.1.0) is unavailable: CC='no-such-cc-xyz' is not an executable on PATH" in p.stderr
   p = run_py(["-m", "plugrad.devices", "--no-smoke"], CC="no-such-cc-xyz", DEV="CPU")
   assert p.returncode == 1 and "device 'CPU' is unavailable: CC='no-such-cc-xyz' is not an executable on PATH" in p.stderr
 

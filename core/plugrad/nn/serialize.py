@@ -131,7 +131,9 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
   path = os.path.abspath(os.fspath(path))
   tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
   try:
-    with open(tmp, "wb") as f: f.write(struct.pack("<Q", len(hjson)) + hjson)
+    with open(tmp, "wb") as f:
+      f.write(struct.pack("<Q", len(hjson)) + hjson)
+      f.truncate(total)  # the whole file at its final size: DISK maps it and never resizes a file itself
     if off:
       disk = Tensor.empty(total, dtype=dtypes.uint8, device=f"DISK:{tmp}")
       writes = []

@@ -2,12 +2,15 @@
 
 Environment: PLUGRAD_PLUGINS_AUTOLOAD=0 loads no external plugins (core built-ins still load);
 PLUGRAD_DISABLE_PLUGINS=nv,amd skips plugins by entry-point or distribution name;
-PLUGRAD_STRICT_PLUGINS=1 turns a broken plugin from a warning into a PluginError.
+PLUGRAD_STRICT_PLUGINS=1 turns a broken plugin from a warning into a PluginError; PLUGRAD_PROBE_TIMEOUT (seconds, default 5)
+bounds each device probe: one that takes longer reports the device unavailable ("probe timed out after 5 s").
+A plugin that raises anything at import, in a hook or in a probe (SystemExit included) is isolated the same way.
 Loading happens once per process, on first use of `Device` (not at `import plugrad`).
 Plugins may also add Tensor methods (hook plugrad_tensor_methods): `tensor_method` resolves them for `Tensor.__getattr__`.
 """
 from __future__ import annotations
 import importlib
+import os
 import threading
 import types
 import warnings
@@ -18,6 +21,8 @@ import pluggy
 from plugrad.helpers import getenv, getenv_list
 from plugrad.plugins import builtin, hookspecs
 from plugrad.plugins.spec import PLUGIN_API_VERSION, Availability, DeviceSpec
+
+DEFAULT_PROBE_TIMEOUT = 5.0
 
 class PluginError(RuntimeError):
   """A plugin could not be loaded (in strict mode), or plugins conflict."""
@@ -52,15 +57,34 @@ class DeviceEntry:
   def name(self) -> str: return self.spec.name
 
   def availability(self) -> Availability:
-    """Run the probe once (isolated: a raising probe means unavailable); refused devices are never available."""
+    """Run the probe once, isolated: one that raises (SystemExit too) or runs past PLUGRAD_PROBE_TIMEOUT means unavailable;
+    refused devices are never available."""
     if self.refused: return Availability.no(self.refused)
-    if self._avail is None:
-      try:
-        res = self.spec.probe()
-        self._avail = res if isinstance(res, Availability) else Availability.no(f"probe returned {res!r}, expected Availability")
-      except Exception as e:
-        self._avail = Availability.no(f"probe raised {type(e).__name__}: {e}")
+    if self._avail is None: self._avail = run_probe(self.spec.probe)
     return self._avail
+
+def probe_timeout() -> float:
+  """PLUGRAD_PROBE_TIMEOUT in seconds (default 5)."""
+  raw = os.environ.get("PLUGRAD_PROBE_TIMEOUT", "").strip()
+  try: t = float(raw) if raw else DEFAULT_PROBE_TIMEOUT
+  except ValueError: raise ValueError(f"PLUGRAD_PROBE_TIMEOUT must be a number of seconds, got {raw!r}") from None
+  if not t > 0: raise ValueError(f"PLUGRAD_PROBE_TIMEOUT must be > 0 seconds, got {raw!r}")
+  return t
+
+def run_probe(probe: Callable[[], Any]) -> Availability:
+  """Call `probe` in a daemon thread and wait at most probe_timeout(); a probe still running then is abandoned (it can't
+  be killed, but nothing waits for it) and its device reported unavailable."""
+  out: list[Availability] = []
+  def call() -> None:
+    try:
+      res = probe()
+      out.append(res if isinstance(res, Availability) else Availability.no(f"probe returned {res!r}, expected Availability"))
+    except BaseException as e:  # SystemExit and KeyboardInterrupt raised inside a probe thread stay in it
+      out.append(Availability.no(f"probe raised {type(e).__name__}: {e}"))
+  t, limit = threading.Thread(target=call, name="plugrad-probe", daemon=True), probe_timeout()
+  t.start()
+  t.join(limit)
+  return out[0] if out else Availability.no(f"probe timed out after {limit:g} s (PLUGRAD_PROBE_TIMEOUT)")
 
 @dataclass
 class TensorMethod:
@@ -149,7 +173,7 @@ class PluginRegistry:
         dist.status = "disabled"
         continue
       try: mod = ep.load()
-      except Exception as e:
+      except (Exception, SystemExit) as e:  # sys.exit() at import time must not end the program
         self._fail(dist, f"import (entry point {ep.name} = {ep.value})", e)
         continue
       self._register(mod, f"{dname}:{ep.name}", dist, ep.name)
@@ -157,23 +181,24 @@ class PluginRegistry:
   def _register(self, mod: Any, plugin_name: str, dist: DistInfo, ep_name: str) -> None:
     if ep_name not in dist.entry_points: dist.entry_points.append(ep_name)
     try: self.pm.register(mod, name=plugin_name)
-    except Exception as e: return self._fail(dist, f"register (entry point {ep_name})", e)
+    except (Exception, SystemExit) as e: return self._fail(dist, f"register (entry point {ep_name})", e)
     self._plugin_dist[plugin_name] = dist
 
   def _fail(self, dist: DistInfo, what: str, e: BaseException) -> None:
-    msg = (f"plugrad plugin from distribution {dist.name} {dist.version} failed to {what}: {type(e).__name__}: {e}. "
-           f"It was skipped; disable it with PLUGRAD_DISABLE_PLUGINS={_norm(dist.name).removeprefix('plugrad-')}, "
-           "or set PLUGRAD_STRICT_PLUGINS=1 to make this an error")
+    head = f"plugrad plugin from distribution {dist.name} {dist.version} failed to {what}: {type(e).__name__}: {e}. "
+    disable = f"PLUGRAD_DISABLE_PLUGINS={_norm(dist.name).removeprefix('plugrad-')}"
     dist.status, dist.error = "failed", f"{type(e).__name__}: {e}"
-    if self.strict: raise PluginError(msg) from e
-    warnings.warn(msg, PluginWarning, stacklevel=4)
+    if self.strict:
+      raise PluginError(head + f"PLUGRAD_STRICT_PLUGINS=1 makes this an error; fix or uninstall the plugin, or disable it with {disable}") from e
+    warnings.warn(head + f"It was skipped; disable it with {disable}, or set PLUGRAD_STRICT_PLUGINS=1 to make this an error",
+                  PluginWarning, stacklevel=4)
 
   def _collect_devices(self) -> None:
     claims: dict[str, list[DeviceEntry]] = {}
     for impl in self.pm.hook.plugrad_devices.get_hookimpls():
       dist = self._plugin_dist[impl.plugin_name]
       try: specs = self._call_hook(impl)
-      except Exception as e:
+      except (Exception, SystemExit) as e:
         self._fail(dist, "return its devices (hook plugrad_devices)", e)
         continue
       for spec in specs:
@@ -212,7 +237,7 @@ class PluginRegistry:
       for impl in self.pm.hook.plugrad_tensor_methods.get_hookimpls():
         dist = self._plugin_dist[impl.plugin_name]
         try: offered = _check_methods(impl.function())
-        except Exception as e:
+        except (Exception, SystemExit) as e:
           self._fail(dist, "return its Tensor methods (hook plugrad_tensor_methods)", e)
           continue
         for name, target in offered.items():

@@ -34,6 +34,8 @@ class DeviceSpec:
   api_version: the PLUGIN_API_VERSION the plugin was written against. probe: cheap, import-free availability check.
   factory: "module:Class" (imported on first open) or a callable; called with the canonical device name ("CPU:1").
   renderers: names of the renderers the device offers, first is the default (informational, shown by plugrad-devices).
+  storage: True for storage-only devices (DISK, TINYFS): never the default device, and DEV may not name them.
+  fake: True for devices that keep no data and compute nothing (NULL): never chosen as the default, only by DEV=NAME.
   distribution: filled in by the loader with the name of the distribution that registered the spec.
   """
   name: str
@@ -43,6 +45,8 @@ class DeviceSpec:
   factory: Factory
   renderers: tuple[str, ...] = ()
   description: str = ""
+  storage: bool = False
+  fake: bool = False
   distribution: str = field(default="", compare=False)
 
   def __post_init__(self) -> None:

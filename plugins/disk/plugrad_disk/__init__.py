@@ -4,5 +4,5 @@ from plugrad.plugins import PLUGIN_API_VERSION, Availability, DeviceSpec, hookim
 
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
-  return [DeviceSpec("DISK", -50, PLUGIN_API_VERSION, lambda: Availability.yes("storage only"), "plugrad_disk.device:DiskDevice",
+  return [DeviceSpec("DISK", -50, PLUGIN_API_VERSION, lambda: Availability.yes("storage only"), "plugrad_disk.device:DiskDevice", storage=True,
                      description="files as buffers, memory-mapped: DISK:/path/to/file")]

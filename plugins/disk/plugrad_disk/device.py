@@ -1,6 +1,9 @@
 """The DISK device: one file per device (`DISK:/path`), memory-mapped; buffers are byte ranges of that file.
 
-`alloc(n)` maps the first n bytes (growing the file if it is shorter); offset views address the rest. Reads copy
+`alloc(n)` maps the file and hands out its first n bytes; offset views address the rest. Mapping never changes the file:
+a missing file is created with exactly n zero bytes, an existing file is never grown, shrunk or truncated (a buffer
+larger than an existing file is a ValueError: resize or delete the file yourself). Bytes reach the file only through an
+explicit write (`copyin`: `assign`, `.to("DISK:...")`, `Tensor(data, device="DISK:...")`, `safe_save`). Reads copy
 straight out of the mapping (`as_host`), writes go into it and are flushed (msync) per written range, so they reach
 the file as soon as the copy is realized. It stores data but cannot compile or run kernels: the scheduler turns work
 on it into byte-range copies (`storage = True`) and anything else is a RuntimeError telling you to `.to()` a compute
@@ -64,24 +67,35 @@ class DiskDevice(Compiled):
     return p
 
   def map(self, size: int) -> mmap.mmap | None:
-    """The file mapped with at least `size` bytes (the file is created or grown as needed)."""
+    """The file mapped with at least `size` bytes. A missing file is created with `size` zero bytes; an existing one is
+    never resized (ValueError when it is shorter than `size`)."""
     if size == 0: return None
     try: st = os.stat(self.path)
     except FileNotFoundError: st = None
     if st is None or (st.st_dev, st.st_ino) != self._ident: self._mm = None  # replaced since mapped: map the new file
     if self._mm is None or len(self._mm) < size:
-      try: fd, self.readonly = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), False
-      except PermissionError: fd, self.readonly = os.open(self.path, os.O_RDONLY), True
+      fd, created = self._open()
       try:
         have = os.fstat(fd).st_size
-        if have < size:
-          if self.readonly: raise ValueError(f"{self.device}: read-only file has {have} bytes, {size} requested")
-          os.ftruncate(fd, size)
+        if created: os.ftruncate(fd, size)  # a file we just made (empty, O_EXCL): give it the buffer's size
+        elif have < size:
+          raise ValueError(f"{self.device}: the file has {have} bytes, a buffer of {size} bytes does not fit. DISK never grows or "
+                           "shrinks an existing file: resize it yourself (os.truncate(path, n)) or delete it first")
         self._mm = mmap.mmap(fd, max(size, have), access=mmap.ACCESS_READ if self.readonly else mmap.ACCESS_WRITE)
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino)
       finally: os.close(fd)
     return self._mm
+
+  def _open(self) -> tuple[int, bool]:
+    """(fd, created): the existing file read-write (read-only when not writable), else a new empty file."""
+    try: fd, self.readonly = os.open(self.path, os.O_RDWR), False
+    except PermissionError: fd, self.readonly = os.open(self.path, os.O_RDONLY), True
+    except FileNotFoundError:
+      self.readonly = False
+      try: return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+      except FileExistsError: return self._open()  # created by someone else in between: it is theirs, never resize it
+    return fd, False
 
   def release(self) -> None:
     """Drop the device's own reference to the mapping; buffers still using it keep it alive."""
