@@ -1,12 +1,38 @@
 """Compiler base: source -> binary, with an on-disk cache keyed by compiler identity and source.
 
 The cache lives under $PLUGRAD_CACHE_DIR/compile (default ~/.cache/plugrad/compile); entries are written atomically
-(temp file + rename) so concurrent processes never see a torn binary. DISABLE_COMPILER_CACHE=1 bypasses it.
+(temp file + rename) so concurrent processes never see a torn binary. Each entry is a header (magic, payload length,
+sha256 of the payload) and the binary; an entry is verified before it is returned, and one that fails (truncated,
+overwritten, a different format) is deleted and rebuilt with a CompileCacheWarning, so a damaged cache never reaches a
+loader (a truncated shared object would SIGBUS at dlopen). DISABLE_COMPILER_CACHE=1 bypasses it.
 """
 from __future__ import annotations
+import hashlib
 import os
+import struct
+import warnings
 from pathlib import Path
 from plugrad.helpers import cache_dir, getenv
+
+ENTRY_MAGIC = b"PGCC\x01\x00\x00\x00"
+_ENTRY_HEAD = struct.Struct("<8sQ32s")  # magic, payload length, sha256(payload)
+
+class CompileCacheWarning(UserWarning):
+  """A compile cache entry failed verification; it was deleted and the kernel compiled again."""
+
+def pack_entry(lib: bytes) -> bytes:
+  """A cache entry: header (magic, length, sha256) + the binary."""
+  return _ENTRY_HEAD.pack(ENTRY_MAGIC, len(lib), hashlib.sha256(lib).digest()) + lib
+
+def unpack_entry(raw: bytes) -> bytes:
+  """The binary of a cache entry; ValueError saying what is wrong when it does not verify."""
+  if len(raw) < _ENTRY_HEAD.size: raise ValueError(f"{len(raw)} bytes, shorter than the {_ENTRY_HEAD.size}-byte entry header")
+  magic, n, digest = _ENTRY_HEAD.unpack_from(raw)
+  if magic != ENTRY_MAGIC: raise ValueError(f"bad magic {magic!r} (not a plugrad compile cache entry)")
+  if (have := len(raw) - _ENTRY_HEAD.size) != n: raise ValueError(f"payload is {have} bytes, the header says {n} (truncated?)")
+  lib = raw[_ENTRY_HEAD.size:]
+  if hashlib.sha256(lib).digest() != digest: raise ValueError("payload does not match its sha256 (corrupted)")
+  return lib
 
 class CompileError(RuntimeError):
   """A compiler rejected a kernel; str() shows the compiler's log and the numbered source."""
@@ -41,31 +67,27 @@ class Compiler:
 
   def cache_path(self, src: str) -> Path:
     """Where the binary for `src` is cached: sha256 over identity and source."""
-    import hashlib
     assert self.cachekey is not None, "compiler has no cachekey"
     key = hashlib.sha256(self.cachekey.encode() + b"\0" + src.encode()).hexdigest()
-    return cache_dir() / "compile" / key[:2] / key
+    return cache_dir() / "compile" / key[:2] / f"{key}.pgc"
 
   def compile_cached(self, src: str) -> bytes:
-    """compile(src), reusing a previous result from the disk cache when identity and source match."""
+    """compile(src), reusing a previous result from the disk cache when identity and source match and the entry verifies."""
     if not isinstance(src, str): raise TypeError(f"kernel source must be str, got {type(src).__name__}")
     if self.cachekey is None or getenv("DISABLE_COMPILER_CACHE", False): return self._compile_reporting(src)
     path = self.cache_path(src)
-    try:
-      lib = path.read_bytes()
+    if (lib := _read_entry(path)) is not None:
       self.hits += 1
       return lib
-    except OSError: pass
     self.misses += 1
     lib = self._compile_reporting(src)
-    _atomic_write(path, lib)
+    _atomic_write(path, pack_entry(lib))
     return lib
 
   def _compile_reporting(self, src: str) -> bytes:
     """compile(src); on failure the source is saved to a file whose path the CompileError names."""
     try: return self.compile(src)
     except CompileError as e:
-      import hashlib
       import tempfile
       d = Path(tempfile.gettempdir()) / "plugrad-failed-kernels"
       try:
@@ -75,6 +97,17 @@ class Compiler:
         e.src_path = str(p)
       except OSError: pass
       raise
+
+def _read_entry(path: Path) -> bytes | None:
+  """The verified binary cached at `path`, or None (missing; or damaged, then it is deleted with a warning)."""
+  try: raw = path.read_bytes()
+  except OSError: return None
+  try: return unpack_entry(raw)
+  except ValueError as e:
+    warnings.warn(f"plugrad: compile cache entry {path} is damaged ({e}); deleted, compiling again", CompileCacheWarning, stacklevel=4)
+    try: path.unlink()
+    except OSError: pass
+    return None
 
 def _atomic_write(path: Path, data: bytes) -> None:
   """Write data to path via a temp file in the same directory and rename; a read-only cache is silently skipped."""

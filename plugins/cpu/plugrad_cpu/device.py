@@ -253,7 +253,8 @@ class ClangCompiler(Compiler):
     import hashlib
     from plugrad.helpers import cache_dir
     f = cache_dir() / "probe" / hashlib.sha256(f"{self.cachekey}|{ctype}".encode()).hexdigest()[:24]
-    try: return f.read_text() == "1"
+    try:
+      if (known := f.read_text()) in ("0", "1"): return known == "1"  # anything else (a torn write): probe again
     except OSError: pass
     try: self.compile(f"{ctype} pg_probe({ctype} a, {ctype} b) {{ return a * b + ({ctype})1; }}\n"); ok = True
     except CompileError: ok = False
@@ -270,14 +271,24 @@ class ClangCompiler(Compiler):
       if p.returncode != 0: raise CompileError(f"{self.cc} failed with exit code {p.returncode}", p.stderr, src)
       with open(out, "rb") as f: return f.read()
 
+def load_library(lib: bytes, what: str) -> ctypes.CDLL:
+  """dlopen a shared object given as bytes: written to a temporary file that is removed on every path (success or not)
+  once loaded; a library the loader rejects is a RuntimeError naming `what`, not a temp file."""
+  fd, path = tempfile.mkstemp(suffix=".so", prefix="plugrad-")
+  try:
+    with os.fdopen(fd, "wb") as f: f.write(lib)
+    try: return ctypes.CDLL(path)
+    except OSError as e:
+      why = str(e).replace(path, "<library>")
+      raise RuntimeError(f"CPU: can't load the compiled library of {what} ({len(lib)} bytes): {why}") from None
+  finally: os.unlink(path)
+
 class CPUProgram(Program):
   """Loads a shared object with ctypes. Threaded kernels (with `name_work`) go through the C pool; others are called
   directly as `name(*buffer pointers, *int32 vals)`."""
   def __init__(self, dev: Compiled, name: str, lib: bytes) -> None:
     super().__init__(dev, name, lib)
-    with tempfile.NamedTemporaryFile(suffix=".so", prefix="plugrad-") as f:
-      f.write(lib); f.flush()
-      self._dll = ctypes.CDLL(f.name)
+    self._dll = load_library(lib, f"kernel {name!r}")
     try: self.fn = getattr(self._dll, name)
     except AttributeError: raise RuntimeError(f"compiled CPU library has no function {name!r}") from None
     self.fn.restype = None
@@ -340,9 +351,7 @@ class CPUDevice(Compiled):
   def _pool_lib(self) -> Any:
     """The process-wide thread pool library for this device's compiler (compiled and loaded on first use)."""
     if (lib := _POOLS.get(self.compiler.cachekey)) is None:
-      with tempfile.NamedTemporaryFile(suffix=".so", prefix="plugrad-pool-") as f:
-        f.write(self.compiler.compile_cached(POOL_SRC)); f.flush()
-        lib = ctypes.CDLL(f.name)
+      lib = load_library(self.compiler.compile_cached(POOL_SRC), "the thread pool")
       p = ctypes.c_void_p
       lib.plugrad_pool_launch.restype, lib.plugrad_pool_launch.argtypes = ctypes.c_int, [p, p, p, p, ctypes.c_int, ctypes.c_longlong]
       lib.plugrad_batch_run.restype, lib.plugrad_batch_run.argtypes = None, [p, ctypes.c_int, p, ctypes.c_int, ctypes.c_longlong]
