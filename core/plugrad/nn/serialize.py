@@ -74,6 +74,7 @@ def _parse_safe_header(host: memoryview, size: int, where: str) -> tuple[dict, i
   if n > size - 8: raise ValueError(f"{where}: header length {n} is larger than the {size - 8} bytes after it (truncated file?)")
   try: header = json.loads(bytes(host[8:8 + n]).decode("utf-8"))
   except (UnicodeDecodeError, json.JSONDecodeError) as e: raise ValueError(f"{where}: malformed safetensors JSON header: {e}") from None
+  except RecursionError: raise ValueError(f"{where}: safetensors JSON header is nested too deeply") from None
   if not isinstance(header, dict): raise ValueError(f"{where}: safetensors header must be a JSON object, got {type(header).__name__}")
   meta = header.get("__metadata__")
   if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
@@ -82,20 +83,26 @@ def _parse_safe_header(host: memoryview, size: int, where: str) -> tuple[dict, i
   for name, info in header.items():
     if name == "__metadata__": continue
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-      raise ValueError(f"{where}: tensor {name!r} needs dtype, shape and data_offsets, got {info!r}")
-    if info["dtype"] not in SAFE_DTYPES: raise ValueError(f"{where}: tensor {name!r} has unknown dtype {info['dtype']!r}")
+      raise ValueError(f"{where}: tensor {name!r} needs dtype, shape and data_offsets, got {_short(info)}")
+    if not isinstance(info["dtype"], str) or info["dtype"] not in SAFE_DTYPES:
+      raise ValueError(f"{where}: tensor {name!r} has unknown dtype {_short(info['dtype'])}")
     shape, offs = info["shape"], info["data_offsets"]
     if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
-      raise ValueError(f"{where}: tensor {name!r} has invalid shape {shape!r}")
+      raise ValueError(f"{where}: tensor {name!r} has invalid shape {_short(shape)}")
     if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs) and 0 <= offs[0] <= offs[1] <= data_len):
-      raise ValueError(f"{where}: tensor {name!r} data_offsets {offs!r} out of range of the {data_len} data bytes")
+      raise ValueError(f"{where}: tensor {name!r} data_offsets {_short(offs)} out of range of the {data_len} data bytes")
     if (want := math.prod(shape) * SAFE_DTYPES[info["dtype"]].itemsize) != offs[1] - offs[0]:
       raise ValueError(f"{where}: tensor {name!r} of shape {shape} {info['dtype']} needs {want} bytes, data_offsets {offs} hold {offs[1] - offs[0]}")
-    spans.append((offs[0], offs[1], name))
+    if offs[1] > offs[0]: spans.append((offs[0], offs[1], name))  # an empty tensor occupies no bytes and overlaps nothing
   spans.sort()
-  for (_, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-    if b1 < e0 and e1 > b1: raise ValueError(f"{where}: tensors {n0!r} and {n1!r} overlap in the data section")
+  for (_, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):  # sorted by start: each must begin at or after the previous end
+    if b1 < e0: raise ValueError(f"{where}: tensors {n0!r} and {n1!r} overlap in the data section")
   return header, 8 + n, meta
+
+def _short(x: Any, limit: int = 200) -> str:
+  """repr of a header value for an error message, cut at `limit` characters (headers can be megabytes)."""
+  r = repr(x)
+  return r if len(r) <= limit else r[:limit] + "..."
 
 def safe_load_metadata(src: PathOrTensor) -> tuple[dict, int, dict | None]:
   """(the JSON header, the byte offset where tensor data starts, the `__metadata__` dict or None), validated."""
@@ -129,7 +136,8 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
   hjson += b" " * (-(8 + len(hjson)) % 8)  # data starts 8-byte aligned
   start, total = 8 + len(hjson), 8 + len(hjson) + off
   path = os.path.abspath(os.fspath(path))
-  tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+  _remove_stale_temps(path)
+  tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp"
   try:
     with open(tmp, "wb") as f:
       f.write(struct.pack("<Q", len(hjson)) + hjson)
@@ -151,6 +159,26 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
     _release_disk(tmp)
     if os.path.exists(tmp): os.remove(tmp)
     raise
+
+def _remove_stale_temps(path: str) -> None:
+  """Delete temporary files a safe_save to `path` left behind when its process was killed (`path.PID.RANDOM.tmp` whose PID
+  is no longer running); temps of live processes (a concurrent save) are left alone."""
+  d, base = os.path.split(path)
+  try: names = os.listdir(d or ".")
+  except OSError: return
+  for name in names:
+    parts = name[len(base) + 1:].split(".") if name.startswith(base + ".") else []
+    if len(parts) != 3 or parts[2] != "tmp" or not parts[0].isdigit() or len(parts[1]) != 12: continue
+    if _alive(int(parts[0])): continue
+    try: os.remove(os.path.join(d, name))
+    except OSError: pass
+
+def _alive(pid: int) -> bool:
+  if pid == os.getpid(): return True
+  try: os.kill(pid, 0)
+  except ProcessLookupError: return False
+  except (PermissionError, OverflowError): return True  # someone else's process (or an absurd pid): don't touch its file
+  return True
 
 def _release_disk(path: str) -> None:
   """Forget the DISK device of a temporary file (its mapping closes when the last buffer on it is gone)."""
@@ -242,6 +270,8 @@ def gguf_load(src: PathOrTensor, device: str | None = None) -> tuple[dict[str, A
   out: dict[str, Tensor] = {}
   for name, dims, ttype, off in infos:
     tname, bsize, tsize, dt = GGML_TYPES[ttype]
+    if (big := max(dims)) > s.size * bsize // tsize:  # even with another dim 0, no real tensor has a dim this long
+      raise ValueError(f"{where}: tensor {name!r} ({tname}) has dim {big}, more elements than the {s.size}-byte file can hold")
     n = math.prod(dims)
     if dims[0] % bsize: raise ValueError(f"{where}: tensor {name!r} ({tname}) has row length {dims[0]}, not a multiple of its block size {bsize}")
     nbytes = n // bsize * tsize
