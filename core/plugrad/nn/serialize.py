@@ -270,14 +270,14 @@ def gguf_load(src: PathOrTensor, device: str | None = None) -> tuple[dict[str, A
   out: dict[str, Tensor] = {}
   for name, dims, ttype, off in infos:
     tname, bsize, tsize, dt = GGML_TYPES[ttype]
-    if (big := max(dims)) > s.size * bsize // tsize:  # even with another dim 0, no real tensor has a dim this long
-      raise ValueError(f"{where}: tensor {name!r} ({tname}) has dim {big}, more elements than the {s.size}-byte file can hold")
     n = math.prod(dims)
     if dims[0] % bsize: raise ValueError(f"{where}: tensor {name!r} ({tname}) has row length {dims[0]}, not a multiple of its block size {bsize}")
     nbytes = n // bsize * tsize
     if off % align or data_start + off + nbytes > s.size:
       raise ValueError(f"{where}: tensor {name!r} ({tname}, dims {dims}) needs bytes [{data_start + off}, {data_start + off + nbytes}) "
                        f"(aligned to {align}), beyond the {s.size}-byte file or misaligned")
+    if (big := max(dims)) > s.size * bsize // tsize:  # even with another dim 0, no real tensor has a dim this long
+      raise ValueError(f"{where}: tensor {name!r} ({tname}) has dim {big}, more elements than the {s.size}-byte file can hold")
     shape = tuple(reversed(dims))
     if dt is not None: out[name] = s.tensor(data_start + off, shape, dt).to(dev)
     else: out[name] = dequantize(s.tensor(data_start + off, (n // bsize, tsize), dtypes.uint8).to(dev), tname).reshape(shape)
