@@ -14,3 +14,22 @@ def random_blocks(qtype: str, n_blocks: int, seed: int = 0) -> np.ndarray:
   b = rng.integers(0, 256, (n_blocks, tsize), dtype=np.uint8)
   for off in f16s: b[:, off:off + 2] = rng.uniform(-2, 2, n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
   return b
+
+def start_tinyfs(root, preexec_fn=None):
+  """A tinyfs server process on a free loopback port: (Popen, "HOST:PORT")."""
+  import select
+  import subprocess
+  import sys
+  p = subprocess.Popen([sys.executable, "-m", "plugrad_tinyfs.server", "--host", "127.0.0.1", "--port", "0", "--root", str(root)],
+                       stdout=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+  if not select.select([p.stdout], [], [], 20)[0]:
+    p.kill()
+    raise RuntimeError("tinyfs server did not start within 20 s")
+  line = p.stdout.readline().strip()
+  assert line.startswith("tinyfs listening on "), line
+  return p, line.rsplit(" ", 1)[1]
+
+def stop_tinyfs(p) -> None:
+  p.kill()
+  p.wait(10)
+  p.stdout.close()

@@ -5,6 +5,10 @@ Hashes are computed on the host with the hashlib reference (plugrad_tinyfs.hashi
 every blob it stores and the client checks it, and on load the client checks every node and chunk against the hash it was
 asked for, so a corrupted or substituted blob raises TinyFSError instead of returning wrong bytes. Chunk requests are
 pipelined one deep: the client hashes chunk i while the server hashes (store) or reads and sends (load) its neighbour.
+
+The hash tree does not encode the data's length (the last chunk is zero-padded), so `store_bytes` also stores a size
+record, a 4096-byte node holding (magic, root, size); `load_bytes(root, size)` fetches the record for that (root, size)
+last, so asking for more bytes than were stored is an error, not zero padding.
 """
 from __future__ import annotations
 import os
@@ -110,7 +114,16 @@ def store_bytes(data: bytes, conn: Connection | None = None) -> bytes:
       for i in range(0, len(lo), FANOUT):
         c.send_store(node_bytes(lo[i:i + FANOUT]))
         _check_stored(c, hi[i // FANOUT])
+    rec = size_record(levels[-1][0], len(data))  # last: a size record only exists once the whole tree is stored
+    c.send_store(rec)
+    _check_stored(c, h(rec))
   return levels[-1][0]
+
+SIZE_MAGIC = b"PGTFSIZE"
+
+def size_record(root: bytes, size: int) -> bytes:
+  """The 4096-byte node that says `size` bytes were stored under `root`."""
+  return (SIZE_MAGIC + root + U64.pack(size)).ljust(BLOB_SIZES[1], b"\0")
 
 def level_sizes(size: int) -> list[int]:
   """Number of hashes on each tree level for `size` bytes: [chunks, level 1 nodes, ..., 1]."""
@@ -136,7 +149,12 @@ def load_bytes(root: bytes, size: int, conn: Connection | None = None) -> bytes:
     for i, dg in enumerate(hashes):
       if i + 1 < len(hashes): c.send_load(hashes[i + 1])  # the server reads and sends it while we check this one
       out[i * CHUNK_SIZE:(i + 1) * CHUNK_SIZE] = c.recv_load(dg, CHUNK_SIZE)
-  if any(out[size:]): raise TinyFSError(f"tinyfs: padding after byte {size} of {root.hex()} is not zero: wrong size?")
+    if any(out[size:]): raise TinyFSError(f"tinyfs: padding after byte {size} of {root.hex()} is not zero: wrong size?")
+    rec = size_record(root, size)
+    try: c.load(h(rec), len(rec))
+    except TinyFSError as e:
+      if "NOT_FOUND" not in str(e): raise
+      raise TinyFSError(f"tinyfs: {root.hex()} was not stored with size {size} (NOT_FOUND: no size record): wrong size?") from None
   return bytes(out[:size])
 
 def fs_store(t: Any) -> Any:

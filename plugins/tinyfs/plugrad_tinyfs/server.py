@@ -6,14 +6,17 @@ partial file under a hash name. `--port 0` binds a free port; the first line on 
 """
 from __future__ import annotations
 import argparse
+import errno
 import os
 import socketserver
 import sys
 import tempfile
 from pathlib import Path
 from plugrad_tinyfs.hashing import CHUNK_SIZE, HASH_SIZE, chunk_hash_ref, h
-from plugrad_tinyfs.protocol import (BAD_REQUEST, BLOB_SIZES, CORRUPT, INFO, LOAD, NOT_FOUND, OK, STORE, U32, U64,
+from plugrad_tinyfs.protocol import (BAD_REQUEST, BLOB_SIZES, CORRUPT, INFO, LOAD, NOT_FOUND, OK, SERVER_ERROR, STORE, U32, U64,
                                      recv_exact, send_error)
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file size limit: all "out of space" to a client
 
 IDLE_TIMEOUT = 300.0
 
@@ -40,6 +43,9 @@ class Handler(socketserver.BaseRequestHandler):
         if not self.one(sock, root, cmd): return
     except (EOFError, ConnectionError, TimeoutError):
       return  # the client went away mid-request: nothing was stored under a hash name
+    except OSError as e:  # the server's own storage failed outside a STORE (reading a blob, listing the root)
+      try: send_error(sock, SERVER_ERROR, f"server storage error: {os.strerror(e.errno) if e.errno else type(e).__name__}")
+      except OSError: pass
 
   def one(self, sock, root: Path, cmd: bytes) -> bool:
     """Serve one request; False closes the connection."""
@@ -50,14 +56,18 @@ class Handler(socketserver.BaseRequestHandler):
         return False
       data = recv_exact(sock, n, "STORE payload")
       digest = blob_hash(data)
-      write_atomic(root, digest.hex(), data)
+      try: write_atomic(root, digest.hex(), data)
+      except OSError as e:  # the request was read whole, so the connection stays usable
+        why = "server out of space" if e.errno in NO_SPACE else "server could not write the blob"
+        send_error(sock, SERVER_ERROR, f"{why} ({os.strerror(e.errno) if e.errno else type(e).__name__}); nothing was stored")
+        return True
       sock.sendall(bytes([OK]) + digest)
     elif cmd == LOAD:
       digest = recv_exact(sock, HASH_SIZE, "LOAD hash")
       path = root / digest.hex()
       try: data = path.read_bytes()
       except FileNotFoundError:
-        send_error(sock, NOT_FOUND, f"no blob {digest.hex()} in {root}")
+        send_error(sock, NOT_FOUND, f"no blob {digest.hex()}")
         return True
       if len(data) not in BLOB_SIZES:
         send_error(sock, CORRUPT, f"blob {digest.hex()} has {len(data)} bytes on disk")
