@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python lint demo bench clean sysdeps autogen autogen-check llm
+.PHONY: setup test test-python lint demo bench clean sysdeps autogen autogen-check llm fuzz
 
 sysdeps:
 	@command -v clang >/dev/null 2>&1 || { \
@@ -37,6 +37,11 @@ test: setup lint
 
 test-python: setup
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+
+# nightly-size fuzzing and chaos (docs/reliability.md): 10,000 hypothesis cases per format (safetensors, GGUF, tinyfs frames
+# both ways) with fresh randomness, 40 kill -9s during safe_save; `make test` runs the same tests at 200 cases and 4 kills
+fuzz: setup
+	PLUGRAD_FUZZ_EXAMPLES=10000 PLUGRAD_CHAOS_ROUNDS=40 $(PY) -m pytest -n 2 -q tests/fuzz tests/storage/test_tinyfs_reliability.py
 
 # the main job: chat with the embedded SmolLM2-135M (PROMPT="..." answers one prompt instead; ARGS passes more options)
 llm: setup

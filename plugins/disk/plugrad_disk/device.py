@@ -72,7 +72,8 @@ class DiskDevice(Compiled):
     if size == 0: return None
     try: st = os.stat(self.path)
     except FileNotFoundError: st = None
-    if st is None or (st.st_dev, st.st_ino) != self._ident: self._mm = None  # replaced since mapped: map the new file
+    if st is None or (st.st_dev, st.st_ino) != self._ident or (self._mm is not None and st.st_size < len(self._mm)):
+      self._mm = None  # replaced or truncated since mapped: map the file as it is now (reading past its end would SIGBUS)
     if self._mm is None or len(self._mm) < size:
       fd, created = self._open()
       try:
