@@ -342,7 +342,7 @@ def _report(reg: PluginRegistry, head: str, wanted: str) -> str:
   """Error text: the problem, a did-you-mean, every installed device with availability, and skipped plugins."""
   import difflib
   entries = reg.by_priority()
-  avail = [e.name for e in entries if e.availability().ok]
+  avail = [e.name for e in entries if e.availability().ok and not (e.spec.fake or e.spec.storage)]  # what a default could be
   close = difflib.get_close_matches(wanted, [e.name for e in entries if e.name != wanted], n=1, cutoff=0.5)
   if close: lines = [head, f"did you mean {close[0]}?"]
   else: lines = [head] + ([f"did you mean {avail[0]} (the best available device)?"] if avail else [])

@@ -44,7 +44,7 @@ def test_unavailable_device_says_why(use_registry):
   with pytest.raises(DeviceUnavailableError) as ei: Device["NV:1"]
   msg = str(ei.value)
   assert "'NV:1' is unavailable: no /dev/nvidiactl" in msg and "NV       from plugrad-nv 0.2: unavailable: no /dev/nvidiactl" in msg
-  assert "did you mean NULL (the best available device)?" in msg
+  assert "did you mean PYTHON (the best available device)?" in msg  # never the fake NULL
   with pytest.warns(DeviceWarning, match=r"default device is PYTHON.*NV \(from plugrad-nv 0.2\) is unavailable: no /dev/nvidiactl"):
     assert Device.DEFAULT == "PYTHON"  # unavailable high-priority device is skipped; NULL (fake) never becomes the default
 
