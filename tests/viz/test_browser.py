@@ -1,0 +1,117 @@
+"""The viewer in a real browser: headless Debian chromium driven by selenium against a program run with VIZ=1 PROFILE=1.
+
+Skips when chromium/chromedriver or selenium are missing (`make test` installs them). PLUGRAD_VIZ_SHOTS=dir also
+writes the screenshots there (docs/img/ holds the ones docs/viz.md shows)."""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+selenium = pytest.importorskip("selenium")
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = "/usr/bin/chromedriver" if os.path.exists("/usr/bin/chromedriver") else shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="needs Debian's chromium and chromium-driver (make sysdeps)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+  profile = tempfile.mkdtemp(prefix="plugrad-chromium-")
+  opts = webdriver.ChromeOptions()
+  opts.binary_location = CHROMIUM
+  for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,900"):
+    opts.add_argument(a)
+  drv = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=DRIVER))
+  drv.set_page_load_timeout(60)
+  try: yield drv
+  finally:
+    drv.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def shot(drv, name: str, tmp_path: Path) -> None:
+  """Screenshot, checked to be non-blank: many distinct colours and no single colour covering nearly everything."""
+  from PIL import Image
+  png = drv.get_screenshot_as_png()
+  img = Image.open(io.BytesIO(png)).convert("RGB")
+  colors = img.getcolors(maxcolors=1 << 20)
+  assert colors is not None and len(colors) > 50, f"{name}: screenshot has {len(colors or [])} colours, looks blank"
+  assert max(c for c, _ in colors) < 0.97 * img.width * img.height, f"{name}: screenshot is nearly one colour"
+  (tmp_path / f"{name}.png").write_bytes(png)
+  if (out := os.environ.get("PLUGRAD_VIZ_SHOTS")):
+    Path(out).mkdir(parents=True, exist_ok=True)
+    img.save(Path(out) / f"{name}.png", optimize=True)
+
+
+def wait(drv, cond, timeout: float = 30):
+  return WebDriverWait(drv, timeout).until(lambda d: cond(d))
+
+
+def step_label(drv) -> str: return drv.find_element(By.ID, "step-label").text
+
+
+def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path):
+  url, report, _ = served_program
+  drv = browser
+  drv.get(url)
+  wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+  # the kernel list holds exactly the program's kernels, by name
+  names = [e.text for e in drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel .gname")]
+  assert sorted(names) == report["kernels"]
+  assert drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-schedule"), "scheduling contexts are listed too"
+  assert not drv.find_element(By.ID, "truncated").is_displayed()
+
+  # a kernel whose codegen rewrote something: its steps, its source, its AST/opts/linear panes
+  kernels = drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel")
+  kernel = next(e for e in kernels if e.find_element(By.CSS_SELECTOR, ".gname").text.startswith("r_"))
+  kname = kernel.find_element(By.CSS_SELECTOR, ".gname").text
+  kernel.click()
+  wait(drv, lambda d: kname in d.find_element(By.ID, "group-title").text and d.find_element(By.ID, "k-src").text)
+  src = drv.find_element(By.ID, "k-src").text
+  assert kname in src, "the rendered source defines the kernel"
+  assert "RANGE" in drv.find_element(By.ID, "k-linear").text and "STORE" in drv.find_element(By.ID, "k-ast").text
+  wait(drv, lambda d: d.find_elements(By.CSS_SELECTOR, "#graph svg g.node"))
+  rewrites = drv.find_elements(By.CSS_SELECTOR, "#rewrites li.rewrite[data-rid]")
+  assert rewrites, "the kernel's codegen rewrites with steps are listed"
+  label = step_label(drv)
+  assert label.startswith("step 0 / ") and int(label.split("/")[1]) >= 1
+  shot(drv, "viz_kernel", tmp_path)
+
+  # step forward: the rule is shown and the nodes it created are highlighted; then back again
+  svg0 = drv.find_element(By.ID, "graph").get_attribute("innerHTML")
+  drv.find_element(By.ID, "next").click()
+  wait(drv, lambda d: step_label(d).startswith("step 1 / "))
+  assert ".py:" in drv.find_element(By.ID, "rule").text, "the rule's location is shown"
+  assert drv.find_element(By.ID, "graph").get_attribute("innerHTML") != svg0
+  assert drv.find_elements(By.CSS_SELECTOR, '#graph svg g.node polygon[stroke="#d93025"], #graph svg g.node path[stroke="#d93025"]'), \
+    "the nodes the step created are highlighted"
+  shot(drv, "viz_step", tmp_path)
+  drv.find_element(By.ID, "prev").click()
+  wait(drv, lambda d: step_label(d).startswith("step 0 / "))
+  wait(drv, lambda d: d.find_element(By.ID, "graph").get_attribute("innerHTML") == svg0)
+
+  # a scheduling context: the indexing pass has many steps
+  drv.find_element(By.CSS_SELECTOR, "#groups li.kind-schedule").click()
+  wait(drv, lambda d: d.find_element(By.ID, "group-title").text.startswith("schedule"))
+  assert not drv.find_element(By.ID, "kernel-panes").is_displayed()
+
+  # the timeline: one bar per kernel launch, memory drawn below
+  drv.find_element(By.ID, "tab-timeline").click()
+  wait(drv, lambda d: d.find_elements(By.CSS_SELECTOR, ".bar"))
+  bars = drv.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel")
+  assert len(bars) == report["launches"] == report["counted"]
+  assert {b.get_attribute("data-name") for b in bars} == set(report["kernels"])
+  assert drv.find_elements(By.CSS_SELECTOR, ".bar.bar-copy") and drv.find_elements(By.CSS_SELECTOR, ".bar.bar-jit")
+  assert drv.find_elements(By.CSS_SELECTOR, ".tl-mem polygon.mem-area")
+  bars[0].click()
+  wait(drv, lambda d: "FLOPs" in d.find_element(By.ID, "bar-info").text)
+  shot(drv, "viz_timeline", tmp_path)
