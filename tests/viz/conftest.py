@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +13,7 @@ from plugrad.engine import realize
 from plugrad.schedule import kernelize
 from plugrad.viz import capture
 
-HERE = Path(__file__).parent
+from viz_helpers import HERE, free_port, wait_for_line
 
 
 @pytest.fixture
@@ -31,27 +28,6 @@ def recording(monkeypatch):
   yield capture.TRACE
   capture.enable(*was)
   capture.TRACE.clear()
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float = 120) -> str:
-  """The first stdout line of `proc` starting with `prefix` (fails with the process's output if it exits first)."""
-  deadline = time.time() + timeout
-  seen = []
-  while time.time() < deadline:
-    line = proc.stdout.readline()
-    if not line:
-      if proc.poll() is not None: break
-      continue
-    seen.append(line)
-    if line.startswith(prefix): return line
-  proc.kill()
-  raise AssertionError(f"no line starting with {prefix!r}; output:\n{''.join(seen)}")
 
 
 @pytest.fixture(scope="module")

@@ -99,8 +99,12 @@ def serve(data: dict, host: str = "127.0.0.1", port: int = 8000) -> None:
   try: import uvicorn
   except ImportError as e: raise ImportError(f"the VIZ viewer needs starlette and uvicorn: pip install 'plugrad[viz]' ({e})") from None
   app = make_app(data)
-  with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:  # a clear error before uvicorn's own
-    try: s.bind((host, port))
-    except OSError as e: raise OSError(f"VIZ can't listen on {host}:{port} ({e.strerror}); set VIZ_PORT to a free port") from None
+  sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+  try:  # bound here, before the URL is printed, so a client that reads the URL can connect at once
+    sock.bind((host, port))
+    sock.listen(128)
+  except OSError as e:
+    sock.close()
+    raise OSError(f"VIZ can't listen on {host}:{port} ({e.strerror}); set VIZ_PORT to a free port") from None
   print(f"VIZ: open http://{host}:{port}/ (Ctrl-C stops the server)", flush=True)
-  uvicorn.run(app, host=host, port=port, log_level="warning")
+  with sock: uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
