@@ -49,7 +49,7 @@ def shot(drv, name: str, tmp_path: Path) -> None:
   (tmp_path / f"{name}.png").write_bytes(png)
   if (out := os.environ.get("PLUGRAD_VIZ_SHOTS")):
     Path(out).mkdir(parents=True, exist_ok=True)
-    img.save(Path(out) / f"{name}.png", optimize=True)
+    img.quantize(colors=96).save(Path(out) / f"{name}.png", optimize=True)  # small PNGs for docs/img
 
 
 def wait(drv, cond, timeout: float = 30):

@@ -1,6 +1,7 @@
 // plugrad viz page: talks to /api/* (plugrad/viz/server.py); no external resources.
 "use strict";
 const $ = (id) => document.getElementById(id);
+const KIND_BADGE = { kernel: "K", schedule: "S", symbolic: "Sym", rewrite: "R" };
 const state = { groups: [], group: null, rewrite: null, step: 0, steps: 0, profile: null };
 
 async function api(path) {
@@ -30,7 +31,7 @@ function renderGroups() {
     if (f && !g.name.toLowerCase().includes(f)) continue;
     const li = el("li", { class: `group kind-${g.kind}` + (state.group && state.group.id === g.id ? " selected" : ""), "data-gid": g.id,
                           title: `${g.kind}: ${g.name} (${g.rewrites} rewrites, ${g.steps} steps)`, onclick: () => selectGroup(g.id) },
-                  el("span", { class: "kind" }, g.kind === "kernel" ? "K" : g.kind[0].toUpperCase()),
+                  el("span", { class: "kind" }, KIND_BADGE[g.kind] || "R"),
                   el("span", { class: "gname" }, g.name),
                   el("span", { class: g.kind === "kernel" ? "dev" : "count" }, g.kind === "kernel" ? g.device : `${g.steps} steps`));
     ul.append(li);
