@@ -14,6 +14,7 @@ import pytest
 
 selenium = pytest.importorskip("selenium")
 from selenium import webdriver
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -110,8 +111,21 @@ def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path)
   bars = drv.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel")
   assert len(bars) == report["launches"] == report["counted"]
   assert {b.get_attribute("data-name") for b in bars} == set(report["kernels"])
+  assert sorted(e.get_attribute("data-device") for e in drv.find_elements(By.CSS_SELECTOR, ".tl-device")) == report["devices"]
   assert drv.find_elements(By.CSS_SELECTOR, ".bar.bar-copy") and drv.find_elements(By.CSS_SELECTOR, ".bar.bar-jit")
   assert drv.find_elements(By.CSS_SELECTOR, ".tl-mem polygon.mem-area")
   bars[0].click()
   wait(drv, lambda d: "FLOPs" in d.find_element(By.ID, "bar-info").text)
   shot(drv, "viz_timeline", tmp_path)
+
+  # zoom in with the wheel (fewer bars fit), double-click shows everything again
+  wide = drv.find_element(By.ID, "timeline").rect["width"]
+  for _ in range(12):
+    drv.execute_script("const t = document.getElementById('timeline'), r = t.getBoundingClientRect();"
+                       "t.dispatchEvent(new WheelEvent('wheel', {deltaY: -100, clientX: r.left + 130, clientY: r.top + 40,"
+                       " bubbles: true, cancelable: true}));")
+  wait(drv, lambda d: "showing" in d.find_element(By.ID, "timeline-info").text)
+  assert len(drv.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel")) < len(bars) and drv.find_element(By.ID, "timeline").rect["width"] == wide
+  ActionChains(drv).double_click(drv.find_element(By.CSS_SELECTOR, ".tl-devname")).perform()
+  wait(drv, lambda d: "showing" not in d.find_element(By.ID, "timeline-info").text)
+  assert len(drv.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel")) == report["launches"]

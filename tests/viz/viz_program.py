@@ -1,6 +1,6 @@
 """The program the browser test runs under VIZ=1 PROFILE=1: a few kernels (a fused matmul+relu+sum, an elementwise
-chain, a reduce) and a JIT'd step replayed twice. Prints one JSON line with the kernels it ran, then exits (the VIZ
-exit hook serves the viewer)."""
+chain, a reduce, a copy to the PYTHON device and a kernel there) and a JIT'd step replayed twice. Prints one JSON
+line with the kernels it ran, then exits (the VIZ exit hook serves the viewer)."""
 import json
 
 import numpy as np
@@ -14,6 +14,7 @@ b = Tensor(np.linspace(-1, 1, 40, dtype=np.float32).reshape(8, 5))
 (a @ b).relu().sum(axis=1).numpy()
 ((a * 2 + 1).exp2() - a).numpy()
 a.max(axis=0).numpy()
+(a.to("PYTHON") - 1).abs().numpy()  # a copy to a second device and a kernel there
 
 
 @TinyJit
@@ -22,5 +23,6 @@ def step(x: Tensor) -> Tensor: return (x * x + 3).contiguous()
 
 for i in range(4): step(Tensor(np.full((3, 7), i, dtype=np.float32))).numpy()
 launches = sum(1 for e in capture.TRACE.events if e.kind == "kernel")
-print(json.dumps({"kernels": sorted({r.spec.name for r in _RUNNERS.values()}), "launches": launches,
+print(json.dumps({"kernels": sorted(r.spec.name for r in _RUNNERS.values()), "launches": launches,
+                  "devices": sorted({r.device for r in _RUNNERS.values()}),
                   "counted": GlobalCounters["kernels"]}), flush=True)

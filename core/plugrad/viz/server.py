@@ -85,6 +85,9 @@ def make_app(data: dict) -> Any:
     def endpoint(request):
       try: return JSONResponse(fn(*(int(x) for x in request.path_params.values())))
       except KeyError as e: return JSONResponse({"error": str(e.args[0])}, status_code=404)
+      except Exception as e:  # e.g. graphviz's dot missing: the page shows the message
+        msg = "graphviz's `dot` is not installed (apt install graphviz)" if type(e).__name__ == "ExecutableNotFound" else f"{type(e).__name__}: {e}"
+        return JSONResponse({"error": msg}, status_code=500)
     return endpoint
   routes = [Route("/", lambda request: FileResponse(STATIC / "index.html")),
             Route("/api/trace", api(v.summary)), Route("/api/group/{g:int}", api(v.group)),

@@ -2,7 +2,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const KIND_BADGE = { kernel: "K", schedule: "S", symbolic: "Sym", rewrite: "R" };
-const state = { groups: [], group: null, rewrite: null, step: 0, steps: 0, profile: null };
+const state = { groups: [], group: null, rewrite: null, step: 0, steps: 0, profile: null, full: null, view: null };
 
 async function api(path) {
   const r = await fetch(path);
@@ -21,6 +21,7 @@ function el(tag, attrs, ...kids) {
 }
 
 function setStatus(s) { $("status").textContent = s; }
+function fail(e) { setStatus(`error: ${e.message}`); }
 
 function renderGroups() {
   const f = $("filter").value.toLowerCase(), onlyK = $("only-kernels").checked;
@@ -30,7 +31,7 @@ function renderGroups() {
     if (onlyK && g.kind !== "kernel") continue;
     if (f && !g.name.toLowerCase().includes(f)) continue;
     const li = el("li", { class: `group kind-${g.kind}` + (state.group && state.group.id === g.id ? " selected" : ""), "data-gid": g.id,
-                          title: `${g.kind}: ${g.name} (${g.rewrites} rewrites, ${g.steps} steps)`, onclick: () => selectGroup(g.id) },
+                          title: `${g.kind}: ${g.name} (${g.rewrites} rewrites, ${g.steps} steps)`, onclick: () => selectGroup(g.id).catch(fail) },
                   el("span", { class: "kind" }, KIND_BADGE[g.kind] || "R"),
                   el("span", { class: "gname" }, g.name),
                   el("span", { class: g.kind === "kernel" ? "dev" : "count" }, g.kind === "kernel" ? g.device : `${g.steps} steps`));
@@ -61,10 +62,10 @@ async function selectGroup(gid) {
 function renderRewrites() {
   const g = state.group, ul = $("rewrites"), all = $("show-empty").checked;
   ul.replaceChildren();
-  if (g.kernel) ul.append(el("li", { class: "rewrite ast" + (state.rewrite === "ast" ? " selected" : ""), onclick: () => showAst(g.id) }, "kernel AST"));
+  if (g.kernel) ul.append(el("li", { class: "rewrite ast" + (state.rewrite === "ast" ? " selected" : ""), onclick: () => showAst(g.id).catch(fail) }, "kernel AST"));
   for (const r of g.rewrites) {
     if (!all && r.steps === 0) continue;
-    ul.append(el("li", { class: "rewrite" + (state.rewrite === r.id ? " selected" : ""), "data-rid": r.id, onclick: () => selectRewrite(r.id, 0) },
+    ul.append(el("li", { class: "rewrite" + (state.rewrite === r.id ? " selected" : ""), "data-rid": r.id, onclick: () => selectRewrite(r.id, 0).catch(fail) },
                  el("span", {}, r.name), el("span", { class: "count" }, `${r.steps}${r.truncated ? "+" : ""} steps`)));
   }
 }
@@ -105,7 +106,7 @@ function updateStepper() {
 function step(d) {
   if (typeof state.rewrite !== "number") return;
   const k = state.step + d;
-  if (k >= 0 && k <= state.steps) selectRewrite(state.rewrite, k);
+  if (k >= 0 && k <= state.steps) selectRewrite(state.rewrite, k).catch(fail);
 }
 
 // ***** timeline *****
@@ -122,14 +123,17 @@ async function showTimeline() {
   const tl = $("timeline");
   tl.replaceChildren();
   if (!bars.length && !mem.length) { tl.append(el("div", { class: "tl-devname" }, "no profile in this trace (run with PROFILE=1)")); return; }
-  const t0 = Math.min(...bars.map((e) => e.ts), ...mem.map((e) => e.ts));
-  const t1 = Math.max(...bars.map((e) => e.ts + e.dur), ...mem.map((e) => e.ts));
-  const span = Math.max(t1 - t0, 1e-3);
+  if (!state.full) {
+    const lo = Math.min(...bars.map((e) => e.ts), ...mem.map((e) => e.ts));
+    state.full = [lo, lo + Math.max(Math.max(...bars.map((e) => e.ts + e.dur), ...mem.map((e) => e.ts)) - lo, 1e-3)];
+  }
+  const [t0, t1] = state.view || state.full, span = t1 - t0;
   const pct = (t) => `${((t - t0) / span) * 100}%`;
   $("timeline-info").textContent = `${bars.filter((e) => e.cat === "kernel").length} launches, ${bars.filter((e) => e.cat === "copy").length} copies, ` +
-    `${bars.filter((e) => e.cat === "jit").length} JIT replays over ${fmtUs(span)}` + (state.profile.otherData && state.profile.otherData.truncated ? " (profile truncated)" : "");
+    `${bars.filter((e) => e.cat === "jit").length} JIT replays over ${fmtUs(state.full[1] - state.full[0])}` +
+    (state.view ? `, showing ${fmtUs(span)} (double-click: all)` : ", wheel: zoom, drag: pan") + (state.profile.otherData && state.profile.otherData.truncated ? " (profile truncated)" : "");
   const axis = el("div", { class: "tl-axis" });
-  for (let i = 0; i <= 5; i++) axis.append(el("span", { style: `left:${i * 20}%;transform:translateX(-${i * 20}%)` }, fmtUs((span * i) / 5)));
+  for (let i = 0; i <= 5; i++) axis.append(el("span", { style: `left:${i * 20}%;transform:translateX(-${i * 20}%)` }, fmtUs(t0 - state.full[0] + (span * i) / 5)));
   tl.append(axis);
   for (const pid of Object.keys(procs)) {
     const dev = el("div", { class: "tl-device", "data-device": procs[pid] }, el("div", { class: "tl-devname" }, procs[pid]));
@@ -138,6 +142,7 @@ async function showTimeline() {
       if (!mine.length) continue;
       const row = el("div", { class: "tl-row" }, el("span", { class: "tl-label" }, kind));
       for (const e of mine) {
+        if (e.ts > t1 || e.ts + e.dur < t0) continue;
         const b = el("div", { class: `bar bar-${kind}`, "data-name": e.name, style: `left:${pct(e.ts)};width:${(e.dur / span) * 100}%`,
                               title: `${e.name} ${fmtUs(e.dur)}` }, e.name);
         b.addEventListener("click", () => {
@@ -154,7 +159,7 @@ async function showTimeline() {
       const peak = Math.max(...m.map((e) => e.args.bytes), 1);
       let pts = `0,60 `, last = 60;
       for (const e of m) {
-        const x = ((e.ts - t0) / span) * 1000, y = 60 - (e.args.bytes / peak) * 56;
+        const x = Math.min(Math.max(((e.ts - t0) / span) * 1000, -1), 1001), y = 60 - (e.args.bytes / peak) * 56;
         pts += `${x},${last} ${x},${y} `; last = y;
       }
       pts += `1000,${last} 1000,60`;
@@ -166,12 +171,40 @@ async function showTimeline() {
   }
 }
 
+function zoomTimeline(factor, at) {  // at: 0..1 across the bars' width
+  if (!state.full) return;
+  const [t0, t1] = state.view || state.full, full = state.full[1] - state.full[0];
+  const span = Math.min(Math.max((t1 - t0) * factor, full / 1e6), full), c = t0 + (t1 - t0) * at;
+  let lo = Math.max(state.full[0], c - span * at);
+  lo = Math.min(lo, state.full[1] - span);
+  state.view = span >= full ? null : [lo, lo + span];
+  showTimeline();
+}
+
+function timelineEvents() {
+  const tl = $("timeline");
+  const frac = (x) => { const r = tl.getBoundingClientRect(); return Math.min(Math.max((x - r.left - 120) / (r.width - 120), 0), 1); };
+  tl.addEventListener("wheel", (e) => { e.preventDefault(); zoomTimeline(e.deltaY > 0 ? 1.25 : 0.8, frac(e.clientX)); }, { passive: false });
+  tl.addEventListener("dblclick", () => { state.view = null; showTimeline(); });
+  let drag = null;
+  tl.addEventListener("mousedown", (e) => { if (state.view) drag = { x: e.clientX, view: state.view.slice() }; });
+  window.addEventListener("mouseup", () => { drag = null; });
+  window.addEventListener("mousemove", (e) => {
+    if (!drag) return;
+    const r = tl.getBoundingClientRect(), span = drag.view[1] - drag.view[0];
+    let lo = drag.view[0] - ((e.clientX - drag.x) / (r.width - 120)) * span;
+    lo = Math.min(Math.max(lo, state.full[0]), state.full[1] - span);
+    state.view = [lo, lo + span];
+    showTimeline();
+  });
+}
+
 function showTab(which) {
   $("tab-rewrites").classList.toggle("active", which === "rewrites");
   $("tab-timeline").classList.toggle("active", which === "timeline");
   $("view-rewrites").hidden = which !== "rewrites";
   $("view-timeline").hidden = which !== "timeline";
-  if (which === "timeline") showTimeline();
+  if (which === "timeline") showTimeline().catch(fail);
 }
 
 async function init() {
@@ -182,6 +215,7 @@ async function init() {
   $("show-empty").addEventListener("change", () => state.group && renderRewrites());
   $("tab-rewrites").addEventListener("click", () => showTab("rewrites"));
   $("tab-timeline").addEventListener("click", () => showTab("timeline"));
+  timelineEvents();
   document.addEventListener("keydown", (e) => {
     if (e.target.tagName === "INPUT") return;
     if (e.key === "ArrowRight") step(1); else if (e.key === "ArrowLeft") step(-1);
@@ -195,4 +229,4 @@ async function init() {
   document.body.dataset.ready = "1";
 }
 
-init().catch((e) => setStatus(`error: ${e.message}`));
+init().catch(fail);
