@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from plugrad.uop.ops import Ops, UOp
-from plugrad.uop.upat import PatternMatcher, RuleError, UPat
+from plugrad.uop.upat import PatternMatcher, RuleError, UPat, _describe
 from plugrad.viz import capture
 
 REWRITE_LIMIT_PER_NODE = 1000  # a fixed-point rewrite doing more rewrites than this per visited node is runaway
@@ -128,7 +128,7 @@ class _TracedMatcher:
       for captures in pat.match(uop, {}):
         ret = fn(ctx=ctx, **captures) if takes_ctx else fn(**captures)
         if ret is None or ret is uop: continue
-        if not isinstance(ret, UOp): return self.pm.rewrite(uop, ctx)  # raises the engine's RuleError for it
+        if not isinstance(ret, UOp): raise RuleError(f"rule {_describe(fn)} for {pat} returned {type(ret).__name__} {ret!r}, not a UOp")
         capture.TRACE.step(self.rec, fn, uop, ret)
         return ret
     return None
