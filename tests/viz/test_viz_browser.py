@@ -95,10 +95,23 @@ def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path)
   assert drv.find_element(By.ID, "graph").get_attribute("innerHTML") != svg0
   assert drv.find_elements(By.CSS_SELECTOR, '#graph svg g.node polygon[stroke="#d93025"], #graph svg g.node path[stroke="#d93025"]'), \
     "the nodes the step created are highlighted"
-  shot(drv, "viz_step", tmp_path)
   drv.find_element(By.ID, "prev").click()
   wait(drv, lambda d: step_label(d).startswith("step 0 / "))
   wait(drv, lambda d: d.find_element(By.ID, "graph").get_attribute("innerHTML") == svg0)
+
+  # an elementwise kernel: the scheduler's rewrites that built its AST are listed with it
+  kernels = drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel")
+  next(e for e in kernels if e.find_element(By.CSS_SELECTOR, ".gname").text.startswith("E_")).click()
+  wait(drv, lambda d: "kernel E_" in d.find_element(By.ID, "group-title").text)
+  built = [e.text for e in drv.find_elements(By.CSS_SELECTOR, "#rewrites li.from-schedule")]
+  assert built and built[0].startswith("schedule: indexing"), built
+  drv.find_element(By.CSS_SELECTOR, "#rewrites li.from-schedule").click()
+  wait(drv, lambda d: step_label(d).startswith("step 0 / "))
+  for k in range(1, 5):
+    drv.find_element(By.ID, "next").click()
+    wait(drv, lambda d, k=k: step_label(d).startswith(f"step {k} / "))
+  assert "pm_index" in drv.find_element(By.ID, "rule").text or "indexing.py:" in drv.find_element(By.ID, "rule").text
+  shot(drv, "viz_step", tmp_path)
 
   # a scheduling context: the indexing pass has many steps
   drv.find_element(By.CSS_SELECTOR, "#groups li.kind-schedule").click()

@@ -68,6 +68,8 @@ def test_program_is_grouped_by_schedule_and_kernel(recording):
   assert k["name"].startswith("r_") and k["device"] and k["name"] in k["src"] and "STORE" in k["ast_text"]
   assert "RANGE" in k["linear"] and isinstance(k["opts"], list)
   assert all(data["rewrites"][r]["group"] == 1 for r in data["groups"][1]["rewrites"])
+  assert [data["rewrites"][r]["name"] for r in k["built_by"]] == ["indexing", "simplify kernel"]
+  assert data["rewrites"][k["built_by"][-1]]["output"] == k["ast"]
   assert check_replays(data) >= 3
   for ri, b, a in (s for rw in data["rewrites"] for s in rw["steps"]):
     rule = data["rules"][ri]

@@ -33,8 +33,9 @@ class Viewer:
 
   def group(self, gid: int) -> dict:
     g = self._get(self.data["groups"], gid, "group")
-    rws = [{"id": r, "name": self.data["rewrites"][r]["name"], "steps": len(self.data["rewrites"][r]["steps"]),
-            "truncated": self.data["rewrites"][r]["truncated"]} for r in g["rewrites"]]
+    built = (g.get("kernel") or {}).get("built_by", [])
+    rws = [{"id": r, "name": self.data["rewrites"][r]["name"], "steps": len(self.data["rewrites"][r]["steps"]), "schedule": r in built,
+            "truncated": self.data["rewrites"][r]["truncated"]} for r in [*built, *g["rewrites"]]]
     return {"id": gid, "kind": g["kind"], "name": g["name"], "rewrites": rws, "kernel": g.get("kernel")}
 
   def _svg(self, root: int, changed: frozenset[int]) -> tuple[str, dict]: return draw(self.graph, root, set(changed))

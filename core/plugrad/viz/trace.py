@@ -6,6 +6,7 @@ Format (version 1):
 - `rules`: `{"name", "where", "code"}` per rule function that fired (its qualified name, file:line, first source line).
 - `rewrites`: `{"name", "group", "walk", "enter_calls", "input", "output", "steps": [[rule, before, after], ...],
   "truncated"}` with node ids; `groups`: `{"kind", "name", "rewrites": [ids], "kernel": {...} | null}` in run order.
+- a kernel's `built_by`: the ids of the scheduler's rewrites that built its AST (indexing, simplify kernel).
 - `profile`: Chrome trace-event JSON (viz/profile.py); `truncated`: a cap was hit while recording.
 """
 from __future__ import annotations
@@ -69,6 +70,18 @@ def _kernel(info: dict, nodes: NodeTable) -> dict | None:
           "flops": str(spec.flops), "mem_bytes": spec.mem_bytes, "global_size": [str(s) for s in spec.global_size]}
 
 
+def _link_kernel_builders(groups: list[dict], rewrites: list[dict]) -> None:
+  """Each kernel's `built_by`: the scheduler's rewrites that built its AST (from the nearest "indexing" before the
+  rewrite whose output is the AST, in the same scheduling group), so the kernel view can step through them too."""
+  made_by = {rw["output"]: i for i, rw in enumerate(rewrites) if rw["output"] is not None and rw["steps"]}
+  for g in groups:
+    if not (k := g["kernel"]) or (last := made_by.get(k["ast"])) is None: continue
+    sched = groups[rewrites[last]["group"]]["rewrites"]
+    first = sched.index(last)
+    while first > 0 and rewrites[sched[first]]["name"] != "indexing": first -= 1
+    k["built_by"] = [r for r in sched[first:sched.index(last) + 1] if rewrites[r]["steps"]]
+
+
 def serialize(trace: Trace = TRACE) -> dict:
   """The recording as the JSON-able trace described in the module docstring."""
   nodes, rules, rule_ids = NodeTable(), [], {}
@@ -87,6 +100,7 @@ def serialize(trace: Trace = TRACE) -> dict:
       rewrites.append({"name": r.name, "group": gi, "walk": r.walk, "enter_calls": r.enter_calls, "input": nodes.add(r.sink),
                        "output": None if r.out is None else nodes.add(r.out), "steps": steps, "truncated": r.truncated})
     groups.append({"kind": g.kind, "name": g.name, "rewrites": rids, "kernel": _kernel(g.info, nodes) if g.kind == "kernel" else None})
+  _link_kernel_builders(groups, rewrites)
   return {"version": VERSION, "nodes": nodes.rows, "rules": rules, "rewrites": rewrites, "groups": groups,
           "truncated": trace.truncated, "profile": chrome_trace(trace)}
 

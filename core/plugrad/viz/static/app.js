@@ -53,7 +53,7 @@ async function selectGroup(gid) {
     $("k-src").textContent = k.src;
   }
   renderRewrites();
-  const first = g.rewrites.find((r) => r.steps > 0);
+  const first = g.rewrites.find((r) => r.steps > 0 && !r.schedule) || g.rewrites.find((r) => r.steps > 0);
   if (first) await selectRewrite(first.id, 0);
   else if (k) await showAst(gid);
   else { state.rewrite = null; $("graph").replaceChildren(); updateStepper(); }
@@ -65,14 +65,22 @@ function renderRewrites() {
   if (g.kernel) ul.append(el("li", { class: "rewrite ast" + (state.rewrite === "ast" ? " selected" : ""), onclick: () => showAst(g.id).catch(fail) }, "kernel AST"));
   for (const r of g.rewrites) {
     if (!all && r.steps === 0) continue;
-    ul.append(el("li", { class: "rewrite" + (state.rewrite === r.id ? " selected" : ""), "data-rid": r.id, onclick: () => selectRewrite(r.id, 0).catch(fail) },
-                 el("span", {}, r.name), el("span", { class: "count" }, `${r.steps}${r.truncated ? "+" : ""} steps`)));
+    ul.append(el("li", { class: "rewrite" + (r.schedule ? " from-schedule" : "") + (state.rewrite === r.id ? " selected" : ""), "data-rid": r.id,
+                         title: r.schedule ? "run by the scheduler while building this kernel's AST" : "run by this context",
+                         onclick: () => selectRewrite(r.id, 0).catch(fail) },
+                 el("span", {}, (r.schedule ? "schedule: " : "") + r.name), el("span", { class: "count" }, `${r.steps}${r.truncated ? "+" : ""} steps`)));
   }
 }
 
 function showSvg(svg) {
   const box = $("graph");
   box.innerHTML = svg;
+  const hot = box.querySelector('g.node [stroke="#d93025"]');  // bring the nodes the step created into view
+  if (hot) {
+    const r = hot.getBoundingClientRect(), b = box.getBoundingClientRect();
+    box.scrollTop += r.top - b.top - b.height / 2;
+    box.scrollLeft += r.left - b.left - b.width / 2;
+  }
 }
 
 async function showAst(gid) {
