@@ -60,11 +60,33 @@ def wait(drv, cond, timeout: float = 30):
 def step_label(drv) -> str: return drv.find_element(By.ID, "step-label").text
 
 
+def kernel_named(prefix: str):
+  """A finder for the first kernel in the list whose name starts with `prefix`."""
+  def find(drv):
+    return next(e for e in drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel")
+                if e.find_element(By.CSS_SELECTOR, ".gname").text.startswith(prefix))
+  return find
+
+
+def settle(drv) -> None:
+  """Wait until the page has no request in flight (and so has redrawn what the last click asked for)."""
+  wait(drv, lambda d: d.execute_script("return document.body.dataset.busy") == "0")
+
+
+def click(drv, target) -> None:
+  """Click an element (a CSS selector, or a function finding the element) once the page is idle, then wait until it is
+  idle again."""
+  settle(drv)
+  (drv.find_element(By.CSS_SELECTOR, target) if isinstance(target, str) else target(drv)).click()
+  settle(drv)
+
+
 def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path):
   url, report, _ = served_program
   drv = browser
   drv.get(url)
   wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+  settle(drv)
   # the kernel list holds exactly the program's kernels, by name
   names = [e.text for e in drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel .gname")]
   assert sorted(names) == report["kernels"]
@@ -72,10 +94,8 @@ def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path)
   assert not drv.find_element(By.ID, "truncated").is_displayed()
 
   # a kernel whose codegen rewrote something: its steps, its source, its AST/opts/linear panes
-  kernels = drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel")
-  kernel = next(e for e in kernels if e.find_element(By.CSS_SELECTOR, ".gname").text.startswith("r_"))
-  kname = kernel.find_element(By.CSS_SELECTOR, ".gname").text
-  kernel.click()
+  kname = kernel_named("r_")(drv).find_element(By.CSS_SELECTOR, ".gname").text
+  click(drv, kernel_named("r_"))
   wait(drv, lambda d: kname in d.find_element(By.ID, "group-title").text and d.find_element(By.ID, "k-src").text)
   src = drv.find_element(By.ID, "k-src").text
   assert kname in src, "the rendered source defines the kernel"
@@ -89,37 +109,36 @@ def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path)
 
   # step forward: the rule is shown and the nodes it created are highlighted; then back again
   svg0 = drv.find_element(By.ID, "graph").get_attribute("innerHTML")
-  drv.find_element(By.ID, "next").click()
+  click(drv, "#next")
   wait(drv, lambda d: step_label(d).startswith("step 1 / "))
   assert ".py:" in drv.find_element(By.ID, "rule").text, "the rule's location is shown"
   assert drv.find_element(By.ID, "graph").get_attribute("innerHTML") != svg0
   assert drv.find_elements(By.CSS_SELECTOR, '#graph svg g.node polygon[stroke="#d93025"], #graph svg g.node path[stroke="#d93025"]'), \
     "the nodes the step created are highlighted"
-  drv.find_element(By.ID, "prev").click()
+  click(drv, "#prev")
   wait(drv, lambda d: step_label(d).startswith("step 0 / "))
   wait(drv, lambda d: d.find_element(By.ID, "graph").get_attribute("innerHTML") == svg0)
 
   # an elementwise kernel: the scheduler's rewrites that built its AST are listed with it
-  kernels = drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel")
-  next(e for e in kernels if e.find_element(By.CSS_SELECTOR, ".gname").text.startswith("E_")).click()
+  click(drv, kernel_named("E_"))
   wait(drv, lambda d: "kernel E_" in d.find_element(By.ID, "group-title").text)
   built = [e.text for e in drv.find_elements(By.CSS_SELECTOR, "#rewrites li.from-schedule")]
   assert built and built[0].startswith("schedule: indexing"), built
-  drv.find_element(By.CSS_SELECTOR, "#rewrites li.from-schedule").click()
+  click(drv, "#rewrites li.from-schedule")
   wait(drv, lambda d: step_label(d).startswith("step 0 / "))
   for k in range(1, 5):
-    drv.find_element(By.ID, "next").click()
+    click(drv, "#next")
     wait(drv, lambda d, k=k: step_label(d).startswith(f"step {k} / "))
   assert "pm_index" in drv.find_element(By.ID, "rule").text or "indexing.py:" in drv.find_element(By.ID, "rule").text
   shot(drv, "viz_step", tmp_path)
 
   # a scheduling context: the indexing pass has many steps
-  drv.find_element(By.CSS_SELECTOR, "#groups li.kind-schedule").click()
+  click(drv, "#groups li.kind-schedule")
   wait(drv, lambda d: d.find_element(By.ID, "group-title").text.startswith("schedule"))
   assert not drv.find_element(By.ID, "kernel-panes").is_displayed()
 
   # the timeline: one bar per kernel launch, memory drawn below
-  drv.find_element(By.ID, "tab-timeline").click()
+  click(drv, "#tab-timeline")
   wait(drv, lambda d: d.find_elements(By.CSS_SELECTOR, ".bar"))
   bars = drv.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel")
   assert len(bars) == report["launches"] == report["counted"]

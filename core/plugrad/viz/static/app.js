@@ -4,11 +4,17 @@ const $ = (id) => document.getElementById(id);
 const KIND_BADGE = { kernel: "K", schedule: "S", symbolic: "Sym", rewrite: "R" };
 const state = { groups: [], group: null, rewrite: null, step: 0, steps: 0, profile: null, full: null, view: null };
 
+// body[data-busy] is "1" while requests are in flight (the page settles before it reads "0" again: tests wait on it)
+function busy(d) { state.pending = (state.pending || 0) + d; document.body.dataset.busy = state.pending ? "1" : "0"; }
+
 async function api(path) {
-  const r = await fetch(path);
-  const j = await r.json();
-  if (!r.ok) throw new Error(j.error || r.statusText);
-  return j;
+  busy(1);
+  try {
+    const r = await fetch(path);
+    const j = await r.json();
+    if (!r.ok) throw new Error(j.error || r.statusText);
+    return j;
+  } finally { busy(-1); }
 }
 
 function el(tag, attrs, ...kids) {
