@@ -13,6 +13,10 @@ sysdeps:
 	  echo "installing clang from apt"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang lld >/dev/null; }
+	@{ command -v dot && command -v chromium && test -x /usr/bin/chromedriver; } >/dev/null 2>&1 || { \
+	  echo "installing graphviz, chromium and chromium-driver from apt (VIZ viewer and its browser test)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium chromium-driver >/dev/null; }
 
 $(STAMP): core/pyproject.toml $(PLUGINS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -6,6 +6,7 @@ from plugrad.tensor import Tensor  # noqa: F401
 from plugrad.engine.jit import TinyJit  # noqa: F401
 from plugrad.engine.function import function  # noqa: F401
 from plugrad.uop.ops import UOp
+from plugrad.viz import session as _viz_session  # noqa: F401  (VIZ=1 / PROFILE=1 exit hooks)
 
 
 def Variable(name: str, min_val: int, max_val: int) -> UOp:

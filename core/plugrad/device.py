@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, Union
 from plugrad.helpers import getenv
+from plugrad.viz import capture
 from plugrad.runtime.compiler import CompileError, Compiler, UnsupportedCompiler
 from plugrad.runtime.renderer import Renderer, choose_renderer
 
@@ -204,12 +205,15 @@ class Buffer:
     else:
       self._buf = opaque if opaque is not None else self.allocator.alloc(self.nbytes, self.options)
       self._owned = opaque is None
+      if capture.PROFILE and self._owned: capture.TRACE.mem_change(self.device, self.nbytes)  # PROFILE=1: memory in use
     return self
 
   def ensure_allocated(self) -> Buffer: return self if self._buf is not None else self.allocate()
 
   def deallocate(self) -> None:
-    if self._buf is not None and self._owned and self._base is None: self.__dict__["_allocator"].free(self._buf, self.nbytes, self.options)
+    if self._buf is not None and self._owned and self._base is None:
+      self.__dict__["_allocator"].free(self._buf, self.nbytes, self.options)
+      if capture.PROFILE: capture.TRACE.mem_change(self.device, -self.nbytes)  # PROFILE=1: memory in use
     self._buf = None
 
   def __del__(self) -> None:
@@ -220,7 +224,10 @@ class Buffer:
     """Copy host data (bytes-like or numpy, exactly nbytes long) into the buffer."""
     mv = _as_bytes(src)
     if mv.nbytes != self.nbytes: raise ValueError(f"copyin of {mv.nbytes} bytes into {self!r} of {self.nbytes} bytes")
-    self.ensure_allocated().allocator.copyin(self._buf, mv)
+    self.ensure_allocated()
+    st = capture.now() if capture.PROFILE else 0
+    self.allocator.copyin(self._buf, mv)
+    if st: capture.TRACE.event(capture.ProfileEvent("copy", f"copyin {self.device}", self.device, st, capture.now(), self.nbytes))
     return self
 
   def copyout(self, dest: memoryview | None = None) -> memoryview:
@@ -230,7 +237,9 @@ class Buffer:
     if mv.readonly: raise ValueError("copyout destination is read-only")
     self.ensure_allocated()
     Device[self.device].synchronize()
+    st = capture.now() if capture.PROFILE else 0
     self.allocator.copyout(mv, self._buf)
+    if st: capture.TRACE.event(capture.ProfileEvent("copy", f"copyout {self.device}", self.device, st, capture.now(), self.nbytes))
     return mv
 
   def numpy(self) -> np.ndarray:

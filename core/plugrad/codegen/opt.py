@@ -34,6 +34,7 @@ from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import _collect, _sum, pm_symbolic
 from plugrad.uop.upat import PatternMatcher, UPat
+from plugrad.viz import capture
 
 
 @dataclass(frozen=True)
@@ -330,5 +331,7 @@ def optimize(ast: UOp, renderer) -> UOp:
   if getenv("NOOPT", False) or not upcast_max: return ast
   split = not getattr(renderer, "vectorizes_reductions", False)
   lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
-  for opt in choose_opts(ast, upcast_max, split, lanes, regs) + local_opts(ast, renderer): ast = apply_opt(ast, opt)
+  opts = choose_opts(ast, upcast_max, split, lanes, regs) + local_opts(ast, renderer)
+  capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
+  for opt in opts: ast = apply_opt(ast, opt)
   return ast

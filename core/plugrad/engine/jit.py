@@ -19,6 +19,7 @@ from plugrad.engine.realize import CAPTURING, ExecItem, GlobalCounters, buffer_f
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import buffer_of, rebind_view
 from plugrad.uop.ops import Ops, UOp
+from plugrad.viz import capture, profile
 
 R = TypeVar("R")
 
@@ -133,14 +134,17 @@ class TinyJit(Generic[R]):
       raise JitError(f"jitted function got {len(sig)} tensor inputs, but was captured with {len(self.signature)}")
     for i, (now, was) in enumerate(zip(sig, self.signature)):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
+    st = capture.now() if capture.PROFILE else 0
     bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
     for i, j, k in self.input_slots: self.captured[i].bufs[j] = bufs[k]
     if self.plan:
       for batch, its, slots in self.plan:
         if batch is None: its[0].run(var_vals if its[0].runner is not None and its[0].runner.spec.vars else None)
+        elif capture.PROFILE: profile.run_batch(batch, its, var_vals, slots); GlobalCounters["kernels"] += len(its)
         else: batch(var_vals, slots); GlobalCounters["kernels"] += len(its)
     else:
       for ei in self.captured: ei.run(var_vals if ei.runner is not None and ei.runner.spec.vars else None)
     if var_vals:  # outputs with symbolic shapes take this call's sizes
       for t in _tensors_in(self.ret): t.uop = rebind_view(t.uop, var_vals)
+    if st: profile.jit_replay(getattr(self.fn, "__name__", "fn"), bufs[0].device if bufs else "JIT", st)
     return self.ret

@@ -10,12 +10,13 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from plugrad.codegen import ProgramSpec, get_program
+from plugrad.codegen import ProgramSpec, get_program, kernel_name
 from plugrad.device import Buffer, Device, Program
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import ScheduleItem
 from plugrad.uop.ops import Ops, UOp, pretty
 from plugrad.uop.symbolic import sym_infer
+from plugrad.viz import capture, profile
 
 BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
 
@@ -45,7 +46,9 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per process, and cached on disk by the compiler)."""
   if (r := _RUNNERS.get((device, ast))) is not None: return r
   dev = Device[device]
-  spec = get_program(ast, dev.renderer)
+  with capture.group("kernel", lambda: f"{kernel_name(ast)} {device}") as g:  # VIZ=1: codegen passes grouped per kernel
+    spec = get_program(ast, dev.renderer)
+    if g is not None: g.info.update(name=spec.name, device=device, ast=ast, spec=spec)
   if (debug := getenv("DEBUG", 0)) >= 5:
     print(f"kernel {spec.name} AST:\n{pretty(ast, max_lines=1 << 30)}")
     if debug >= 6: print("linearized:\n" + "\n".join(f"  {i:4d} {u.op.name:14s} {u.dtype!r:40s} {u.arg!r}" for i, u in enumerate(spec.uops)))
@@ -64,6 +67,10 @@ class ExecItem:
   var_vals: dict[str, int]
 
   def run(self, var_vals: dict[str, int] | None = None, wait: bool = False) -> float | None:
+    if capture.PROFILE: return profile.run_item(self, var_vals)  # PROFILE=1: timed and recorded (plugrad/viz/profile.py)
+    return self._run(var_vals, wait)
+
+  def _run(self, var_vals: dict[str, int] | None, wait: bool) -> float | None:
     if self.runner is None:
       self.bufs[0].copy_from(self.bufs[1])
       return None

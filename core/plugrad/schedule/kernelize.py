@@ -17,6 +17,7 @@ from plugrad.helpers import getenv
 from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map, pm_substitute
 from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad.uop.symbolic import pm_symbolic, prod, ssimplify
+from plugrad.viz import capture
 
 _unique = itertools.count()
 
@@ -336,6 +337,11 @@ def create_schedule(targets: list[UOp], keep: set[UOp] | None = None) -> tuple[l
   """Kernels (in run order) that realize `targets`, and the map from each realized node to its buffer view.
   Schedules are cached by the structure of the graph (buffers and bound values abstracted), so running the same
   program on new data skips scheduling and codegen. Intermediate buffers not in `keep` (or targets) may share memory."""
+  with capture.group("schedule", lambda: f"schedule {', '.join(str(t.shape) for t in targets[:3])}{' ...' if len(targets) > 3 else ''}"):
+    return _create_schedule(targets, keep)
+
+
+def _create_schedule(targets: list[UOp], keep: set[UOp] | None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   norm = _Normalize()
   mapping = graph_rewrite_map(UOp.sink_of(*targets), pm_unbind_args, ctx=norm, bpm=pm_normalize, walk=True, name="normalize")
   nsink = mapping[UOp.sink_of(*targets)]

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from plugrad.uop.ops import Ops, UOp
-from plugrad.uop.upat import PatternMatcher, RuleError, UPat
+from plugrad.uop.upat import PatternMatcher, RuleError, UPat, _describe
+from plugrad.viz import capture
 
 REWRITE_LIMIT_PER_NODE = 1000  # a fixed-point rewrite doing more rewrites than this per visited node is runaway
 
@@ -99,6 +100,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher | None, ctx: Any = None, bottom_
     if m is not None and not isinstance(m, PatternMatcher): raise TypeError(f"graph_rewrite needs PatternMatchers, got {type(m).__name__}")
   if bottom_up: pm, bpm = None, (pm if bpm is None else bpm if pm is None else bpm + pm)
   rw = _Rewriter(pm, bpm, ctx, enter_calls, name)
+  if capture.VIZ: return _traced(rw, sink, walk)
   return rw.walk(sink) if walk else rw.fixed_point(sink)
 
 
@@ -107,8 +109,36 @@ def graph_rewrite_map(sink: UOp, pm: PatternMatcher | None, ctx: Any = None, bot
   """Like graph_rewrite, but returns the mapping from every original node under `sink` to its rewrite."""
   if bottom_up: pm, bpm = None, (pm if bpm is None else bpm if pm is None else bpm + pm)
   rw = _Rewriter(pm, bpm, ctx, enter_calls, name)
-  rw.walk(sink) if walk else rw.fixed_point(sink)
+  if capture.VIZ: _traced(rw, sink, walk)
+  else: rw.walk(sink) if walk else rw.fixed_point(sink)
   return {n: rw.replace[n] for n in sink.toposort() if n in rw.replace}
+
+
+# ***** VIZ=1: record each rule application (plugrad/viz/capture.py); nothing here runs when VIZ is off *****
+
+class _TracedMatcher:
+  """Wraps a PatternMatcher for one recorded rewrite: same matching, and each rule that fires is recorded."""
+  def __init__(self, pm: PatternMatcher, rec: capture.RewriteRecord): self.pm, self.rec = pm, rec
+
+  def rewrite(self, uop: UOp, ctx: Any = None) -> UOp | None:
+    if type(self.pm).rewrite is not PatternMatcher.rewrite:  # a matcher with its own dispatch (pm_substitute)
+      if (r := self.pm.rewrite(uop, ctx)) is not None: capture.TRACE.step(self.rec, type(self.pm).rewrite, uop, r)
+      return r
+    for pat, fn, takes_ctx in self.pm.pdict.get(uop.op, ()):
+      for captures in pat.match(uop, {}):
+        ret = fn(ctx=ctx, **captures) if takes_ctx else fn(**captures)
+        if ret is None or ret is uop: continue
+        if not isinstance(ret, UOp): raise RuleError(f"rule {_describe(fn)} for {pat} returned {type(ret).__name__} {ret!r}, not a UOp")
+        capture.TRACE.step(self.rec, fn, uop, ret)
+        return ret
+    return None
+
+
+def _traced(rw: _Rewriter, sink: UOp, walk: bool) -> UOp:
+  if (rec := capture.TRACE.begin_rewrite(rw.name, sink, walk, rw.enter_calls)) is None: return rw.walk(sink) if walk else rw.fixed_point(sink)
+  rw.pm, rw.bpm = (None if rw.pm is None else _TracedMatcher(rw.pm, rec)), (None if rw.bpm is None else _TracedMatcher(rw.bpm, rec))  # type: ignore[assignment]
+  rec.out = rw.walk(sink) if walk else rw.fixed_point(sink)
+  return rec.out
 
 
 class _SubstituteMatcher(PatternMatcher):

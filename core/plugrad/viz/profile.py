@@ -1,0 +1,79 @@
+"""PROFILE=1: timed launches, copies and JIT replays (called by the engine only when `capture.PROFILE` is on), and the
+profile as Chrome/Perfetto trace-event JSON.
+
+Every launch runs with wait=True so its end time is when the device finished; the bar spans host perf_counter time
+from submit to completion, and `device_s` keeps the device-measured time when the backend's Program returns one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from plugrad.uop.symbolic import sym_infer
+from plugrad.viz.capture import TRACE, ProfileEvent, Trace, now
+
+
+def _flops(spec: Any, var_vals: dict[str, int]) -> int:
+  if isinstance(spec.flops, int): return spec.flops
+  return int(sym_infer(spec.flops, {v: var_vals.get(v.arg[0], v.vmax) for v in spec.vars}))
+
+
+def run_item(ei: Any, var_vals: dict[str, int] | None) -> float | None:
+  """Run ExecItem `ei` to completion and record it (a kernel launch, or a copy when it has no runner)."""
+  st = now()
+  et = ei._run(var_vals, wait=True)
+  en = now()
+  if ei.runner is None:
+    dst, src = ei.bufs[0], ei.bufs[1]
+    TRACE.event(ProfileEvent("copy", f"copy {src.device} -> {dst.device}", dst.device, st, en, dst.nbytes))
+  else:
+    spec, vv = ei.runner.spec, ei.var_vals if var_vals is None else var_vals
+    TRACE.event(ProfileEvent("kernel", spec.name, ei.runner.device, st, en, spec.mem_bytes, _flops(spec, vv), et))
+  return et
+
+
+def run_batch(batch: Callable, items: list[Any], var_vals: dict[str, int], slots: list) -> None:
+  """A JIT batch runner call (several kernels in one call): one "kernel" bar named after its kernels."""
+  st = now()
+  batch(var_vals, slots)
+  en = now()
+  names = [ei.runner.spec.name for ei in items]
+  TRACE.event(ProfileEvent("kernel", f"batch of {len(items)}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}",
+                           items[0].runner.device, st, en, sum(ei.runner.spec.mem_bytes for ei in items),
+                           sum(_flops(ei.runner.spec, var_vals) for ei in items)))
+
+
+def jit_replay(name: str, device: str, st: int) -> None:
+  TRACE.event(ProfileEvent("jit", f"jit {name}", device, st, now()))
+
+
+TRACKS = {"kernel": 1, "copy": 2, "jit": 3}
+
+
+def chrome_trace(trace: Trace = TRACE) -> dict:
+  """The profile in the Trace Event Format that Perfetto and chrome://tracing open:
+  one process per device, a thread per kind of work ("X" complete events, microseconds) and a "memory" counter."""
+  devices = sorted({e.device for e in trace.events} | {d for _, d, _ in trace.mem})
+  pid = {d: i + 1 for i, d in enumerate(devices)}
+  out: list[dict] = []
+  for d in devices:
+    out.append({"name": "process_name", "ph": "M", "pid": pid[d], "tid": 0, "args": {"name": d}})
+    for kind, tid in TRACKS.items(): out.append({"name": "thread_name", "ph": "M", "pid": pid[d], "tid": tid, "args": {"name": kind}})
+  def us(t: int) -> float: return (t - trace.t0) / 1e3
+  timed: list[dict] = []
+  for e in trace.events:
+    args: dict[str, Any] = {"bytes": e.nbytes, "flops": e.flops}
+    if e.device_s is not None: args["device_us"] = e.device_s * 1e6
+    timed.append({"name": e.name, "cat": e.kind, "ph": "X", "pid": pid[e.device], "tid": TRACKS[e.kind], "ts": us(e.st),
+                  "dur": max(us(e.en) - us(e.st), 0.0), "args": args})
+  timed += [{"name": "memory", "ph": "C", "pid": pid[d], "tid": 0, "ts": us(t), "args": {"bytes": b}} for t, d, b in trace.mem]
+  out += sorted(timed, key=lambda e: e["ts"])  # one time-ordered stream: viewers and the tests read it in order
+  meta: dict[str, Any] = {"clock": "host perf_counter", "truncated": trace.profile_truncated}
+  return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": meta}
+
+
+def write_chrome_trace(path: str | Path, trace: Trace = TRACE) -> Path:
+  p = Path(path)
+  p.write_text(json.dumps(chrome_trace(trace)))
+  return p

@@ -1,0 +1,49 @@
+"""Shared fixtures for the VIZ tests: recording switched on in-process with a clean trace and empty compile caches (so
+kernels are compiled, and therefore recorded, inside the test), and a program run under VIZ=1 PROFILE=1 serving the page."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from plugrad.engine import realize
+from plugrad.schedule import kernelize
+from plugrad.viz import capture
+
+from viz_helpers import HERE, free_port, wait_for_line
+
+
+@pytest.fixture
+def recording(monkeypatch):
+  """VIZ and PROFILE on, a fresh TRACE, and no cached schedules or kernels; everything restored afterwards."""
+  monkeypatch.setattr(realize, "_RUNNERS", {})
+  monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
+  monkeypatch.setattr(kernelize, "_KERNEL_CACHE", {})
+  was = (capture.VIZ, capture.PROFILE)
+  capture.TRACE.clear()
+  capture.enable(viz=True, profile=True)
+  yield capture.TRACE
+  capture.enable(*was)
+  capture.TRACE.clear()
+
+
+@pytest.fixture(scope="module")
+def served_program(tmp_path_factory):
+  """tests/viz/viz_program.py run with VIZ=1 PROFILE=1 on a free port: (url, its JSON report, profile path)."""
+  tmp = tmp_path_factory.mktemp("viz")
+  port = free_port()
+  env = {**os.environ, "VIZ": "1", "PROFILE": "1", "VIZ_PORT": str(port), "PROFILE_PATH": str(tmp / "profile.json"), "PYTHONUNBUFFERED": "1"}
+  env.pop("VIZ_SAVE", None)
+  proc = subprocess.Popen([sys.executable, str(HERE / "viz_program.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    report = json.loads(wait_for_line(proc, "{"))
+    url = wait_for_line(proc, "VIZ: open ").split()[2]
+    yield url, report, tmp / "profile.json"
+  finally:
+    proc.terminate()
+    try: proc.wait(10)
+    except subprocess.TimeoutExpired: proc.kill()
+    proc.stdout.close()

@@ -1,0 +1,79 @@
+"""PROFILE=1: one event per kernel launch, copy and JIT replay, memory in use over time, and the Chrome trace-event JSON
+(schema, time-ordered, one complete event per launch) written to PROFILE_PATH at exit."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from plugrad import Tensor, TinyJit
+from plugrad.engine.realize import GlobalCounters
+from plugrad.viz import capture
+from plugrad.viz.profile import chrome_trace
+
+from viz_helpers import HERE
+
+
+def check_schema(tr: dict) -> list[dict]:
+  """The trace-event fields Perfetto and chrome://tracing need; returns the timed events, checked to be in time order."""
+  assert set(tr) >= {"traceEvents", "displayTimeUnit"} and isinstance(tr["traceEvents"], list)
+  procs = {e["pid"]: e["args"]["name"] for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+  timed = [e for e in tr["traceEvents"] if e["ph"] != "M"]
+  for e in tr["traceEvents"]:
+    assert e["ph"] in ("M", "X", "C") and isinstance(e["name"], str) and isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+    if e["ph"] != "M": assert e["pid"] in procs and isinstance(e["ts"], float) and e["ts"] >= 0, e
+    if e["ph"] == "X": assert e["dur"] >= 0 and e["cat"] in ("kernel", "copy", "jit") and {"bytes", "flops"} <= set(e["args"]), e
+    if e["ph"] == "C": assert e["name"] == "memory" and e["args"]["bytes"] >= 0, e
+  ts = [e["ts"] for e in timed]
+  assert ts == sorted(ts), "timestamps are not monotonic"
+  return timed
+
+
+def test_every_launch_copy_and_replay_is_recorded(recording):
+  k0 = GlobalCounters["kernels"]
+  x = Tensor(np.arange(24, dtype=np.float32).reshape(4, 6))
+  y = ((x * 2).exp2().sum(axis=1) + 1).numpy()
+  np.testing.assert_allclose(y, np.exp2(np.arange(24, dtype=np.float64).reshape(4, 6) * 2).sum(axis=1) + 1, rtol=1e-5)
+
+  @TinyJit
+  def f(t: Tensor) -> Tensor: return ((t + 1).contiguous() * 3).contiguous()
+  for i in range(4): f(Tensor(np.full((5,), i, dtype=np.float32))).numpy()
+  launches = GlobalCounters["kernels"] - k0
+  evs = recording.events
+  kernels = [e for e in evs if e.kind == "kernel"]
+  # the CPU device batches the replayed kernels into one call: a batch bar stands for its kernels
+  covered = sum(int(e.name.split()[2].rstrip(":")) if e.name.startswith("batch of") else 1 for e in kernels)
+  assert covered == launches
+  assert sum(1 for e in evs if e.kind == "jit") == 2
+  copies = [e for e in evs if e.kind == "copy"]
+  assert any(e.name.startswith("copyin") for e in copies) and any(e.name.startswith("copyout") and e.nbytes == 16 for e in copies)
+  assert all(e.en >= e.st for e in evs)
+  assert any(e.flops > 0 for e in kernels) and all(e.nbytes > 0 for e in kernels)
+
+  tr = json.loads(json.dumps(chrome_trace()))
+  timed = check_schema(tr)
+  assert sum(1 for e in timed if e["ph"] == "X" and e["cat"] == "kernel") == len(kernels)
+  mem = [e["args"]["bytes"] for e in timed if e["ph"] == "C"]
+  assert mem and max(mem) >= 4 * 6 * 4
+
+
+def test_nothing_recorded_when_off():
+  if capture.PROFILE: return
+  capture.TRACE.clear()
+  (Tensor(np.arange(8, dtype=np.float32)) * 3).numpy()
+  assert capture.TRACE.events == [] and capture.TRACE.mem == []
+
+
+def test_profile_path_written_at_exit(tmp_path):
+  path = tmp_path / "p.json"
+  env = {**os.environ, "PROFILE": "1", "PROFILE_PATH": str(path)}
+  for k in ("VIZ", "VIZ_SAVE"): env.pop(k, None)
+  code = "import numpy as np; from plugrad import Tensor; (Tensor(np.ones(16, dtype=np.float32)) + 2).sum().numpy()"
+  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=HERE)
+  assert r.returncode == 0, r.stderr
+  assert f"written to {path}" in r.stderr
+  timed = check_schema(json.loads(path.read_text()))
+  assert sum(1 for e in timed if e["ph"] == "X" and e["cat"] == "kernel") >= 1
