@@ -210,7 +210,8 @@ def _drop_unused_params(ast: UOp, ctx: KernelContext) -> UOp:
   if len(used) == len(ctx.bufs): return ast
   keep = sorted(used)
   ctx.bufs[:] = [ctx.bufs[i] for i in keep]
-  return ast.substitute({used[old]: UOp(Ops.DEFINE_GLOBAL, used[old].dtype, arg=new) for new, old in enumerate(keep) if new != old})
+  # walk=True: one simultaneous renumbering (slot 4 -> 3 must not then be renumbered again by the 3 -> 2 entry)
+  return ast.substitute({used[old]: UOp(Ops.DEFINE_GLOBAL, used[old].dtype, arg=new) for new, old in enumerate(keep) if new != old}, walk=True)
 
 
 def _reads_other_elements_of_output(ast: UOp) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float
 from plugrad.uop.ops import Ops
 
@@ -109,7 +110,7 @@ class ElementwiseMixin:
     """self ** x with broadcasting and promotion; 0 ** 0 is 1, negative bases take integer exponents, ints stay ints."""
     if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) and float(x).is_integer() and abs(x) <= 64:
       if dtypes.is_float(self.dtype) or isinstance(x, int):
-        if not dtypes.is_float(self.dtype) and x < 0: raise ValueError(f"integers to negative integer powers are not allowed ({self.dtype} ** {x})")
+        if not dtypes.is_float(self.dtype) and x < 0: raise TensorError(f"integers to negative integer powers are not allowed ({self.dtype} ** {x})")
         base = self.cast(dtypes.int8) if self.dtype == dtypes.bool else self
         return base._pow_int_const(int(x))
     if not reverse and isinstance(x, float) and x == 0.5: return self.sqrt()  # numpy's and torch's fast path (sqrt(-inf) is nan)
@@ -251,7 +252,7 @@ class ElementwiseMixin:
 
   def clip(self: Any, min_: Any = None, max_: Any = None) -> Tensor:
     """Clamp to [min_, max_] (either may be None, not both); nan stays nan."""
-    if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
+    if min_ is None and max_ is None: raise TensorError("clip needs at least one of min_ and max_")
     x = self
     if min_ is not None:
       x, lo = x._broadcasted(min_)

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import dtypes, least_upper_dtype
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import ssimplify
@@ -24,6 +25,16 @@ def _T():
 
 def _ints(args: tuple) -> tuple:
   return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
+def _tensor_list(first: Any, rest: tuple, name: str) -> list:
+  """The tensors of cat/stack called as a method (x.cat(y)) or on the class with a sequence (Tensor.cat((x, y)))."""
+  ts = [*first, *rest] if isinstance(first, (list, tuple)) else [first, *rest]
+  if not ts: raise TypeError(f"{name} needs at least one tensor")
+  kind = next((type(t) for t in ts if not isinstance(t, (list, tuple, int, float, bool))), None)
+  if kind is None or not all(isinstance(t, kind) for t in ts):
+    raise TypeError(f"{name} takes tensors, got {[type(t).__name__ for t in ts]}")
+  return ts
 
 
 def _combine(a: Any, b: Any) -> Any:
@@ -55,7 +66,7 @@ class MovementMixin:
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Any:
     if self.ndim == 0: return self.reshape(1)
     s, e = self._axis(start_dim), self._axis(end_dim)
-    if s > e: raise ValueError(f"flatten start_dim {start_dim} comes after end_dim {end_dim} for shape {self.shape}")
+    if s > e: raise TensorError(f"flatten start_dim {start_dim} comes after end_dim {end_dim} for shape {self.shape}")
     return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
   def unflatten(self, dim: int, sizes: Sequence[int]) -> Any:
@@ -63,14 +74,14 @@ class MovementMixin:
     sizes = tuple(sizes)
     if sizes.count(-1) == 1:
       known = math.prod(s for s in sizes if s != -1)
-      if known == 0 or self.shape[d] % known: raise ValueError(f"unflatten: can't split dim {dim} of size {self.shape[d]} into {sizes}")
+      if known == 0 or self.shape[d] % known: raise TensorError(f"unflatten: can't split dim {dim} of size {self.shape[d]} into {sizes}")
       sizes = tuple(self.shape[d] // known if s == -1 else s for s in sizes)
-    if math.prod(sizes) != self.shape[d]: raise ValueError(f"unflatten: sizes {sizes} don't multiply to dim {dim} of size {self.shape[d]}")
+    if math.prod(sizes) != self.shape[d]: raise TensorError(f"unflatten: sizes {sizes} don't multiply to dim {dim} of size {self.shape[d]}")
     return self.reshape(self.shape[:d] + sizes + self.shape[d + 1:])
 
   def squeeze(self, dim: int | Sequence[int] | None = None) -> Any:
     if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
-    dims = {self._axis(d) for d in ((dim,) if isinstance(dim, int) else dim)} if self.ndim else set()
+    dims = {self._axis(d) for d in ((dim,) if isinstance(dim, int) else dim)}  # a 0-d tensor takes dim 0 or -1, as torch
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in dims and s == 1)))
 
   def unsqueeze(self, dim: int) -> Any:
@@ -81,12 +92,12 @@ class MovementMixin:
   def _pad_pairs(self, padding) -> list[tuple[int, int]]:
     padding = tuple(padding)
     if padding and all(p is None or isinstance(p, (tuple, list)) for p in padding):
-      if len(padding) != self.ndim: raise ValueError(f"pad: {len(padding)} (before, after) pairs for a tensor of shape {self.shape}")
+      if len(padding) != self.ndim: raise TensorError(f"pad: {len(padding)} (before, after) pairs for a tensor of shape {self.shape}")
       pairs = [(0, 0) if p is None else tuple(p) for p in padding]
-      if any(len(p) != 2 for p in pairs): raise ValueError(f"pad: each entry must be a (before, after) pair, got {padding}")
+      if any(len(p) != 2 for p in pairs): raise TensorError(f"pad: each entry must be a (before, after) pair, got {padding}")
     else:
       if len(padding) % 2 or len(padding) // 2 > self.ndim:
-        raise ValueError(f"pad: flat padding {padding} must have an even length <= 2*ndim for shape {self.shape}")
+        raise TensorError(f"pad: flat padding {padding} must have an even length <= 2*ndim for shape {self.shape}")
       pairs = [(0, 0)] * self.ndim
       for i in range(len(padding) // 2): pairs[self.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
     for p in pairs:
@@ -96,10 +107,10 @@ class MovementMixin:
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Any:
     """Pad with torch's flat format (last dim first) or a tuple of (before, after) pairs per dim; negative pads shrink."""
     if mode not in ("constant", "reflect", "replicate", "circular"):
-      raise ValueError(f"pad mode {mode!r} is not one of constant, reflect, replicate, circular")
+      raise TensorError(f"pad mode {mode!r} is not one of constant, reflect, replicate, circular")
     pairs = self._pad_pairs(padding)
     for (b, a), s in zip(pairs, self.shape):
-      if -b - a > s or -b > s or -a > s: raise ValueError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
+      if -b - a > s or -b > s or -a > s: raise TensorError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
     x = self.shrink(tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape)))
     pos = [(max(0, b), max(0, a)) for b, a in pairs]
     if mode == "constant":
@@ -111,9 +122,9 @@ class MovementMixin:
     for d, (b, a) in enumerate(pos):
       if not b and not a: continue
       s = x.shape[d]
-      if mode == "reflect" and (b >= s or a >= s): raise ValueError(f"reflect pad ({b}, {a}) must be smaller than dim {d} of size {s}")
-      if mode == "circular" and (b > s or a > s): raise ValueError(f"circular pad ({b}, {a}) can't exceed dim {d} of size {s}")
-      if s == 0: raise ValueError(f"can't {mode}-pad dim {d} of size 0")
+      if mode == "reflect" and (b >= s or a >= s): raise TensorError(f"reflect pad ({b}, {a}) must be smaller than dim {d} of size {s}")
+      if mode == "circular" and (b > s or a > s): raise TensorError(f"circular pad ({b}, {a}) can't exceed dim {d} of size {s}")
+      if s == 0: raise TensorError(f"can't {mode}-pad dim {d} of size 0")
       def sl(lo, hi, d=d): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
       if mode == "reflect": left, right = sl(1, b + 1).flip(d), sl(s - a - 1, s - 1).flip(d)
       elif mode == "replicate":
@@ -125,12 +136,14 @@ class MovementMixin:
 
   # ***** joining and splitting *****
   def cat(self, *args, dim: int = 0) -> Any:
-    ts = [self, *args]
-    if any(t.ndim == 0 for t in ts): raise ValueError(f"cat: zero-dimensional tensors can't be concatenated, got {[tuple(x.shape) for x in ts]}")
+    """Concatenate along `dim`; `Tensor.cat((a, b))` and `Tensor.cat([a, b])` work too."""
+    ts = _tensor_list(self, args, "cat")
+    self = ts[0]
+    if any(t.ndim == 0 for t in ts): raise TensorError(f"cat: zero-dimensional tensors can't be concatenated, got {[tuple(x.shape) for x in ts]}")
     d = self._axis(dim)
     for t in ts:
       if t.ndim != self.ndim or any(i != d and a != b for i, (a, b) in enumerate(zip(t.shape, self.shape))):
-        raise ValueError(f"cat: shapes {[tuple(x.shape) for x in ts]} must match except in dim {dim}")
+        raise TensorError(f"cat: shapes {[tuple(x.shape) for x in ts]} must match except in dim {dim}")
     dt = least_upper_dtype(*(t.dtype for t in ts))
     ts = [t.cast(dt) for t in ts]
     total, off, ret = sum(t.shape[d] for t in ts), 0, None
@@ -141,9 +154,11 @@ class MovementMixin:
     return ret
 
   def stack(self, *args, dim: int = 0) -> Any:
-    ts = [self, *args]
+    """Stack equal-shaped tensors along a new `dim`; `Tensor.stack((a, b))` and `Tensor.stack([a, b])` work too."""
+    ts = _tensor_list(self, args, "stack")
+    self = ts[0]
     for t in ts:
-      if t.shape != self.shape: raise ValueError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in ts]}")
+      if t.shape != self.shape: raise TensorError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in ts]}")
     d = self._axis(dim, self.ndim + 1)
     return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
 
@@ -151,9 +166,9 @@ class MovementMixin:
     d = self._axis(dim)
     n = self.shape[d]
     if isinstance(sizes, int):
-      if sizes <= 0: raise ValueError(f"split size must be positive, got {sizes}")
+      if sizes <= 0: raise TensorError(f"split size must be positive, got {sizes}")
       sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
-    if sum(sizes) != n: raise ValueError(f"split sizes {list(sizes)} must sum to dim {dim} of size {n}")
+    if sum(sizes) != n: raise TensorError(f"split sizes {list(sizes)} must sum to dim {dim} of size {n}")
     out, off = [], 0
     for s in sizes:
       out.append(self.shrink(tuple((off, off + s) if i == d else None for i in range(self.ndim))))
@@ -161,20 +176,20 @@ class MovementMixin:
     return tuple(out)
 
   def chunk(self, chunks: int, dim: int = 0) -> tuple:
-    if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk count must be a positive int, got {chunks!r}")
+    if not isinstance(chunks, int) or chunks <= 0: raise TensorError(f"chunk count must be a positive int, got {chunks!r}")
     d = self._axis(dim)
     return self.split(max(1, -(-self.shape[d] // chunks)), d)
 
   def repeat(self, repeats, *args) -> Any:
     reps = _ints((repeats, *args))
-    if len(reps) < self.ndim: raise ValueError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {reps}")
+    if len(reps) < self.ndim: raise TensorError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {reps}")
     base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
     inter = tuple(v for s in base.shape for v in (1, s))
     exp = tuple(v for r, s in zip(reps, base.shape) for v in (r, s))
     return base.reshape(inter).expand(exp).reshape(tuple(r * s for r, s in zip(reps, base.shape)))
 
   def repeat_interleave(self, repeats: int, dim: int | None = None) -> Any:
-    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeat_interleave needs an int repeats >= 0, got {repeats!r}")
+    if not isinstance(repeats, int) or repeats < 0: raise TensorError(f"repeat_interleave needs an int repeats >= 0, got {repeats!r}")
     x, d = (self.flatten(), 0) if dim is None else (self, self._axis(dim))
     x = x.unsqueeze(d + 1)
     return x.expand(x.shape[:d + 1] + (repeats,) + x.shape[d + 2:]).flatten(d, d + 1)
@@ -182,7 +197,7 @@ class MovementMixin:
   def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Any:
     if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
     shifts, dims = (shifts,) if isinstance(shifts, int) else tuple(shifts), (dims,) if isinstance(dims, int) else tuple(dims)
-    if len(shifts) != len(dims): raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    if len(shifts) != len(dims): raise TensorError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
     x = self
     for sh, dm in zip(shifts, dims):
       d = x._axis(dm)
@@ -202,9 +217,9 @@ class MovementMixin:
 
   def _check_index_tensor(self, name: str, index: Any, dim: int) -> None:
     if not dtypes.is_int(index.dtype): raise TypeError(f"{name}: index must be an int tensor, got {index.dtype}")
-    if index.ndim != self.ndim: raise ValueError(f"{name}: index {index.shape} must have as many dims as input {self.shape}")
+    if index.ndim != self.ndim: raise TensorError(f"{name}: index {index.shape} must have as many dims as input {self.shape}")
     for i, (a, b) in enumerate(zip(index.shape, self.shape)):
-      if i != dim and a > b: raise ValueError(f"{name}: index {index.shape} is larger than input {self.shape} in dim {i}")
+      if i != dim and a > b: raise TensorError(f"{name}: index {index.shape} is larger than input {self.shape} in dim {i}")
 
   def gather(self, dim: int, index: Any) -> Any:
     """out[i][j] = self[index[i][j]][j] (dim 0); index may be smaller than self outside `dim`."""
@@ -222,7 +237,7 @@ class MovementMixin:
     if not isinstance(src, type(self)): srcv = _T().full(index.shape, src, self.dtype, self.device)
     else:
       if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
-        raise ValueError(f"scatter: index {index.shape} must not be larger than src {src.shape}")
+        raise TensorError(f"scatter: index {index.shape} must not be larger than src {src.shape}")
       srcv = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
     return d, self._onehot(index, self.shape[d]), srcv.unsqueeze(-1)
 
@@ -236,7 +251,7 @@ class MovementMixin:
   def scatter(self, dim: int, index: Any, src: Any, reduce: str | None = None) -> Any:
     """self[index[i][j]][j] = src[i][j] (dim 0); with duplicate targets the last one wins. reduce: None, 'add', 'multiply'."""
     if reduce is not None:
-      if reduce not in ("add", "multiply"): raise ValueError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+      if reduce not in ("add", "multiply"): raise TensorError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
       return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
     d, m, srcv = self._scatter_parts(dim, index, src)
     pos = _T().arange(1, index.shape[d] + 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(index.ndim)) + (1,))
@@ -249,7 +264,7 @@ class MovementMixin:
   def scatter_reduce(self, dim: int, index: Any, src: Any, reduce: str, include_self: bool = True) -> Any:
     """Reduce src values into self at index along dim: 'sum', 'prod', 'mean', 'amax', 'amin' (torch semantics)."""
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-      raise ValueError(f"scatter_reduce reduce must be sum/prod/mean/amax/amin, got {reduce!r}")
+      raise TensorError(f"scatter_reduce reduce must be sum/prod/mean/amax/amin, got {reduce!r}")
     d, m, srcv = self._scatter_parts(dim, index, src)
     hit = self._scatter_back(d, m.max(d), index.shape, False)
     if reduce in ("sum", "mean"):
@@ -270,7 +285,7 @@ class MovementMixin:
     return hit.where(ret.cast(self.dtype), self)
 
   def masked_fill(self, mask: Any, value: Any) -> Any:
-    if self._broadcast_shape(mask) != self.shape: raise ValueError(f"masked_fill: mask {mask.shape} can't broadcast to {self.shape}")
+    if self._broadcast_shape(mask) != self.shape: raise TensorError(f"masked_fill: mask {mask.shape} can't broadcast to {self.shape}")
     if isinstance(value, type(self)): value = value.cast(self.dtype)
     return mask.where(value, self)
 
@@ -432,12 +447,12 @@ class MovementMixin:
       nb, nr = len(bshape), len(rest)
       out_shape = tuple(x.shape[r] for r in rest[:bpos]) + bshape + tuple(x.shape[r] for r in rest[bpos:])
       v = v._expand_to(v._broadcast_shape(Tensor.empty(out_shape, dtype=self.dtype, device=self.device))) if v.shape != out_shape else v
-      if v.shape != out_shape: raise ValueError(f"can't assign a value of shape {value.shape} to an index result of shape {out_shape}")
+      if v.shape != out_shape: raise TensorError(f"can't assign a value of shape {value.shape} to an index result of shape {out_shape}")
       if math.prod(out_shape) == 0: return
     else:
       try: v = v._expand_to(x.shape)
-      except ValueError: raise ValueError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}") from None
-      if v.shape != x.shape: raise ValueError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}")
+      except ValueError: raise TensorError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}") from None
+      if v.shape != x.shape: raise TensorError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}")
       if x.numel() == 0: return
     if realized and not has_tensor and all(op != "pad" for op, _, _ in ops):
       Tensor(UOp(Ops.ASSIGN, self.dtype, (x.uop, v.uop))).realize()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float, sum_acc_dtype
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class ReduceMixin:
     if axis is None: return tuple(range(self.ndim))
     raw = (axis,) if isinstance(axis, int) else tuple(axis)
     axes = [self._axis(a) for a in raw]
-    if len(set(axes)) != len(axes): raise ValueError(f"duplicate value in axis {tuple(raw)} for shape {self.shape}")
+    if len(set(axes)) != len(axes): raise TensorError(f"duplicate value in axis {tuple(raw)} for shape {self.shape}")
     return tuple(sorted(axes)) if self.ndim else ()  # a 0-d tensor accepts axis 0/-1 (torch) and reduces nothing
 
   def _red_count(self: Any, axes: tuple[int, ...]) -> int:
@@ -150,7 +151,7 @@ class ReduceMixin:
     ax = self._axis(axis)
     x = self.reshape(1) if self.ndim == 0 else self
     n = x.shape[ax]
-    if n == 0: raise ValueError(f"argmax/argmin of an empty axis {axis} of shape {self.shape}")
+    if n == 0: raise TensorError(f"argmax/argmin of an empty axis {axis} of shape {self.shape}")
     if x.dtype == dtypes.bool: x = x.cast(dtypes.uint8)
     shape = tuple(n if i == ax else 1 for i in range(x.ndim))
     rev = (n - type(self).arange(n, device=x.device)).reshape(shape)  # reduce-free arange: fuses into the final kernel
