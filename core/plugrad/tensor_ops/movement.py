@@ -37,6 +37,18 @@ def _tensor_list(first: Any, rest: tuple, name: str) -> list:
   return ts
 
 
+def _has_tensor(e: Any) -> bool:
+  return any(_has_tensor(v) if isinstance(v, (list, tuple)) else not isinstance(v, (int, float, bool, np.generic)) for v in e)
+
+
+def _stack_index(e: Any, Tensor: Any, device: str) -> Any:
+  """A (nested) list of ints and int tensors as one int32 index tensor (numpy's rule: the list is an array)."""
+  if not isinstance(e, (list, tuple)): return e.cast(dtypes.int32) if isinstance(e, Tensor) else Tensor(e, device=device, dtype=dtypes.int32)
+  parts = [_stack_index(v, Tensor, device) for v in e]
+  if not parts: return Tensor.zeros(0, dtype=dtypes.int32, device=device)
+  return parts[0].stack(*parts[1:])
+
+
 def _combine(a: Any, b: Any) -> Any:
   """a + b of two same-dtype tensors where at most one is nonzero at every position (OR for bool)."""
   return a._alu(Ops.OR if a.dtype == dtypes.bool else Ops.ADD, b)
@@ -289,6 +301,69 @@ class MovementMixin:
     if isinstance(value, type(self)): value = value.cast(self.dtype)
     return mask.where(value, self)
 
+  def masked_select(self, mask: Any) -> Any:
+    """The elements where `mask` (broadcast to self's shape) is True, as a 1-D tensor (reads the mask to the host)."""
+    m = mask if isinstance(mask, type(self)) else type(self)(mask, device=self.device)
+    if m.dtype != dtypes.bool: raise TypeError(f"masked_select needs a bool mask, got {m.dtype}")
+    shape = self._broadcast_shape(m)
+    return self._expand_to(shape).flatten()[m._expand_to(shape).flatten()]
+
+  def nonzero(self) -> Any:
+    """The int32 indices of the nonzero elements, shape (count, ndim), in row-major order (reads the data to the host)."""
+    return type(self)(np.argwhere(self.numpy()).astype(np.int32).reshape(-1, self.ndim), device=self.device)
+
+  # ***** diagonals and grids *****
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """The diagonal over dims dim1 and dim2, shifted by `offset` (> 0 above), moved to the last dim (torch.diagonal)."""
+    a, b = self._axis(dim1), self._axis(dim2)
+    if a == b: raise TensorError(f"diagonal: dim1 and dim2 are both {a}")
+    x = self.permute(*[i for i in range(self.ndim) if i not in (a, b)], a, b)
+    r, c = x.shape[-2], x.shape[-1]
+    lead = [None] * (x.ndim - 2)
+    x = x.shrink(lead + [(0, r), (min(offset, c), c)]) if offset >= 0 else x.shrink(lead + [(min(-offset, r), r), (0, c)])
+    n = min(x.shape[-2], x.shape[-1])
+    if n == 0: return type(self).zeros(*x.shape[:-2], 0, dtype=self.dtype, device=self.device)
+    x = x.shrink(lead + [(0, n), (0, n)]).reshape(*x.shape[:-2], n * n)
+    x = x._pad(tuple((0, 0) for _ in lead) + ((0, n),)).reshape(*x.shape[:-1], n, n + 1)
+    return x.shrink(lead + [None, (0, 1)]).reshape(*x.shape[:-2], n)
+
+  def diag(self, diagonal: int = 0) -> Any:
+    """1-D input: a square matrix with it on the `diagonal`-th diagonal; 2-D input: that diagonal (torch.diag)."""
+    if self.ndim == 2: return self.diagonal(diagonal)
+    if self.ndim != 1: raise TensorError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
+    n, k = self.shape[0], abs(diagonal)
+    m = type(self).eye(n, dtype=dtypes.bool, device=self.device).where(self.reshape(n, 1), 0)
+    return m._pad(((0, k), (k, 0)) if diagonal > 0 else ((k, 0), (0, k)))
+
+  def meshgrid(self, *args: Any, indexing: str = "ij") -> tuple:
+    """Coordinate grids from 1-D tensors: indexing "ij" (matrix, the default) or "xy" (cartesian, first two dims swapped)."""
+    if indexing not in ("ij", "xy"): raise TensorError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+    ts = _tensor_list(self, args, "meshgrid")
+    if any(t.ndim > 1 for t in ts): raise TensorError(f"meshgrid takes 0-d or 1-D tensors, got shapes {[t.shape for t in ts]}")
+    ts = [t.reshape(-1) for t in ts]
+    shape = tuple(t.shape[0] for t in ts)
+    grids = [t.reshape(tuple(-1 if i == j else 1 for j in range(len(ts)))).expand(shape) for i, t in enumerate(ts)]
+    return tuple(g.transpose(0, 1) for g in grids) if indexing == "xy" and len(ts) >= 2 else tuple(grids)
+
+  def unfold(self, dim: int, size: int, step: int) -> Any:
+    """Sliding windows of `size` elements every `step` along `dim`, as a new last dim (torch.Tensor.unfold); movement
+    ops only."""
+    d = self._axis(dim) if self.ndim else 0
+    n = self.shape[d] if self.ndim else 1
+    if not isinstance(size, int) or not isinstance(step, int) or size < 0 or step <= 0 or size > n:
+      raise TensorError(f"unfold: size {size!r} must be in [0, {n}] and step {step!r} positive (dim {dim} of shape {self.shape})")
+    if self.ndim == 0: return self.reshape(1)
+    w = (n - size) // step + 1
+    x = self.transpose(d, -1) if d != self.ndim - 1 else self
+    rows = [x.shrink(tuple((i * step, i * step + size) if j == x.ndim - 1 else None for j in range(x.ndim))) for i in range(w)] \
+      if w <= 16 else None
+    if rows is not None: win = rows[0].unsqueeze(-2).cat(*[r.unsqueeze(-2) for r in rows[1:]], dim=-2)
+    else:
+      idx = type(self).arange(w, device=self.device).reshape(w, 1) * step + type(self).arange(size, device=self.device).reshape(1, size)
+      win = x[(Ellipsis, idx)]
+    if d != self.ndim - 1: win = win.transpose(d, -2)
+    return win
+
   # ***** indexing *****
   def _parse_index(self, index: Any) -> tuple[list, bool]:
     """Index entries with Ellipsis expanded and bool masks turned into int tensors; and whether any tensor index is present."""
@@ -297,7 +372,8 @@ class MovementMixin:
     out = []
     for e in entries:
       if isinstance(e, np.integer): e = int(e)
-      if isinstance(e, (list, np.ndarray)):
+      if isinstance(e, (list, tuple)) and _has_tensor(e): e = _stack_index(e, Tensor, self.device)  # [0, Tensor(1)], [[t]]
+      if isinstance(e, (list, tuple, np.ndarray)):
         arr = np.asarray(e)
         if arr.size == 0: arr = arr.astype(np.int32)
         if arr.dtype.kind not in "biu": raise IndexError(f"only int or bool arrays are valid indices, got {arr.dtype}")

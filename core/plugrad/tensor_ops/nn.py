@@ -26,7 +26,13 @@ def _tensor_cls():
 
 def _float(x: Tensor) -> Tensor: return x.cast(least_upper_float(x.dtype))
 def _recip(x: Tensor) -> Tensor: return _float(x)._alu(Ops.RECIPROCAL)
-def _sigmoid(x: Tensor) -> Tensor: return _recip(1 + (_float(x) * (-1 / math.log(2))).exp2())  # exp2 saturates: no nan at +-inf
+def _sigmoid(x: Tensor) -> Tensor:
+  """1 / (1 + exp(-x)) from e = exp(-|x|) in (0, 1]: no inf anywhere, so the gradient e / (1 + e)**2 is finite (0, not
+  nan, at +-1000) and exp saturates to exactly 0/1."""
+  x = _float(x)
+  pos = x >= 0
+  e = (pos.where(-x, x) * (1 / math.log(2))).exp2()
+  return pos.where(_recip(1 + e), e * _recip(1 + e))  # exp2 saturates: no nan at +-inf
 
 
 def _softplus(x: Tensor, beta: float = 1.0) -> Tensor:
@@ -259,16 +265,28 @@ class NnMixin:
     e = m.exp()
     return m, e, e.sum(axis, keepdim=True)
   def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
-    """exp(x - max) / sum(exp(x - max)) along `axis`: three kernels (max, sum, divide)."""
+    """exp(x - max) / sum(exp(x - max)) along `axis`: three kernels (max, sum, divide). A 0-d tensor is one element."""
+    if self.ndim == 0: return self.reshape(1).softmax(0, dtype).reshape(())
     if self.shape[self._axis(axis)] == 0: return _float(self.cast(dtype) if dtype is not None else self)  # nothing to normalize
     _, e, ss = self._softmax(axis, dtype)
     return e / ss
   def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+    if self.ndim == 0: return self.reshape(1).log_softmax(0, dtype).reshape(())
     if self.shape[self._axis(axis)] == 0: return _float(self.cast(dtype) if dtype is not None else self)
     m, _, ss = self._softmax(axis, dtype)
     return m - ss.log()
 
+  def softmin(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+    """softmax(-x) along `axis`."""
+    return (-self).softmax(axis, dtype)
+
   # ***** normalization *****
+  def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """x / max(||x||_p, eps) along `dim` (torch.nn.functional.normalize)."""
+    x = _float(self)
+    norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p) if p != 2 else (x * x).sum(dim, keepdim=True).sqrt()
+    return x / norm.maximum(eps)
+
   def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) over `axis` (biased variance), no affine."""
     y = self - self.mean(axis, keepdim=True)
@@ -406,6 +424,20 @@ class NnMixin:
     first = -(hit.where(-idx, -big)).max(tuple(range(-nd, 0)))  # smallest index among the maxima
     return out, first
 
+  def max_unpool2d(self, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, output_size=None) -> Tensor:
+    """The inverse of max_pool2d(return_indices=True): each value goes to its index in the flattened output plane,
+    zeros elsewhere. output_size defaults to (in - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1 per dim."""
+    x: Tensor = self  # type: ignore[assignment]
+    k = _tuple(kernel_size, 2, "kernel_size")
+    s, d, p = _tuple(k if stride is None else stride, 2, "stride"), _tuple(dilation, 2, "dilation"), _tuple(padding, 2, "padding")
+    if x.ndim < 2 or indices.shape != x.shape: raise TensorError(f"max_unpool2d: indices {indices.shape} must match input {x.shape} (>= 2 dims)")
+    if output_size is None: out = tuple((i - 1) * ss - 2 * pp + dd * (kk - 1) + 1 for i, kk, ss, dd, pp in zip(x.shape[-2:], k, s, d, p))
+    else: out = tuple(output_size)[-2:]
+    n_in, n_out = x.shape[-2] * x.shape[-1], out[0] * out[1]
+    hit = indices.reshape(*x.shape[:-2], n_in, 1) == _arange(n_out, x.device, indices.dtype).reshape(1, n_out)
+    ret = hit.where(x.reshape(*x.shape[:-2], n_in, 1), 0).sum(-2, dtype=x.dtype)
+    return ret.reshape(*x.shape[:-2], *out)
+
   # ***** attention *****
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
                                    is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
@@ -483,6 +515,22 @@ class NnMixin:
     smooth = -logp.mean(-1) * keep
     loss = (1 - label_smoothing) * nll + label_smoothing * smooth
     return _reduction(loss, reduction, keep.sum() if reduction == "mean" else None)
+
+  def nll_loss(self, Y: Tensor, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """torch's nll_loss: self holds log-probabilities with classes on axis 1 (axis 0 for 1-D), Y the class indices.
+    "mean" divides by the summed weights of the targets that aren't ignore_index."""
+    x: Tensor = self  # type: ignore[assignment]
+    cax = 1 if x.ndim > 1 else 0
+    want = x.shape[:cax] + x.shape[cax + 1:]
+    if tuple(Y.shape) != want: raise TensorError(f"nll_loss: target shape {Y.shape} must be {want} for input {x.shape}")
+    n = x.shape[cax]
+    xm = x.permute(*[i for i in range(x.ndim) if i != cax], cax)
+    hit = Y.reshape(*Y.shape, 1) == _arange(n, x.device, Y.dtype)
+    w = hit.where(1.0, 0.0).cast(xm.dtype) if weight is None else hit.where(weight.cast(xm.dtype), 0.0)
+    w = (Y != ignore_index).reshape(*Y.shape, 1).where(w, 0.0)
+    loss = -(w * xm).sum(-1)
+    if reduction == "mean": return loss.sum() / w.sum()
+    return _reduction(loss, reduction)
 
   def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
     """-(y log p + (1-y) log(1-p)) with the logs clamped at -100 like torch."""
