@@ -420,9 +420,9 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def reshape(self, shape, *args) -> Tensor:
     """A view with a new shape: -1 infers one dimension, None keeps that dimension's size."""
     new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, (int, type(None))) else shape)
-    if any(s is None for s in new):
-      if len(new) != self.ndim: raise TensorError(f"reshape with None dims needs {self.ndim} dims for shape {self.shape}, got {new}")
-      new = tuple(o if s is None else s for s, o in zip(new, self.shape))
+    if any(s is None for s in new):  # None at position i keeps self.shape[i] (tinygrad's rule)
+      if any(s is None and i >= self.ndim for i, s in enumerate(new)): raise TensorError(f"reshape: None at a dim {self.shape} doesn't have: {new}")
+      new = tuple(self.shape[i] if s is None else s for i, s in enumerate(new))
     if new.count(-1) > 1: raise TensorError(f"reshape can infer only one dimension, got {new}")
     if -1 in new:
       known = prod([s for s in new if s != -1])

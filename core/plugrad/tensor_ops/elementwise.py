@@ -376,10 +376,16 @@ class ElementwiseMixin:
     r = (a > 1e18).where((a > 1e18).where(a, 1).log() + _LN2, r)
     return (x < 0).where(-r, r)
   def acosh(self: Any) -> Tensor:
+    """log1p(d + sqrt(d) sqrt(x + 1)), d = x - 1, on [1, inf): accurate near 1 with an inf gradient at 1. Below 1 the
+    value is nan and the gradient torch's 1 / sqrt(x**2 - 1) (from log(x + sqrt((x - 1)(x + 1))))."""
     x = self._floated()
-    d = x - 1
-    r = (d + (d * (x + 1)).sqrt())._log1p()
-    return (x > 1e18).where(x.log() + _LN2, r)
+    inside = x >= 1
+    xi = inside.where(x, 2.0)  # each branch sees only its own inputs: the masked one can't leak a nan gradient
+    d = xi - 1
+    r = (d + d.sqrt() * (xi + 1).sqrt())._log1p()
+    r = (xi > 1e18).where(xi.log() + _LN2, r)
+    xo = inside.where(-2.0, x)
+    return inside.where(r, (xo + ((xo - 1) * (xo + 1)).sqrt()).log())
   def atanh(self: Any) -> Tensor:
     """0.5 * (log1p(x) - log1p(-x)): accurate near 0, +-inf at +-1, nan outside; its gradient is 1 / (1 - x**2)
     everywhere (outside [-1, 1] too, as torch's)."""

@@ -123,7 +123,8 @@ class MovementMixin:
     pairs = self._pad_pairs(padding)
     for (b, a), s in zip(pairs, self.shape):
       if -b - a > s or -b > s or -a > s: raise TensorError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
-    x = self.shrink(tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape)))
+    shrink = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
+    x = self.shrink(shrink) if mode == "constant" else self  # other modes pad the whole tensor, then crop (as torch)
     pos = [(max(0, b), max(0, a)) for b, a in pairs]
     if mode == "constant":
       ret = x._pad(tuple(pos))
@@ -144,7 +145,7 @@ class MovementMixin:
         right = sl(s - 1, s).expand(tuple(a if i == d else n for i, n in enumerate(x.shape)))
       else: left, right = sl(s - b, s), sl(0, a)
       x = left.cat(x, right, dim=d)
-    return x
+    return x.shrink(tuple((lo, lo + s - max(0, -b) - max(0, -a) + pb + pa) for (lo, _), (b, a), s, (pb, pa) in zip(shrink, pairs, self.shape, pos)))
 
   # ***** joining and splitting *****
   def cat(self, *args, dim: int = 0) -> Any:
@@ -381,6 +382,9 @@ class MovementMixin:
         e = (e, arr) if arr.dtype.kind != "b" else e
       elif isinstance(e, Tensor):
         if not (dtypes.is_int(e.dtype) or e.dtype == dtypes.bool): raise IndexError(f"tensors used as indices must be int or bool, got {e.dtype}")
+      elif isinstance(e, UOp):  # a bound Variable (or an expression of them): a symbolic int index
+        if e.dtype != dtypes.index: raise IndexError(f"a symbolic index must be an index expression, got dtype {e.dtype}")
+        if e.vmin < 0: raise IndexError(f"a symbolic index must be non-negative, {e} can be {e.vmin}")
       elif isinstance(e, bool) or not (e is None or e is Ellipsis or isinstance(e, (int, slice))):
         raise IndexError(f"only ints, slices, None, Ellipsis, int/bool tensors and lists are valid indices, got {e!r}")
       out.append(e)
@@ -423,6 +427,11 @@ class MovementMixin:
       if isinstance(e, int):
         if not -size <= e < size: raise IndexError(f"index {e} is out of bounds for dimension {d} with size {size}")
         do("shrink", rng(e % size, e % size + 1))
+        adv_entries.append(ei)
+      elif isinstance(e, UOp):  # symbolic int: in bounds if its largest value is (checked against the bound value too)
+        top = e.src[1].arg if e.op is Ops.BIND else e.vmax  # a bound variable is checked at its value, as tinygrad
+        if isinstance(size, int) and top >= size: raise IndexError(f"symbolic index {e} ({top}) is out of bounds for dimension {d} with size {size}")
+        do("shrink", rng(e, e + 1))
         adv_entries.append(ei)
       elif isinstance(e, slice) and any(isinstance(v, UOp) for v in (e.start, e.stop, e.step, size)):
         # symbolic bounds (e.g. buf[:, :v.bind(n)]): step 1, non-negative bounds, no clamping
