@@ -143,7 +143,10 @@ class ReduceMixin:
     return (d * d).sum(axes, keepdim) / max(0, self._red_count(axes) - correction)
 
   def std(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
-    return self.var(axis, keepdim, correction).sqrt()
+    """sqrt(var); where var is 0 the gradient is 0 (as torch), not 0 * inf = nan."""
+    v = self.var(axis, keepdim, correction)
+    zero = v == 0
+    return zero.where(0.0, zero.where(1.0, v).sqrt())
 
   def var_mean(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
     return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
