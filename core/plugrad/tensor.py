@@ -208,6 +208,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def numel(self) -> sint: return prod(self.shape)
   def nbytes(self) -> sint: return self.numel() * self.dtype.itemsize
   def element_size(self) -> int: return self.dtype.itemsize
+  def size(self, dim: int | None = None) -> sint | tuple[sint, ...]:
+    """The shape, or one dim of it (torch's size)."""
+    return self.shape if dim is None else self.shape[self._axis(dim)]
+  def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
   def __len__(self) -> int:
     if not self.shape: raise TypeError("len() of a 0-d tensor")
     return self.shape[0]
@@ -323,6 +327,18 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     self.uop = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,))).realize().uop
 
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def replace(self, x: Tensor) -> Tensor:
+    """Make this tensor compute `x` (same shape and dtype) and return it (tinygrad's replace)."""
+    if x.shape != self.shape or x.dtype != self.dtype:
+      raise TensorError(f"replace: {x.shape} {x.dtype} doesn't match this tensor's {self.shape} {self.dtype}")
+    self.uop = x.uop
+    return self
+
+  def to_(self, device: str | None) -> Tensor:
+    """Move this tensor to `device` in place."""
+    self.uop = self.to(device).uop
+    return self
+
   def clone(self) -> Tensor:
     """A copy with its own buffer once realized (gradients flow through, as torch's clone)."""
     return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), requires_grad=self.requires_grad)
@@ -629,6 +645,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def __le__(self, x): return self._binop(Ops.CMPLT, x) | self._binop(Ops.CMPEQ, x)
   def __eq__(self, x): return self._binop(Ops.CMPEQ, x)  # type: ignore[override]
   def __ne__(self, x): return self._binop(Ops.CMPNE, x)  # type: ignore[override]
+  def eq(self, x) -> Tensor: return self._binop(Ops.CMPEQ, x)
+  def ne(self, x) -> Tensor: return self._binop(Ops.CMPNE, x)
   def __bool__(self): raise TypeError("the truth value of a Tensor is ambiguous; use .item() or .numpy()")
 
 

@@ -128,3 +128,23 @@ def test_constant_reduce_fold_is_exact_and_keeps_other_reduces():
     np.testing.assert_array_equal(x.max(1).numpy(), np.full(p[0], 2.5, np.float32))
   y = np.arange(12, dtype=np.float32).reshape(3, 4)
   np.testing.assert_array_equal(Tensor(y).reshape(3, 1, 4).expand(3, 5, 4).sum((1, 2)).numpy(), (y * 5).sum(1))
+
+
+def test_more_of_tinygrads_surface():
+  x = Tensor.ones(2, 3)
+  assert x.size() == (2, 3) and x.size(-1) == 3 and x.is_floating_point() and not Tensor([1]).is_floating_point()
+  assert Tensor([1.0, 2.0]).allclose(Tensor([1.0, 2.0 + 1e-7])) is True and Tensor([1.0]).allclose(Tensor([1.1])) is False
+  assert Tensor([1.5]).bfloat16().dtype == dtypes.bfloat16 and Tensor([1, 2]).eq(1).tolist() == [True, False]
+  assert Tensor([1, 2]).ne(1).tolist() == [False, True]
+  t = Tensor([1, 2])
+  assert t.replace(Tensor([3, 4])) is t and t.tolist() == [3, 4]
+  with pytest.raises(ValueError): t.replace(Tensor([1.0, 2.0]))
+  assert Tensor.ones(2).sequential([lambda v: v * 2, lambda v: v + 1]).tolist() == [3.0, 3.0]
+  assert t.to_("PYTHON") is t and t.device == "PYTHON" and t.tolist() == [3, 4]
+  Tensor.manual_seed(3)
+  assert sorted(Tensor.randperm(20).tolist()) == list(range(20))
+  s = Tensor([0.1, 0.0, 0.9]).multinomial(4000, replacement=True).numpy()
+  counts = np.bincount(s, minlength=3)
+  assert counts[1] == 0 and 0.87 < counts[2] / 4000 < 0.93
+  assert Tensor([[0.0, 1.0], [1.0, 0.0]]).multinomial().tolist() == [[1], [0]]
+  with pytest.raises(ValueError): Tensor([0.5, 0.5]).multinomial(2)

@@ -263,6 +263,25 @@ class CreationMixin:
     return ret
 
   @staticmethod
+  def randperm(n: int, device: str | None = None, dtype: DType | str = dtypes.int32, **kw) -> Any:
+    """A random permutation of 0..n-1: the argsort of n uniform numbers (O(n**2) work, like sort)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0: raise TensorError(f"randperm needs an int n >= 0, got {n!r}")
+    return _T().rand(n, device=device).argsort().cast(to_dtype(dtype))
+
+  def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Any:
+    """int32 samples of category indices with probabilities proportional to the (1-D or 2-D) weights. Without
+    replacement only one sample per row is supported (as tinygrad)."""
+    if self.ndim not in (1, 2): raise TensorError(f"multinomial needs 1-D or 2-D weights, got shape {self.shape}")
+    if not isinstance(num_samples, int) or num_samples < 1: raise TensorError(f"multinomial num_samples must be an int >= 1, got {num_samples!r}")
+    if not replacement and num_samples != 1: raise TensorError("multinomial without replacement supports only num_samples=1")
+    w = self.reshape(1, -1) if self.ndim == 1 else self
+    cdf = w.float().cumsum(1)
+    cdf = cdf / cdf[:, -1:]
+    u = _T().rand(w.shape[0], num_samples, 1, device=self.device)
+    ret = (u >= cdf.unsqueeze(1)).cast(dtypes.int32).sum(2).minimum(w.shape[1] - 1)
+    return ret.reshape(num_samples) if self.ndim == 1 else ret
+
+  @staticmethod
   def scaled_uniform(*shape, **kw) -> Any:
     """uniform(-1, 1) scaled by 1/sqrt(numel)."""
     shape = _shape(shape)

@@ -37,6 +37,7 @@ class ElementwiseMixin:
   def _floated(self: Any) -> Tensor: return self.cast(least_upper_float(self.dtype))
   def float(self: Any) -> Tensor: return self.cast(dtypes.float32)
   def half(self: Any) -> Tensor: return self.cast(dtypes.float16)
+  def bfloat16(self: Any) -> Tensor: return self.cast(dtypes.bfloat16)
   def double(self: Any) -> Tensor: return self.cast(dtypes.float64)
   def int(self: Any) -> Tensor: return self.cast(dtypes.int32)
   def long(self: Any) -> Tensor: return self.cast(dtypes.int64)
@@ -274,6 +275,10 @@ class ElementwiseMixin:
     if dtypes.is_float(a.dtype): close = close.logical_or(a.isfinite().logical_and(b.isfinite()).logical_and((a - b).abs() <= atol + rtol * b.abs()))
     elif rtol or atol: close = close.logical_or((a.cast(dtypes.float64) - b).abs() <= atol + rtol * b.cast(dtypes.float64).abs())
     return close.logical_or(a.isnan().logical_and(b.isnan())) if equal_nan else close
+
+  def allclose(self: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether every element is close (isclose), as a Python bool (reads one value back)."""
+    return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
 
   def copysign(self: Any, other: Any) -> Tensor:
     """|self| with the sign bit of `other` (-0.0 counts as negative), as a float."""

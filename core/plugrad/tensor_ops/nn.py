@@ -232,6 +232,12 @@ class NnMixin:
     res_dtype = to_dtype(dtype or acc_dtype) if (dtype or acc_dtype) is not None else least_upper_dtype(*[o.dtype for o in ops])
     return (prodt.sum(red, dtype=dtype or acc_dtype) if red else prodt).cast(res_dtype)
 
+  def sequential(self, ll: list) -> Tensor:
+    """Apply the callables in `ll` in order."""
+    x: Tensor = self  # type: ignore[assignment]
+    for f in ll: x = f(x)
+    return x
+
   # ***** activations *****
   def sigmoid(self) -> Tensor:
     """1 / (1 + exp(-x)); saturates to exactly 0/1 for large |x| (no overflow to nan)."""
