@@ -16,7 +16,7 @@ from plugrad.tensor import Tensor
 torch = pytest.importorskip("torch")  # a test extra (see core/pyproject.toml); skipped only outside CI
 F = torch.nn.functional
 
-pytestmark = pytest.mark.filterwarnings("ignore:var\\(\\): degrees of freedom:UserWarning")  # torch's var of one element: nan like ours
+pytestmark = pytest.mark.filterwarnings("ignore:var\\(\\). degrees of freedom:UserWarning")  # torch's var of one element: nan like ours
 SETTINGS = settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 shapes = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
 seeds = st.integers(0, 2 ** 16)
