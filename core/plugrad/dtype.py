@@ -68,6 +68,18 @@ class DType:
 
   @property
   def vcount(self) -> int: return self.count
+  @property
+  def min(self) -> ConstType:
+    """Smallest value of this dtype (`dtypes.min`): -inf for floats, False for bool."""
+    return dtypes.min(self)
+  @property
+  def max(self) -> ConstType:
+    """Largest value of this dtype (`dtypes.max`): inf for floats, True for bool."""
+    return dtypes.max(self)
+
+
+class UnknownDTypeError(TypeError, AttributeError):
+  """A dtype name plugrad doesn't know: a TypeError, and an AttributeError as tinygrad raises (getattr on dtypes)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,7 +214,7 @@ def to_dtype(x: DType | str | np.dtype | type) -> DType:
   if isinstance(x, str):
     if x in DTYPES_DICT: return DTYPES_DICT[x]
     if x in _STR_ALIASES: return _STR_ALIASES[x]
-    raise TypeError(f"unknown dtype name {x!r}; known: {', '.join(DTYPES_DICT)}")
+    raise UnknownDTypeError(f"unknown dtype name {x!r}; known: {', '.join(DTYPES_DICT)}")
   if x is bool: return dtypes.bool
   if x is int: return dtypes.default_int
   if x is float: return dtypes.default_float

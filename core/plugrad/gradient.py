@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from plugrad.dtype import dtypes
+from plugrad.dtype import dtypes, sum_acc_dtype
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 
@@ -29,7 +29,9 @@ def _src(ret: UOp, i: int = 0) -> Tensor: return _T(ret.src[i])
 def _unexpand(g: Tensor, shape: tuple) -> Tensor:
   """Sum g over the axes where `shape` has 1 and g does not (the adjoint of EXPAND)."""
   axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a == 1 and b != 1)
-  return g._reduce(Ops.ADD, axes, keepdim=True) if axes else g
+  if not axes: return g
+  acc = sum_acc_dtype(g.dtype)  # float16 gradients (a half matmul's backward) accumulate in float32, as the forward does
+  return g.cast(acc)._reduce(Ops.ADD, axes, keepdim=True).cast(g.dtype) if acc != g.dtype else g._reduce(Ops.ADD, axes, keepdim=True)
 
 
 def _max_grad(g: Tensor, a: Tensor, b: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from plugrad.engine.realize import buffer_for, run_schedule
 from plugrad.schedule.kernelize import (buffer_of, contiguous_range, create_schedule, device_of, is_buffer_view, is_storage, new_buffer,
                                        range_view)
 from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.tensor_ops import TensorError
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
 from plugrad.tensor_ops.movement import MovementMixin
@@ -126,28 +127,52 @@ def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple, unique
 def _check_shape(shape: Sequence) -> tuple:
   for s in shape:
     if isinstance(s, bool) or not isinstance(s, (int, UOp)) or (isinstance(s, int) and s < 0):
-      raise ValueError(f"invalid shape {tuple(shape)}: dimensions must be non-negative ints")
+      raise TensorError(f"invalid shape {tuple(shape)}: dimensions must be non-negative ints")
   return tuple(shape)
 
 
 def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
-    return _const_uop(data, dtype or dtypes.from_py(data), device, (), unique=True)
+    return _const_uop(data, dtype or _int_dtype_for(data) or dtypes.from_py(data), device, (), unique=True)
   if isinstance(data, (bytes, bytearray, memoryview)): return _np_to_uop(np.frombuffer(bytes(data), np.uint8), device)
   if isinstance(data, pathlib.PurePath):  # the file's bytes as a uint8 tensor on DISK (memory-mapped, nothing read yet)
     n = os.path.getsize(data)
     return _view(new_buffer(canonicalize(f"DISK:{os.path.abspath(data)}"), n, dtypes.uint8), (n,))
   if isinstance(data, (list, tuple)):
     want = dtype or dtypes.from_py(data)
+    if dtype is None and want == dtypes.default_int: want = _int_dtype_for(data) or want
     try: arr = np.array(data, dtype=want.np if want.np is not None else np.float32)
-    except ValueError as e: raise ValueError(f"can't make a tensor from a ragged or malformed nested list: {e}") from None
+    except ValueError as e: raise TensorError(f"can't make a tensor from a ragged or malformed nested list: {e}") from None
+    except OverflowError: raise TensorError(f"value {_int_out_of(data, want)} is out of range for dtype {want}") from None
     return _cast_np(arr, want, device)
   if isinstance(data, np.ndarray):
     if data.dtype == np.float16 or data.dtype.kind in "biuf":
       return _cast_np(data, dtype or dtypes.from_np(data.dtype), device)
     raise TypeError(f"can't make a tensor from a numpy array of dtype {data.dtype}")
   raise TypeError(f"can't make a tensor from {type(data).__name__}")
+
+
+def _ints_in(data: Any):
+  if isinstance(data, (list, tuple)):
+    for v in data: yield from _ints_in(v)
+  elif isinstance(data, int) and not isinstance(data, bool): yield data
+
+
+def _int_dtype_for(data: Any) -> DType | None:
+  """default_int, or int64 for Python ints past its range (as torch); a value past int64 and uint64 is an error."""
+  ints = list(_ints_in(data))
+  if not ints: return None
+  lo, hi = min(ints), max(ints)
+  if dtypes.min(dtypes.default_int) <= lo and hi <= dtypes.max(dtypes.default_int): return dtypes.default_int
+  if dtypes.min(dtypes.int64) <= lo and hi <= dtypes.max(dtypes.int64): return dtypes.int64
+  if lo >= 0 and hi <= dtypes.max(dtypes.uint64): return dtypes.uint64
+  raise TensorError(f"value {hi if hi > dtypes.max(dtypes.int64) else lo} is out of range for every integer dtype (int64, uint64)")
+
+
+def _int_out_of(data: Any, dt: DType) -> int | str:
+  """The first int in `data` that doesn't fit `dt`, for the error message."""
+  return next((v for v in _ints_in(data) if not dtypes.min(dt) <= v <= dtypes.max(dt)), "in the data") if dtypes.is_int(dt) else "in the data"
 
 
 def _cast_np(arr: np.ndarray, dtype: DType, device: str) -> UOp:
@@ -183,9 +208,17 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def numel(self) -> sint: return prod(self.shape)
   def nbytes(self) -> sint: return self.numel() * self.dtype.itemsize
   def element_size(self) -> int: return self.dtype.itemsize
+  def size(self, dim: int | None = None) -> sint | tuple[sint, ...]:
+    """The shape, or one dim of it (torch's size)."""
+    return self.shape if dim is None else self.shape[self._axis(dim)]
+  def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
   def __len__(self) -> int:
     if not self.shape: raise TypeError("len() of a 0-d tensor")
     return self.shape[0]
+  def __iter__(self):
+    """Iterate over the first dimension (a 0-d tensor isn't iterable, as in numpy and torch)."""
+    if not self.shape: raise TypeError("iteration over a 0-d tensor")
+    return (self[i] for i in range(self.shape[0]))
   def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype!r} on {self.device}{' realized' if is_buffer_view(self.uop) else ''}>"
   def __hash__(self) -> int: return id(self)
   def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails: Tensor methods that plugins add
@@ -257,7 +290,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     arr = self.numpy()
     return memoryview(arr).cast(arr.dtype.char, arr.shape) if arr.ndim else memoryview(arr.reshape(1)).cast(arr.dtype.char)
   def item(self) -> ConstType:
-    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+    if self.numel() != 1: raise TensorError(f"item() needs a tensor with one element, got shape {self.shape}")
     return self.numpy().reshape(()).item()
 
   def to(self, device: str | None) -> Tensor:
@@ -273,7 +306,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if x.shape != self.shape and len(x.shape) <= self.ndim:
       try: x = x._expand_to(self.shape)
       except ValueError: pass
-    if x.shape != self.shape: raise ValueError(f"assign: value of shape {x.shape} doesn't match the target shape {self.shape}")
+    if x.shape != self.shape: raise TensorError(f"assign: value of shape {x.shape} doesn't match the target shape {self.shape}")
     if x.dtype != self.dtype: raise TypeError(f"assign: value dtype {x.dtype} doesn't match the target dtype {self.dtype}")
     if x.device != self.device: raise RuntimeError(f"assign: value on {x.device} but the target is on {self.device}")
     self._own_buffer()
@@ -294,6 +327,22 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     self.uop = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,))).realize().uop
 
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def replace(self, x: Tensor) -> Tensor:
+    """Make this tensor compute `x` (same shape and dtype) and return it (tinygrad's replace)."""
+    if x.shape != self.shape or x.dtype != self.dtype:
+      raise TensorError(f"replace: {x.shape} {x.dtype} doesn't match this tensor's {self.shape} {self.dtype}")
+    self.uop = x.uop
+    return self
+
+  def to_(self, device: str | None) -> Tensor:
+    """Move this tensor to `device` in place."""
+    self.uop = self.to(device).uop
+    return self
+
+  def clone(self) -> Tensor:
+    """A copy with its own buffer once realized (gradients flow through, as torch's clone)."""
+    return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), requires_grad=self.requires_grad)
+
   def detach(self) -> Tensor:
     """The same values with no gradient flowing back through them."""
     return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), requires_grad=False)
@@ -301,28 +350,29 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   # ***** autograd *****
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None, materialize_grads: bool = False) -> list[Tensor]:
     """Gradients of this tensor with respect to `targets` (lazy tensors). A non-scalar tensor needs `gradient`.
-    A target this tensor doesn't depend on raises, or gets zeros with materialize_grads=True."""
+    A target this tensor doesn't depend on (or whose use folded away, as in x**0) gets zeros, as in tinygrad and torch;
+    `materialize_grads` is kept for compatibility."""
     from plugrad.gradient import compute_gradient
     if Tensor.no_grad: raise RuntimeError("gradients are disabled inside Tensor.no_grad")
     if gradient is None:
       if self.shape != (): raise RuntimeError(f"gradient of a non-scalar tensor (shape {self.shape}) needs gradient=")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype)
-    if gradient.shape != self.shape: raise ValueError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
+    if gradient.shape != self.shape: raise TensorError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
     if not dtypes.is_float(self.dtype): raise RuntimeError(f"only float tensors have gradients, this is {self.dtype}")
     grads = compute_gradient(inline_calls(self.uop), gradient.cast(self.dtype), [t._grad_uop() for t in targets])
     out = []
     for t in targets:
-      if (g := grads.get(t._grad_uop())) is None:
-        if not materialize_grads: raise RuntimeError(f"tensor of shape {t.shape} is not in the graph of this tensor (shape {self.shape})")
-        g = t.zeros_like() if hasattr(t, "zeros_like") else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device)
+      if (g := grads.get(t._grad_uop())) is None: g = Tensor.zeros(t.shape, dtype=t.dtype, device=t.device)
       out.append(g)
     return out
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Accumulate d(self)/d(t) into `t.grad` for every live tensor t with requires_grad=True that self depends on."""
+    """Accumulate d(self)/d(t) into `t.grad` for every live float tensor t that self depends on and whose requires_grad
+    isn't False (tinygrad's rule: None, the default, means "not decided" and is eligible)."""
     nodes = inline_calls(self.uop).toposort()
-    wanted = [t for t in list(_all_tensors) if t.requires_grad and t._grad_uop() in nodes]
-    if not wanted: raise RuntimeError("backward: no tensor in this graph has requires_grad=True")
+    wanted = [t for t in list(_all_tensors) if t.requires_grad is not False and t is not self and dtypes.is_float(t.dtype)
+              and t._grad_uop() in nodes]
+    if not wanted: raise RuntimeError("backward: no tensor in this graph can have a gradient (all have requires_grad=False)")
     for t, g in zip(wanted, self.gradient(*wanted, gradient=gradient, materialize_grads=True)):
       t.grad = g if t.grad is None else t.grad + g
     return self
@@ -384,47 +434,53 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   # ***** movement primitives *****
   def reshape(self, shape, *args) -> Tensor:
-    new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, int) else shape)
-    if new.count(-1) > 1: raise ValueError(f"reshape can infer only one dimension, got {new}")
+    """A view with a new shape: -1 infers one dimension, None keeps that dimension's size."""
+    new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, (int, type(None))) else shape)
+    if any(s is None for s in new):  # None at position i keeps self.shape[i] (tinygrad's rule)
+      if any(s is None and i >= self.ndim for i, s in enumerate(new)): raise TensorError(f"reshape: None at a dim {self.shape} doesn't have: {new}")
+      new = tuple(self.shape[i] if s is None else s for i, s in enumerate(new))
+    if new.count(-1) > 1: raise TensorError(f"reshape can infer only one dimension, got {new}")
     if -1 in new:
       known = prod([s for s in new if s != -1])
-      if known == 0 or self.numel() % known != 0: raise ValueError(f"can't reshape {self.shape} to {new}")
+      if known == 0 or self.numel() % known != 0: raise TensorError(f"can't reshape {self.shape} to {new}")
       new = tuple(self.numel() // known if s == -1 else s for s in new)
     new = _check_shape(new)
     if resolve(prod(new) != self.numel() if isinstance(prod(new), int) and isinstance(self.numel(), int) else False, True):
-      raise ValueError(f"can't reshape tensor of shape {self.shape} ({self.numel()} elements) to {new}")
+      raise TensorError(f"can't reshape tensor of shape {self.shape} ({self.numel()} elements) to {new}")
     return self if new == self.shape else Tensor(UOp(Ops.RESHAPE, self.dtype, (self.uop,), new))
 
   def permute(self, order, *args) -> Tensor:
     order = tuple(self._axis(a) for a in ((order, *args) if args or isinstance(order, int) else order))
-    if sorted(order) != list(range(self.ndim)): raise ValueError(f"permute order {order} is not a permutation of {self.ndim} axes")
+    if sorted(order) != list(range(self.ndim)): raise TensorError(f"permute order {order} is not a permutation of {self.ndim} axes")
     return self if order == tuple(range(self.ndim)) else Tensor(UOp(Ops.PERMUTE, self.dtype, (self.uop,), order))
 
   def expand(self, shape, *args) -> Tensor:
     new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, int) else shape)
-    if len(new) < self.ndim: raise ValueError(f"can't expand {self.shape} to fewer dims {new}")
+    if len(new) < self.ndim: raise TensorError(f"can't expand {self.shape} to fewer dims {new}")
     x = self.reshape((1,) * (len(new) - self.ndim) + self.shape) if len(new) > self.ndim else self
     new = tuple(o if n == -1 else n for o, n in zip(x.shape, new))
     for o, n in zip(x.shape, new):
-      if o != n and o != 1: raise ValueError(f"can't expand {self.shape} to {new}: dims must match or be 1")
+      if o != n and o != 1: raise TensorError(f"can't expand {self.shape} to {new}: dims must match or be 1")
     return x if new == x.shape else Tensor(UOp(Ops.EXPAND, self.dtype, (x.uop,), _check_shape(new)))
 
   def _pad(self, pads: tuple[tuple[sint, sint], ...]) -> Tensor:
     if all(b == 0 and a == 0 for b, a in pads): return self
-    if any(isinstance(v, int) and v < 0 for p in pads for v in p): raise ValueError(f"negative padding {pads} (use shrink)")
+    if any(isinstance(v, int) and v < 0 for p in pads for v in p): raise TensorError(f"negative padding {pads} (use shrink)")
     return Tensor(UOp(Ops.PAD, self.dtype, (self.uop,), tuple(pads)))
 
   def shrink(self, arg: Sequence[tuple[sint, sint] | None]) -> Tensor:
-    if len(arg) != self.ndim: raise ValueError(f"shrink needs {self.ndim} (start, end) pairs, got {len(arg)}")
+    if len(arg) != self.ndim: raise TensorError(f"shrink needs {self.ndim} (start, end) pairs, got {len(arg)}")
     bounds = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
     for (b, e), s in zip(bounds, self.shape):
       if isinstance(b, int) and isinstance(e, int) and isinstance(s, int) and not 0 <= b <= e <= s:
-        raise ValueError(f"shrink {bounds} out of range for shape {self.shape}")
+        raise TensorError(f"shrink {bounds} out of range for shape {self.shape}")
     if all(b == 0 and e == s for (b, e), s in zip(bounds, self.shape)): return self
     return Tensor(UOp(Ops.SHRINK, self.dtype, (self.uop,), bounds))
 
   def flip(self, axis, *args) -> Tensor:
-    axes = {self._axis(a) for a in ((axis, *args) if args or isinstance(axis, int) else axis)}
+    axes_list = [self._axis(a) for a in ((axis, *args) if args or isinstance(axis, int) else axis)]
+    if len(set(axes_list)) != len(axes_list): raise TensorError(f"flip: dim {axes_list} repeats an axis (shape {self.shape})")
+    axes = set(axes_list)
     return Tensor(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim)))) if axes else self
 
   def _axis(self, a: int, ndim: int | None = None) -> int:
@@ -442,7 +498,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     for dims in zip(*padded):
       big = [d for d in dims if not (isinstance(d, int) and d == 1)]
       if any(d is not big[0] and d != big[0] for d in big[1:]):
-        raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
+        raise TensorError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
       out.append(big[0] if big else 1)
     return tuple(out)
 
@@ -484,9 +540,9 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     dt = to_dtype(dtype)
     if dt == self.dtype: return self
     if dt.itemsize != self.dtype.itemsize:
-      if not self.shape: raise ValueError(f"can't bitcast a 0-d {self.dtype} tensor to {dt} of another size")
+      if not self.shape: raise TensorError(f"can't bitcast a 0-d {self.dtype} tensor to {dt} of another size")
       last = self.shape[-1] * self.dtype.itemsize
-      if last % dt.itemsize: raise ValueError(f"can't bitcast last dim of {self.shape} ({self.dtype}) to {dt}")
+      if last % dt.itemsize: raise TensorError(f"can't bitcast last dim of {self.shape} ({self.dtype}) to {dt}")
       raw = self if is_buffer_view(self.uop) and contiguous_range(self.uop)[2] is self.uop else self.contiguous().realize()
       return Tensor(_view(raw._bytes_as(dt), (*self.shape[:-1], last // dt.itemsize)))
     if is_buffer_view(self.uop) and contiguous_range(self.uop)[2] is self.uop and is_storage(self.device):
@@ -502,7 +558,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def _reduce(self, op: Ops, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     axis_list = [] if self.ndim == 0 and axis in (0, -1, (), None) else \
       list(range(self.ndim)) if axis is None else [self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis)]
-    if len(set(axis_list)) != len(axis_list): raise ValueError(f"duplicate axis in {axis} for shape {self.shape}")
+    if len(set(axis_list)) != len(axis_list): raise TensorError(f"duplicate axis in {axis} for shape {self.shape}")
     axes = tuple(sorted(axis_list))
     new_shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
     if not axes: return self
@@ -553,7 +609,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       return a.cast(out)._alu(Ops.FDIV, b.cast(out))
     if rounding_mode == "floor": return self.floordiv(x, reverse)
     if rounding_mode == "trunc": return self.idiv(x, reverse) if not dtypes.is_float(least_upper_dtype(a.dtype, b.dtype)) else a.div(b).trunc()
-    raise ValueError(f"div rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+    raise TensorError(f"div rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
   def maximum(self, x) -> Tensor:
     """Elementwise max; nan in either input gives nan (as numpy; Ops.MAX propagates nan)."""
     return self._binop(Ops.MAX, x)
@@ -589,6 +645,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def __le__(self, x): return self._binop(Ops.CMPLT, x) | self._binop(Ops.CMPEQ, x)
   def __eq__(self, x): return self._binop(Ops.CMPEQ, x)  # type: ignore[override]
   def __ne__(self, x): return self._binop(Ops.CMPNE, x)  # type: ignore[override]
+  def eq(self, x) -> Tensor: return self._binop(Ops.CMPEQ, x)
+  def ne(self, x) -> Tensor: return self._binop(Ops.CMPNE, x)
   def __bool__(self): raise TypeError("the truth value of a Tensor is ambiguous; use .item() or .numpy()")
 
 
@@ -610,6 +668,6 @@ def _bound_value(s: sint, shape: tuple) -> int:
   if isinstance(s, int): return s
   vals = {n.src[0].arg[0]: n.src[1].arg for n in s.toposort() if n.op is Ops.BIND}
   if any(n.op is Ops.DEFINE_VAR and n.arg[0] not in vals for n in s.toposort()):
-    raise ValueError(f"tensor of shape {shape} has an unbound symbolic dimension; bind its variables first")
+    raise TensorError(f"tensor of shape {shape} has an unbound symbolic dimension; bind its variables first")
   return sym_infer(s, vals)
 

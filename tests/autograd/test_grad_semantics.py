@@ -20,11 +20,26 @@ def test_requires_grad_default_is_none():
   assert Tensor([1.0], requires_grad=True).requires_grad is True
 
 
-def test_backward_fills_grad_only_for_requires_grad_true():
+def test_backward_fills_grad_for_requires_grad_true_and_none():
+  # tinygrad's rule: requires_grad=None ("not decided", the default) is eligible, only False opts out
   a, b, c = t(None), t(True), t(False)
   (a * b * c).sum().backward()
-  assert a.grad is None and c.grad is None
+  assert c.grad is None
   np.testing.assert_allclose(b.grad.numpy(), X * X)
+  np.testing.assert_allclose(a.grad.numpy(), X * X)
+
+
+def test_backward_with_default_requires_grad():
+  x, w = Tensor.eye(3, dtype=dtypes.float64), Tensor([[2.0, 0.0, -2.0]], dtype=dtypes.float64)  # tinygrad's README example
+  w.matmul(x).sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), [[2.0] * 3, [0.0] * 3, [-2.0] * 3])
+  np.testing.assert_allclose(w.grad.numpy(), [[1.0, 1.0, 1.0]])
+
+
+def test_backward_with_nothing_eligible_raises():
+  x = t(False)
+  with pytest.raises(RuntimeError, match="requires_grad=False"):
+    (x * 2).sum().backward()
 
 
 def test_backward_returns_self_and_grad_dtype_shape():
@@ -82,9 +97,7 @@ def test_gradient_arg_shape_mismatch_raises():
 def test_gradient_target_not_in_graph():
   x, y = t(), t(vals=[1.0, 2.0])
   loss = (x * x).sum()
-  with pytest.raises(RuntimeError, match="not in the graph"):
-    loss.gradient(x, y)
-  gx, gy = loss.gradient(x, y, materialize_grads=True)
+  gx, gy = loss.gradient(x, y)  # zeros for an input the output doesn't depend on, as tinygrad and torch (materialize_grads)
   np.testing.assert_allclose(gx.numpy(), 2 * X)
   assert gy.shape == (2,) and gy.dtype == y.dtype
   np.testing.assert_array_equal(gy.numpy(), [0.0, 0.0])
@@ -93,9 +106,7 @@ def test_gradient_target_not_in_graph():
 def test_gradient_through_comparison_only_is_not_in_graph():
   x = t()
   loss = (x > 0).where(1.0, 2.0).sum()
-  with pytest.raises(RuntimeError, match="not in the graph"):
-    loss.gradient(x)
-  np.testing.assert_array_equal(loss.gradient(x, materialize_grads=True)[0].numpy(), [0.0, 0.0, 0.0])
+  np.testing.assert_array_equal(loss.gradient(x)[0].numpy(), [0.0, 0.0, 0.0])
 
 
 def test_gradient_of_self_and_of_intermediate():
@@ -124,8 +135,9 @@ def test_integer_output_cannot_be_differentiated():
 
 def test_integer_input_gets_no_gradient():
   i = Tensor([1, 2, 3])
-  with pytest.raises(RuntimeError, match="not in the graph"):
-    (i.cast(dtypes.float64) * 2.5).sum().gradient(i)
+  (g,) = (i.cast(dtypes.float64) * 2.5).sum().gradient(i)
+  assert g.dtype == dtypes.int32
+  np.testing.assert_array_equal(g.numpy(), [0, 0, 0])
 
 
 def test_float32_gradient_dtype():
@@ -149,8 +161,7 @@ def test_detach_stops_gradient():
   assert d.requires_grad is False
   (g,) = (x * d).sum().gradient(x)
   np.testing.assert_allclose(g.numpy(), X)  # not 2x
-  with pytest.raises(RuntimeError, match="not in the graph"):
-    (d * d).sum().gradient(x)
+  np.testing.assert_array_equal((d * d).sum().gradient(x)[0].numpy(), [0.0, 0.0, 0.0])
 
 
 def test_detach_in_backward():

@@ -202,7 +202,31 @@ def _build_kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UO
   dest, val = sink.src
   if dest.op is not Ops.LOAD: raise RuntimeError(f"can't store into a {store_target.op if store_target is not None else out.op} view")
   ast = UOp.sink_of(UOp(Ops.STORE, dtypes.void, (dest.src[0], val)))
-  return _drop_unused_params(graph_rewrite(ast, pm_symbolic, name="simplify kernel"), ctx)
+  return _drop_unused_params(graph_rewrite(ast, pm_symbolic + pm_reduce_unused_ranges, name="simplify kernel"), ctx)
+
+
+def _reduce_unused_ranges(red: UOp) -> UOp | None:
+  """A REDUCE over ranges its value doesn't depend on: ADD multiplies by their trip count, MAX drops them (a float
+  loop adding a constant 2**38 times saturates its accumulators; 2**38 * 1.0 is exact, as tinygrad folds it). The
+  count is a Python int (any size), or the symbolic end cast to the dtype."""
+  if red.arg not in (Ops.ADD, Ops.MAX) or red.dtype.count != 1: return None
+  val, rngs = red.src[0], red.src[1:]
+  used = set(val.toposort())
+  unused = [r for r in rngs if r not in used]
+  if not unused: return None
+  keep = tuple(r for r in rngs if r in used)
+  ret = UOp(Ops.REDUCE, red.dtype, (val, *keep), red.arg) if keep else val
+  if red.arg is Ops.MAX: return ret
+  ends = [r.src[0] for r in unused]
+  n = prod([e.arg for e in ends if e.op is Ops.CONST])
+  if val.op is Ops.CONST and not keep and all(e.op is Ops.CONST for e in ends):
+    return UOp.const(red.dtype, val.arg * n)  # as_const rounds (floats) or wraps (ints) like the loop's dtype
+  for e in ends:
+    if e.op is not Ops.CONST: ret = UOp(Ops.MUL, red.dtype, (ret, e.cast(red.dtype)))
+  return UOp(Ops.MUL, red.dtype, (ret, UOp.const(red.dtype, n))) if n != 1 else ret
+
+
+pm_reduce_unused_ranges = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _reduce_unused_ranges)])
 
 
 def _drop_unused_params(ast: UOp, ctx: KernelContext) -> UOp:
@@ -211,7 +235,8 @@ def _drop_unused_params(ast: UOp, ctx: KernelContext) -> UOp:
   if len(used) == len(ctx.bufs): return ast
   keep = sorted(used)
   ctx.bufs[:] = [ctx.bufs[i] for i in keep]
-  return ast.substitute({used[old]: UOp(Ops.DEFINE_GLOBAL, used[old].dtype, arg=new) for new, old in enumerate(keep) if new != old})
+  # walk=True: one simultaneous renumbering (slot 4 -> 3 must not then be renumbered again by the 3 -> 2 entry)
+  return ast.substitute({used[old]: UOp(Ops.DEFINE_GLOBAL, used[old].dtype, arg=new) for new, old in enumerate(keep) if new != old}, walk=True)
 
 
 def _reads_other_elements_of_output(ast: UOp) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 
 from plugrad.uop.ops import UOp
 from plugrad.uop.symbolic import sint
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import DType, dtypes, to_dtype
 from plugrad.uop.ops import Ops
 
@@ -23,8 +24,11 @@ _MASK = 0xFFFFFFFF
 
 
 def _shape(shape: tuple) -> tuple:
-  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): return tuple(shape[0])
-  return tuple(shape)
+  shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+  for s in shape:
+    if isinstance(s, bool) or (isinstance(s, int) and s < 0) or not isinstance(s, (int, UOp)):
+      raise TensorError(f"invalid shape {shape}: dimensions must be non-negative ints")
+  return shape
 
 
 def _T():
@@ -33,14 +37,16 @@ def _T():
 
 
 def _bit_arange(n: int, device: str | None) -> Any:
-  """int32 [0, n) built reduce-free: the sum over bits b of 2**b * (a periodic 0/1 pattern made of padded ones)."""
+  """int32 [0, n) (int64 past 2**31) built reduce-free: the sum over bits b of 2**b * (a periodic 0/1 pattern made of
+  padded ones)."""
   Tensor = _T()
-  if n <= 1: return Tensor.zeros(n, dtype=dtypes.int32, device=device)
+  dt = dtypes.int32 if n <= 2 ** 31 else dtypes.int64
+  if n <= 1: return Tensor.zeros(n, dtype=dt, device=device)
   k = (n - 1).bit_length()
   ret = None
   for b in range(k):
     half = 1 << b
-    bit = Tensor.full((half,), half, dtypes.int32, device)._pad(((half, 0),))  # period 2**(b+1): half zeros, half 2**b
+    bit = Tensor.full((half,), half, dt, device)._pad(((half, 0),))  # period 2**(b+1): half zeros, half 2**b
     bit = bit.reshape(1, 2 * half).expand(1 << (k - b - 1), 2 * half).reshape(1 << k).shrink(((0, n),))
     ret = bit if ret is None else ret._alu(Ops.ADD, bit)
   return ret
@@ -101,20 +107,22 @@ class CreationMixin:
     """Values from start (inclusive) to stop (exclusive) by step; int dtype for int arguments, float otherwise."""
     if stop is None: start, stop = 0, start
     if isinstance(stop, UOp):  # symbolic length: the first `stop` values of an arange of its largest value
-      if start != 0 or step != 1: raise ValueError("a symbolic arange supports only arange(stop) with start 0, step 1")
+      if start != 0 or step != 1: raise TensorError("a symbolic arange supports only arange(stop) with start 0, step 1")
       idx = _bit_arange(int(stop.vmax), device).shrink(((0, stop),))
       return idx.cast(to_dtype(dtype)) if dtype is not None else idx
     for v in (start, stop, step):
       if isinstance(v, bool) or not isinstance(v, (int, float)): raise TypeError(f"arange arguments must be numbers, got {v!r}")
-    if step == 0: raise ValueError("arange step must be nonzero")
+    if step == 0: raise TensorError("arange step must be nonzero")
     isfloat = any(isinstance(v, float) for v in (start, stop, step))
-    dt = to_dtype(dtype) if dtype is not None else dtypes.default_float if isfloat else dtypes.default_int
     n = max(0, math.ceil((stop - start) / step))
+    last = start + (n - 1) * step if n else start
+    big = not isfloat and not all(dtypes.min(dtypes.default_int) <= v <= dtypes.max(dtypes.default_int) for v in (start, last))
+    dt = to_dtype(dtype) if dtype is not None else dtypes.default_float if isfloat else dtypes.int64 if big else dtypes.default_int
     idx = _bit_arange(n, device)
     if dtypes.is_float(dt) or isfloat:
       acc = dt if dtypes.is_float(dt) else dtypes.default_float
       ret = idx.cast(acc) * step + start if (start, step) != (0, 1) else idx.cast(acc)
-    else: ret = idx.cast(dt) * step + start if (start, step) != (0, 1) else idx
+    else: ret = idx.cast(dt) * step + start if (start, step) != (0, 1) else idx.cast(dt)
     ret = ret.cast(dt)
     if kw.get("requires_grad") is not None: ret.requires_grad = kw["requires_grad"]
     return ret
@@ -129,7 +137,7 @@ class CreationMixin:
     return self._tri(diagonal, upper=False)
 
   def _tri(self, diagonal: sint, upper: bool) -> Any:
-    if self.ndim < 2: raise ValueError(f"triu/tril need at least 2 dims, got shape {self.shape}")
+    if self.ndim < 2: raise TensorError(f"triu/tril need at least 2 dims, got shape {self.shape}")
     Tensor = _T()
     r, c = self.shape[-2], self.shape[-1]
     rows = Tensor.arange(r, device=self.device).reshape(r, 1)
@@ -141,8 +149,9 @@ class CreationMixin:
   @staticmethod
   def linspace(start, stop, steps: int, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """`steps` evenly spaced values from start to stop, both included."""
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0: raise ValueError(f"linspace steps must be an int >= 0, got {steps!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0: raise TensorError(f"linspace steps must be an int >= 0, got {steps!r}")
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+    if dt == dtypes.bool: raise TensorError("linspace with dtype=bool is not supported (as in torch)")
     Tensor = _T()
     if steps == 1: return Tensor.full((1,), start, dt, device, **kw)
     acc = dt if dtypes.is_float(dt) else dtypes.default_float
@@ -154,7 +163,7 @@ class CreationMixin:
     """An n x m matrix with ones on the diagonal (a padded, reshaped column of ones: no compute)."""
     m = n if m is None else m
     for v in (n, m):
-      if not isinstance(v, int) or isinstance(v, bool) or v < 0: raise ValueError(f"eye sizes must be ints >= 0, got n={n}, m={m}")
+      if not isinstance(v, int) or isinstance(v, bool) or v < 0: raise TensorError(f"eye sizes must be ints >= 0, got n={n}, m={m}")
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     Tensor, k = _T(), max(n, m)
     if k == 0: return Tensor.zeros(n, m, dtype=dt, device=device, **kw)
@@ -190,7 +199,7 @@ class CreationMixin:
     Tensor = _T()
     shape = _shape(shape)
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-    if not dtypes.is_float(dt): raise ValueError(f"rand needs a float dtype, got {dt}")
+    if not dtypes.is_float(dt): raise TensorError(f"rand needs a float dtype, got {dt}")
     n = math.prod(shape)
     if n == 0: return Tensor.zeros(shape, dtype=dt, device=device, **kw)
     nb = _float_bits(dt)
@@ -206,7 +215,7 @@ class CreationMixin:
     Tensor = _T()
     shape = _shape(shape)
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-    if not dtypes.is_float(dt): raise ValueError(f"randn needs a float dtype, got {dt}")
+    if not dtypes.is_float(dt): raise TensorError(f"randn needs a float dtype, got {dt}")
     u = Tensor.rand(2, *shape, dtype=dtypes.float32, device=device)
     u1, u2 = u.shrink(((0, 1),) + ((None,) * len(shape))), u.shrink(((1, 2),) + ((None,) * len(shape)))
     r = ((1 - u1).log() * -2).sqrt()
@@ -227,9 +236,9 @@ class CreationMixin:
     else: shape = _shape(args)
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_int
     if not isinstance(low, int) or not isinstance(high, int): raise TypeError(f"randint bounds must be ints, got low={low!r}, high={high!r}")
-    if not dtypes.is_int(dt): raise ValueError(f"randint needs an int dtype, got {dt}")
-    if high <= low: raise ValueError(f"randint needs low < high, got low={low}, high={high}")
-    if high - low > 1 << 32: raise ValueError(f"randint range {high - low} is wider than 2**32")
+    if not dtypes.is_int(dt): raise TensorError(f"randint needs an int dtype, got {dt}")
+    if high <= low: raise TensorError(f"randint needs low < high, got low={low}, high={high}")
+    if high - low > 1 << 32: raise TensorError(f"randint range {high - low} is wider than 2**32")
     n = math.prod(shape)
     if n == 0: return Tensor.zeros(shape, dtype=dt, device=device, **kw)
     bits = Tensor._random_bits(n, device)
@@ -254,6 +263,25 @@ class CreationMixin:
     return ret
 
   @staticmethod
+  def randperm(n: int, device: str | None = None, dtype: DType | str = dtypes.int32, **kw) -> Any:
+    """A random permutation of 0..n-1: the argsort of n uniform numbers (O(n**2) work, like sort)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0: raise TensorError(f"randperm needs an int n >= 0, got {n!r}")
+    return _T().rand(n, device=device).argsort().cast(to_dtype(dtype))
+
+  def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Any:
+    """int32 samples of category indices with probabilities proportional to the (1-D or 2-D) weights. Without
+    replacement only one sample per row is supported (as tinygrad)."""
+    if self.ndim not in (1, 2): raise TensorError(f"multinomial needs 1-D or 2-D weights, got shape {self.shape}")
+    if not isinstance(num_samples, int) or num_samples < 1: raise TensorError(f"multinomial num_samples must be an int >= 1, got {num_samples!r}")
+    if not replacement and num_samples != 1: raise TensorError("multinomial without replacement supports only num_samples=1")
+    w = self.reshape(1, -1) if self.ndim == 1 else self
+    cdf = w.float().cumsum(1)
+    cdf = cdf / cdf[:, -1:]
+    u = _T().rand(w.shape[0], num_samples, 1, device=self.device)
+    ret = (u >= cdf.unsqueeze(1)).cast(dtypes.int32).sum(2).minimum(w.shape[1] - 1)
+    return ret.reshape(num_samples) if self.ndim == 1 else ret
+
+  @staticmethod
   def scaled_uniform(*shape, **kw) -> Any:
     """uniform(-1, 1) scaled by 1/sqrt(numel)."""
     shape = _shape(shape)
@@ -263,20 +291,20 @@ class CreationMixin:
   def glorot_uniform(*shape, **kw) -> Any:
     """Xavier/Glorot uniform: bound sqrt(6 / (fan_in + fan_out)) with fan_out = shape[0], fan_in = prod(shape[1:])."""
     shape = _shape(shape)
-    bound = math.sqrt(6 / (shape[0] + math.prod(shape[1:])))
+    bound = math.sqrt(6 / max(1, shape[0] + math.prod(shape[1:])))
     return _T().uniform(*shape, low=-1.0, high=1.0, **kw) * bound
 
   @staticmethod
   def kaiming_uniform(*shape, a: float = 0.01, **kw) -> Any:
     """He uniform: bound sqrt(3) * gain / sqrt(fan_in), gain = sqrt(2 / (1 + a**2)), fan_in = prod(shape[1:])."""
     shape = _shape(shape)
-    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(math.prod(shape[1:]))
+    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(max(1, math.prod(shape[1:])))
     return _T().uniform(*shape, low=-bound, high=bound, **kw)
 
   @staticmethod
   def kaiming_normal(*shape, a: float = 0.01, **kw) -> Any:
     """He normal: std gain / sqrt(fan_in)."""
     shape = _shape(shape)
-    std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(math.prod(shape[1:]))
+    std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(max(1, math.prod(shape[1:])))
     return _T().normal(*shape, mean=0.0, std=std, **kw)
 

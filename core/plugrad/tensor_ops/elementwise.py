@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float
 from plugrad.uop.ops import Ops
 
@@ -36,6 +37,7 @@ class ElementwiseMixin:
   def _floated(self: Any) -> Tensor: return self.cast(least_upper_float(self.dtype))
   def float(self: Any) -> Tensor: return self.cast(dtypes.float32)
   def half(self: Any) -> Tensor: return self.cast(dtypes.float16)
+  def bfloat16(self: Any) -> Tensor: return self.cast(dtypes.bfloat16)
   def double(self: Any) -> Tensor: return self.cast(dtypes.float64)
   def int(self: Any) -> Tensor: return self.cast(dtypes.int32)
   def long(self: Any) -> Tensor: return self.cast(dtypes.int64)
@@ -109,22 +111,26 @@ class ElementwiseMixin:
     """self ** x with broadcasting and promotion; 0 ** 0 is 1, negative bases take integer exponents, ints stay ints."""
     if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) and float(x).is_integer() and abs(x) <= 64:
       if dtypes.is_float(self.dtype) or isinstance(x, int):
-        if not dtypes.is_float(self.dtype) and x < 0: raise ValueError(f"integers to negative integer powers are not allowed ({self.dtype} ** {x})")
+        if not dtypes.is_float(self.dtype) and x < 0: raise TensorError(f"integers to negative integer powers are not allowed ({self.dtype} ** {x})")
         base = self.cast(dtypes.int8) if self.dtype == dtypes.bool else self
         return base._pow_int_const(int(x))
     if not reverse and isinstance(x, float) and x == 0.5: return self.sqrt()  # numpy's and torch's fast path (sqrt(-inf) is nan)
     b, e = self._broadcasted(x, reverse)
     if b.dtype == dtypes.bool: b, e = b.cast(dtypes.int8), e.cast(dtypes.int8)
     if not dtypes.is_float(b.dtype): return b._pow_int_tensor(e)
-    zb = b == 0
-    r = (e * zb.where(1, b.abs()).log2()).exp2()  # log2 of a safe base: no inf/nan gradient leaks from the zero-base branch
-    r = zb.where((e > 0).where(0.0, (e == 0).where(1.0, math.inf)), r)
+    zb, binf = b == 0, b.isinf()
     is_int = e == e.trunc()
+    # the base the exp2/log2 form sees: 1 for 0 and +-inf (their values are constants below, with a 0 gradient to the
+    # base, as torch gives for +-inf), the base itself where it is negative and e isn't an integer (log2 gives nan, so
+    # value and gradient are nan, as torch), |b| otherwise (the sign is fixed up after)
+    nan_base = (b < 0).logical_and(is_int.logical_not())
+    r = (e * zb.logical_or(binf).where(1, nan_base.where(b, b.abs())).log2()).exp2()
+    r = zb.where((e > 0).where(0.0, (e == 0).where(1.0, math.inf)), r)
+    r = binf.where((e > 0).where(math.inf, (e == 0).where(1.0, 0.0)), r)  # C99: pow(-inf, 0.5) = inf
     half = e * 0.5
     odd = is_int.logical_and(half != half.trunc())
     neg = (b < 0).logical_or((b == 0).logical_and(b.reciprocal() < 0))  # -0.0 counts: (-0.0) ** -1 is -inf
     r = odd.logical_and(neg).where(-r, r)
-    r = (b < 0).logical_and(is_int.logical_not()).logical_and(b != -math.inf).where(math.nan, r)  # C99: pow(-inf, 0.5) = inf
     # cases the exp2/log2 form gets wrong (0 * inf or nan): x**0 = 1 for inf/nan x, 1**y = 1 for inf/nan y, (-1)**inf = 1
     one = (e == 0).logical_and(b.isinf().logical_or(b.isnan())).logical_or((b == 1).logical_and(e.isinf().logical_or(e.isnan())))
     one = one.logical_or((b == -1).logical_and(e.isinf()))
@@ -251,7 +257,7 @@ class ElementwiseMixin:
 
   def clip(self: Any, min_: Any = None, max_: Any = None) -> Tensor:
     """Clamp to [min_, max_] (either may be None, not both); nan stays nan."""
-    if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ and max_")
+    if min_ is None and max_ is None: raise TensorError("clip needs at least one of min_ and max_")
     x = self
     if min_ is not None:
       x, lo = x._broadcasted(min_)
@@ -262,6 +268,41 @@ class ElementwiseMixin:
     return x
   def clamp(self: Any, min_: Any = None, max_: Any = None) -> Tensor: return self.clip(min_, max_)
 
+  def isclose(self: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|self - other| <= atol + rtol * |other| elementwise (equal infinities are close; nan only with equal_nan)."""
+    a, b = self._broadcasted(other)
+    close = a == b
+    if dtypes.is_float(a.dtype): close = close.logical_or(a.isfinite().logical_and(b.isfinite()).logical_and((a - b).abs() <= atol + rtol * b.abs()))
+    elif rtol or atol: close = close.logical_or((a.cast(dtypes.float64) - b).abs() <= atol + rtol * b.cast(dtypes.float64).abs())
+    return close.logical_or(a.isnan().logical_and(b.isnan())) if equal_nan else close
+
+  def allclose(self: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether every element is close (isclose), as a Python bool (reads one value back)."""
+    return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+  def copysign(self: Any, other: Any) -> Tensor:
+    """|self| with the sign bit of `other` (-0.0 counts as negative), as a float."""
+    a, b = self._broadcasted(other)
+    a, b = a._floated(), b._floated()
+    neg = (b < 0).logical_or((b == 0).logical_and(b.reciprocal() < 0))
+    return neg.where(-a._abs_raw(), a._abs_raw())
+
+  def fmod(self: Any, x: Any) -> Tensor:
+    """C's fmod: the remainder of truncated division, with the sign of self (torch.fmod)."""
+    a, b = self._broadcasted(x)
+    if not dtypes.is_float(a.dtype): return a - a.div(b, rounding_mode="trunc") * b
+    return (b.isinf().logical_and(a.isfinite())).where(a, a - (a / b).trunc() * b)
+
+  def log10(self: Any) -> Tensor: return self.log2() * (math.log(2) / math.log(10))
+
+  def logaddexp(self: Any, x: Any) -> Tensor:
+    """log(exp(self) + exp(x)) without overflow: max + log1p(exp(-|self - x|)); -inf with -inf stays -inf."""
+    a, b = self._broadcasted(x)
+    a, b = a._floated(), b._floated()
+    m = a.maximum(b)
+    d = (a - b).abs()
+    return (m == -math.inf).where(m, m + (-d.isnan().where(0.0, d)).exp()._log1p() + d.isnan().where(d, 0.0))
+
   def lerp(self: Any, end: Any, weight: Any) -> Tensor:
     """self + (end - self) * weight."""
     return self + (end - self) * weight
@@ -270,8 +311,10 @@ class ElementwiseMixin:
   def _expm1(self: Any) -> Tensor:
     """exp(x) - 1 without cancellation near 0 (Taylor series for |x| < 0.5)."""
     x = self._floated()
-    small = _poly(x, [1 / math.factorial(k) for k in range(10, 0, -1)]) * x
-    return (x.abs() < 0.5).where(small, x.exp() - 1)
+    near = x.abs() < 0.5
+    xs = near.where(x, 0.0)  # the polynomial only sees small inputs: no inf * 0 = nan in the masked branch's gradient
+    small = _poly(xs, [1 / math.factorial(k) for k in range(10, 0, -1)]) * xs
+    return near.where(small, x.exp() - 1)
 
   def _log1p(self: Any) -> Tensor:
     """log(1 + x) accurate near 0: log(u) * x / (u - 1) with u = 1 + x rounded (exact where u == 1)."""
@@ -315,9 +358,11 @@ class ElementwiseMixin:
 
   def sinh(self: Any) -> Tensor:
     x = self._floated()
-    z = x * x
-    small = x + x * z * _poly(z, [1 / 6227020800, 1 / 39916800, 1 / 362880, 1 / 5040, 1 / 120, 1 / 6])
-    return (x.abs() < 1).where(small, (x.exp() - (-x).exp()) * 0.5)
+    near = x.abs() < 1
+    xs = near.where(x, 0.0)
+    z = xs * xs
+    small = xs + xs * z * _poly(z, [1 / 6227020800, 1 / 39916800, 1 / 362880, 1 / 5040, 1 / 120, 1 / 6])
+    return near.where(small, (x.exp() - (-x).exp()) * 0.5)
   def cosh(self: Any) -> Tensor:
     x = self._floated()
     return (x.exp() + (-x).exp()) * 0.5
@@ -336,26 +381,39 @@ class ElementwiseMixin:
     r = (a > 1e18).where((a > 1e18).where(a, 1).log() + _LN2, r)
     return (x < 0).where(-r, r)
   def acosh(self: Any) -> Tensor:
+    """log1p(d + sqrt(d) sqrt(x + 1)), d = x - 1, on [1, inf): accurate near 1 with an inf gradient at 1. Below 1 the
+    value is nan and the gradient torch's 1 / sqrt(x**2 - 1) (from log(x + sqrt((x - 1)(x + 1))))."""
     x = self._floated()
-    d = x - 1
-    r = (d + (d * (x + 1)).sqrt())._log1p()
-    return (x > 1e18).where(x.log() + _LN2, r)
+    inside = x >= 1
+    xi = inside.where(x, 2.0)  # each branch sees only its own inputs: the masked one can't leak a nan gradient
+    d = xi - 1
+    r = (d + d.sqrt() * (xi + 1).sqrt())._log1p()
+    r = (xi > 1e18).where(xi.log() + _LN2, r)
+    xo = inside.where(-2.0, x)
+    return inside.where(r, (xo + ((xo - 1) * (xo + 1)).sqrt()).log())
   def atanh(self: Any) -> Tensor:
+    """0.5 * (log1p(x) - log1p(-x)): accurate near 0, +-inf at +-1, nan outside; its gradient is 1 / (1 - x**2)
+    everywhere (outside [-1, 1] too, as torch's)."""
     x = self._floated()
-    a = x._abs_raw()
+    small = x._abs_raw() < 0.5
+    xs = small.where(x, 0.0)  # each branch sees only its own inputs: the masked one can't leak a nan gradient
+    a = xs._abs_raw()
     r = (2 * a / (1 - a))._log1p() * 0.5
-    r = (a == 1).where(math.inf, r)
-    return (x < 0).where(-r, r)
+    r = (xs < 0).where(-r, r)
+    xb = small.where(0.75, x)
+    return small.where(r, ((1 + xb).log() - (1 - xb).log()) * 0.5)
 
   def erf(self: Any) -> Tensor:
     """Error function: Taylor series for |x| < 0.5, Abramowitz-Stegun 7.1.26 beyond (|error| < 2e-7)."""
     x = self._floated()
     a = x._abs_raw()
-    z = x * x
-    small = x * _poly(z, [c * 2 / math.sqrt(math.pi) for c in (-1 / 75600, 1 / 9360, -1 / 1320, 1 / 216, -1 / 42, 1 / 10, -1 / 3, 1)])
-    t = (a * 0.3275911 + 1).reciprocal()
-    big = 1 - t * _poly(t, [1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592]) * (-z).exp()
-    return (a < 0.5).where(small, (x < 0).where(-big, big))
+    near = a < 0.5
+    xs = near.where(x, 0.0)  # each branch sees only its own inputs, so extreme x gives a 0 gradient, not nan
+    small = xs * _poly(xs * xs, [c * 2 / math.sqrt(math.pi) for c in (-1 / 75600, 1 / 9360, -1 / 1320, 1 / 216, -1 / 42, 1 / 10, -1 / 3, 1)])
+    ab = near.where(1.0, a.minimum(10.0))  # erf(10) is 1 in every float dtype: clamping keeps exp(-z) from underflowing to 0 * inf
+    t = (ab * 0.3275911 + 1).reciprocal()
+    big = 1 - t * _poly(t, [1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592]) * (-ab * ab).exp()
+    return near.where(small, (x < 0).where(-big, big))
 
 
 def _float_max(dt: DType) -> float:

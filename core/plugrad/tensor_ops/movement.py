@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import dtypes, least_upper_dtype
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import ssimplify
@@ -24,6 +25,28 @@ def _T():
 
 def _ints(args: tuple) -> tuple:
   return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
+def _tensor_list(first: Any, rest: tuple, name: str) -> list:
+  """The tensors of cat/stack called as a method (x.cat(y)) or on the class with a sequence (Tensor.cat((x, y)))."""
+  ts = [*first, *rest] if isinstance(first, (list, tuple)) else [first, *rest]
+  if not ts: raise TypeError(f"{name} needs at least one tensor")
+  kind = next((type(t) for t in ts if not isinstance(t, (list, tuple, int, float, bool))), None)
+  if kind is None or not all(isinstance(t, kind) for t in ts):
+    raise TypeError(f"{name} takes tensors, got {[type(t).__name__ for t in ts]}")
+  return ts
+
+
+def _has_tensor(e: Any) -> bool:
+  return any(_has_tensor(v) if isinstance(v, (list, tuple)) else not isinstance(v, (int, float, bool, np.generic)) for v in e)
+
+
+def _stack_index(e: Any, Tensor: Any, device: str) -> Any:
+  """A (nested) list of ints and int tensors as one int32 index tensor (numpy's rule: the list is an array)."""
+  if not isinstance(e, (list, tuple)): return e.cast(dtypes.int32) if isinstance(e, Tensor) else Tensor(e, device=device, dtype=dtypes.int32)
+  parts = [_stack_index(v, Tensor, device) for v in e]
+  if not parts: return Tensor.zeros(0, dtype=dtypes.int32, device=device)
+  return parts[0].stack(*parts[1:])
 
 
 def _combine(a: Any, b: Any) -> Any:
@@ -55,7 +78,7 @@ class MovementMixin:
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Any:
     if self.ndim == 0: return self.reshape(1)
     s, e = self._axis(start_dim), self._axis(end_dim)
-    if s > e: raise ValueError(f"flatten start_dim {start_dim} comes after end_dim {end_dim} for shape {self.shape}")
+    if s > e: raise TensorError(f"flatten start_dim {start_dim} comes after end_dim {end_dim} for shape {self.shape}")
     return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
   def unflatten(self, dim: int, sizes: Sequence[int]) -> Any:
@@ -63,14 +86,14 @@ class MovementMixin:
     sizes = tuple(sizes)
     if sizes.count(-1) == 1:
       known = math.prod(s for s in sizes if s != -1)
-      if known == 0 or self.shape[d] % known: raise ValueError(f"unflatten: can't split dim {dim} of size {self.shape[d]} into {sizes}")
+      if known == 0 or self.shape[d] % known: raise TensorError(f"unflatten: can't split dim {dim} of size {self.shape[d]} into {sizes}")
       sizes = tuple(self.shape[d] // known if s == -1 else s for s in sizes)
-    if math.prod(sizes) != self.shape[d]: raise ValueError(f"unflatten: sizes {sizes} don't multiply to dim {dim} of size {self.shape[d]}")
+    if math.prod(sizes) != self.shape[d]: raise TensorError(f"unflatten: sizes {sizes} don't multiply to dim {dim} of size {self.shape[d]}")
     return self.reshape(self.shape[:d] + sizes + self.shape[d + 1:])
 
   def squeeze(self, dim: int | Sequence[int] | None = None) -> Any:
     if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
-    dims = {self._axis(d) for d in ((dim,) if isinstance(dim, int) else dim)} if self.ndim else set()
+    dims = {self._axis(d) for d in ((dim,) if isinstance(dim, int) else dim)}  # a 0-d tensor takes dim 0 or -1, as torch
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in dims and s == 1)))
 
   def unsqueeze(self, dim: int) -> Any:
@@ -81,12 +104,12 @@ class MovementMixin:
   def _pad_pairs(self, padding) -> list[tuple[int, int]]:
     padding = tuple(padding)
     if padding and all(p is None or isinstance(p, (tuple, list)) for p in padding):
-      if len(padding) != self.ndim: raise ValueError(f"pad: {len(padding)} (before, after) pairs for a tensor of shape {self.shape}")
+      if len(padding) != self.ndim: raise TensorError(f"pad: {len(padding)} (before, after) pairs for a tensor of shape {self.shape}")
       pairs = [(0, 0) if p is None else tuple(p) for p in padding]
-      if any(len(p) != 2 for p in pairs): raise ValueError(f"pad: each entry must be a (before, after) pair, got {padding}")
+      if any(len(p) != 2 for p in pairs): raise TensorError(f"pad: each entry must be a (before, after) pair, got {padding}")
     else:
       if len(padding) % 2 or len(padding) // 2 > self.ndim:
-        raise ValueError(f"pad: flat padding {padding} must have an even length <= 2*ndim for shape {self.shape}")
+        raise TensorError(f"pad: flat padding {padding} must have an even length <= 2*ndim for shape {self.shape}")
       pairs = [(0, 0)] * self.ndim
       for i in range(len(padding) // 2): pairs[self.ndim - 1 - i] = (padding[2 * i], padding[2 * i + 1])
     for p in pairs:
@@ -96,11 +119,12 @@ class MovementMixin:
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Any:
     """Pad with torch's flat format (last dim first) or a tuple of (before, after) pairs per dim; negative pads shrink."""
     if mode not in ("constant", "reflect", "replicate", "circular"):
-      raise ValueError(f"pad mode {mode!r} is not one of constant, reflect, replicate, circular")
+      raise TensorError(f"pad mode {mode!r} is not one of constant, reflect, replicate, circular")
     pairs = self._pad_pairs(padding)
     for (b, a), s in zip(pairs, self.shape):
-      if -b - a > s or -b > s or -a > s: raise ValueError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
-    x = self.shrink(tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape)))
+      if -b - a > s or -b > s or -a > s: raise TensorError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
+    shrink = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
+    x = self.shrink(shrink) if mode == "constant" else self  # other modes pad the whole tensor, then crop (as torch)
     pos = [(max(0, b), max(0, a)) for b, a in pairs]
     if mode == "constant":
       ret = x._pad(tuple(pos))
@@ -111,9 +135,9 @@ class MovementMixin:
     for d, (b, a) in enumerate(pos):
       if not b and not a: continue
       s = x.shape[d]
-      if mode == "reflect" and (b >= s or a >= s): raise ValueError(f"reflect pad ({b}, {a}) must be smaller than dim {d} of size {s}")
-      if mode == "circular" and (b > s or a > s): raise ValueError(f"circular pad ({b}, {a}) can't exceed dim {d} of size {s}")
-      if s == 0: raise ValueError(f"can't {mode}-pad dim {d} of size 0")
+      if mode == "reflect" and (b >= s or a >= s): raise TensorError(f"reflect pad ({b}, {a}) must be smaller than dim {d} of size {s}")
+      if mode == "circular" and (b > s or a > s): raise TensorError(f"circular pad ({b}, {a}) can't exceed dim {d} of size {s}")
+      if s == 0: raise TensorError(f"can't {mode}-pad dim {d} of size 0")
       def sl(lo, hi, d=d): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
       if mode == "reflect": left, right = sl(1, b + 1).flip(d), sl(s - a - 1, s - 1).flip(d)
       elif mode == "replicate":
@@ -121,16 +145,18 @@ class MovementMixin:
         right = sl(s - 1, s).expand(tuple(a if i == d else n for i, n in enumerate(x.shape)))
       else: left, right = sl(s - b, s), sl(0, a)
       x = left.cat(x, right, dim=d)
-    return x
+    return x.shrink(tuple((lo, lo + s - max(0, -b) - max(0, -a) + pb + pa) for (lo, _), (b, a), s, (pb, pa) in zip(shrink, pairs, self.shape, pos)))
 
   # ***** joining and splitting *****
   def cat(self, *args, dim: int = 0) -> Any:
-    ts = [self, *args]
-    if any(t.ndim == 0 for t in ts): raise ValueError(f"cat: zero-dimensional tensors can't be concatenated, got {[tuple(x.shape) for x in ts]}")
+    """Concatenate along `dim`; `Tensor.cat((a, b))` and `Tensor.cat([a, b])` work too."""
+    ts = _tensor_list(self, args, "cat")
+    self = ts[0]
+    if any(t.ndim == 0 for t in ts): raise TensorError(f"cat: zero-dimensional tensors can't be concatenated, got {[tuple(x.shape) for x in ts]}")
     d = self._axis(dim)
     for t in ts:
       if t.ndim != self.ndim or any(i != d and a != b for i, (a, b) in enumerate(zip(t.shape, self.shape))):
-        raise ValueError(f"cat: shapes {[tuple(x.shape) for x in ts]} must match except in dim {dim}")
+        raise TensorError(f"cat: shapes {[tuple(x.shape) for x in ts]} must match except in dim {dim}")
     dt = least_upper_dtype(*(t.dtype for t in ts))
     ts = [t.cast(dt) for t in ts]
     total, off, ret = sum(t.shape[d] for t in ts), 0, None
@@ -141,9 +167,11 @@ class MovementMixin:
     return ret
 
   def stack(self, *args, dim: int = 0) -> Any:
-    ts = [self, *args]
+    """Stack equal-shaped tensors along a new `dim`; `Tensor.stack((a, b))` and `Tensor.stack([a, b])` work too."""
+    ts = _tensor_list(self, args, "stack")
+    self = ts[0]
     for t in ts:
-      if t.shape != self.shape: raise ValueError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in ts]}")
+      if t.shape != self.shape: raise TensorError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in ts]}")
     d = self._axis(dim, self.ndim + 1)
     return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
 
@@ -151,9 +179,9 @@ class MovementMixin:
     d = self._axis(dim)
     n = self.shape[d]
     if isinstance(sizes, int):
-      if sizes <= 0: raise ValueError(f"split size must be positive, got {sizes}")
+      if sizes <= 0: raise TensorError(f"split size must be positive, got {sizes}")
       sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
-    if sum(sizes) != n: raise ValueError(f"split sizes {list(sizes)} must sum to dim {dim} of size {n}")
+    if sum(sizes) != n: raise TensorError(f"split sizes {list(sizes)} must sum to dim {dim} of size {n}")
     out, off = [], 0
     for s in sizes:
       out.append(self.shrink(tuple((off, off + s) if i == d else None for i in range(self.ndim))))
@@ -161,20 +189,20 @@ class MovementMixin:
     return tuple(out)
 
   def chunk(self, chunks: int, dim: int = 0) -> tuple:
-    if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk count must be a positive int, got {chunks!r}")
+    if not isinstance(chunks, int) or chunks <= 0: raise TensorError(f"chunk count must be a positive int, got {chunks!r}")
     d = self._axis(dim)
     return self.split(max(1, -(-self.shape[d] // chunks)), d)
 
   def repeat(self, repeats, *args) -> Any:
     reps = _ints((repeats, *args))
-    if len(reps) < self.ndim: raise ValueError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {reps}")
+    if len(reps) < self.ndim: raise TensorError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {reps}")
     base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
     inter = tuple(v for s in base.shape for v in (1, s))
     exp = tuple(v for r, s in zip(reps, base.shape) for v in (r, s))
     return base.reshape(inter).expand(exp).reshape(tuple(r * s for r, s in zip(reps, base.shape)))
 
   def repeat_interleave(self, repeats: int, dim: int | None = None) -> Any:
-    if not isinstance(repeats, int) or repeats < 0: raise ValueError(f"repeat_interleave needs an int repeats >= 0, got {repeats!r}")
+    if not isinstance(repeats, int) or repeats < 0: raise TensorError(f"repeat_interleave needs an int repeats >= 0, got {repeats!r}")
     x, d = (self.flatten(), 0) if dim is None else (self, self._axis(dim))
     x = x.unsqueeze(d + 1)
     return x.expand(x.shape[:d + 1] + (repeats,) + x.shape[d + 2:]).flatten(d, d + 1)
@@ -182,7 +210,7 @@ class MovementMixin:
   def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Any:
     if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
     shifts, dims = (shifts,) if isinstance(shifts, int) else tuple(shifts), (dims,) if isinstance(dims, int) else tuple(dims)
-    if len(shifts) != len(dims): raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    if len(shifts) != len(dims): raise TensorError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
     x = self
     for sh, dm in zip(shifts, dims):
       d = x._axis(dm)
@@ -202,9 +230,9 @@ class MovementMixin:
 
   def _check_index_tensor(self, name: str, index: Any, dim: int) -> None:
     if not dtypes.is_int(index.dtype): raise TypeError(f"{name}: index must be an int tensor, got {index.dtype}")
-    if index.ndim != self.ndim: raise ValueError(f"{name}: index {index.shape} must have as many dims as input {self.shape}")
+    if index.ndim != self.ndim: raise TensorError(f"{name}: index {index.shape} must have as many dims as input {self.shape}")
     for i, (a, b) in enumerate(zip(index.shape, self.shape)):
-      if i != dim and a > b: raise ValueError(f"{name}: index {index.shape} is larger than input {self.shape} in dim {i}")
+      if i != dim and a > b: raise TensorError(f"{name}: index {index.shape} is larger than input {self.shape} in dim {i}")
 
   def gather(self, dim: int, index: Any) -> Any:
     """out[i][j] = self[index[i][j]][j] (dim 0); index may be smaller than self outside `dim`."""
@@ -222,7 +250,7 @@ class MovementMixin:
     if not isinstance(src, type(self)): srcv = _T().full(index.shape, src, self.dtype, self.device)
     else:
       if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
-        raise ValueError(f"scatter: index {index.shape} must not be larger than src {src.shape}")
+        raise TensorError(f"scatter: index {index.shape} must not be larger than src {src.shape}")
       srcv = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
     return d, self._onehot(index, self.shape[d]), srcv.unsqueeze(-1)
 
@@ -236,7 +264,7 @@ class MovementMixin:
   def scatter(self, dim: int, index: Any, src: Any, reduce: str | None = None) -> Any:
     """self[index[i][j]][j] = src[i][j] (dim 0); with duplicate targets the last one wins. reduce: None, 'add', 'multiply'."""
     if reduce is not None:
-      if reduce not in ("add", "multiply"): raise ValueError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+      if reduce not in ("add", "multiply"): raise TensorError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
       return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
     d, m, srcv = self._scatter_parts(dim, index, src)
     pos = _T().arange(1, index.shape[d] + 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(index.ndim)) + (1,))
@@ -249,7 +277,7 @@ class MovementMixin:
   def scatter_reduce(self, dim: int, index: Any, src: Any, reduce: str, include_self: bool = True) -> Any:
     """Reduce src values into self at index along dim: 'sum', 'prod', 'mean', 'amax', 'amin' (torch semantics)."""
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-      raise ValueError(f"scatter_reduce reduce must be sum/prod/mean/amax/amin, got {reduce!r}")
+      raise TensorError(f"scatter_reduce reduce must be sum/prod/mean/amax/amin, got {reduce!r}")
     d, m, srcv = self._scatter_parts(dim, index, src)
     hit = self._scatter_back(d, m.max(d), index.shape, False)
     if reduce in ("sum", "mean"):
@@ -270,9 +298,72 @@ class MovementMixin:
     return hit.where(ret.cast(self.dtype), self)
 
   def masked_fill(self, mask: Any, value: Any) -> Any:
-    if self._broadcast_shape(mask) != self.shape: raise ValueError(f"masked_fill: mask {mask.shape} can't broadcast to {self.shape}")
+    if self._broadcast_shape(mask) != self.shape: raise TensorError(f"masked_fill: mask {mask.shape} can't broadcast to {self.shape}")
     if isinstance(value, type(self)): value = value.cast(self.dtype)
     return mask.where(value, self)
+
+  def masked_select(self, mask: Any) -> Any:
+    """The elements where `mask` (broadcast to self's shape) is True, as a 1-D tensor (reads the mask to the host)."""
+    m = mask if isinstance(mask, type(self)) else type(self)(mask, device=self.device)
+    if m.dtype != dtypes.bool: raise TypeError(f"masked_select needs a bool mask, got {m.dtype}")
+    shape = self._broadcast_shape(m)
+    return self._expand_to(shape).flatten()[m._expand_to(shape).flatten()]
+
+  def nonzero(self) -> Any:
+    """The int32 indices of the nonzero elements, shape (count, ndim), in row-major order (reads the data to the host)."""
+    return type(self)(np.argwhere(self.numpy()).astype(np.int32).reshape(-1, self.ndim), device=self.device)
+
+  # ***** diagonals and grids *****
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """The diagonal over dims dim1 and dim2, shifted by `offset` (> 0 above), moved to the last dim (torch.diagonal)."""
+    a, b = self._axis(dim1), self._axis(dim2)
+    if a == b: raise TensorError(f"diagonal: dim1 and dim2 are both {a}")
+    x = self.permute(*[i for i in range(self.ndim) if i not in (a, b)], a, b)
+    r, c = x.shape[-2], x.shape[-1]
+    lead = [None] * (x.ndim - 2)
+    x = x.shrink(lead + [(0, r), (min(offset, c), c)]) if offset >= 0 else x.shrink(lead + [(min(-offset, r), r), (0, c)])
+    n = min(x.shape[-2], x.shape[-1])
+    if n == 0: return type(self).zeros(*x.shape[:-2], 0, dtype=self.dtype, device=self.device)
+    x = x.shrink(lead + [(0, n), (0, n)]).reshape(*x.shape[:-2], n * n)
+    x = x._pad(tuple((0, 0) for _ in lead) + ((0, n),)).reshape(*x.shape[:-1], n, n + 1)
+    return x.shrink(lead + [None, (0, 1)]).reshape(*x.shape[:-2], n)
+
+  def diag(self, diagonal: int = 0) -> Any:
+    """1-D input: a square matrix with it on the `diagonal`-th diagonal; 2-D input: that diagonal (torch.diag)."""
+    if self.ndim == 2: return self.diagonal(diagonal)
+    if self.ndim != 1: raise TensorError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
+    n, k = self.shape[0], abs(diagonal)
+    m = type(self).eye(n, dtype=dtypes.bool, device=self.device).where(self.reshape(n, 1), 0)
+    return m._pad(((0, k), (k, 0)) if diagonal > 0 else ((k, 0), (0, k)))
+
+  def meshgrid(self, *args: Any, indexing: str = "ij") -> tuple:
+    """Coordinate grids from 1-D tensors: indexing "ij" (matrix, the default) or "xy" (cartesian, first two dims swapped)."""
+    if indexing not in ("ij", "xy"): raise TensorError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+    ts = _tensor_list(self, args, "meshgrid")
+    if any(t.ndim > 1 for t in ts): raise TensorError(f"meshgrid takes 0-d or 1-D tensors, got shapes {[t.shape for t in ts]}")
+    ts = [t.reshape(-1) for t in ts]
+    shape = tuple(t.shape[0] for t in ts)
+    grids = [t.reshape(tuple(-1 if i == j else 1 for j in range(len(ts)))).expand(shape) for i, t in enumerate(ts)]
+    return tuple(g.transpose(0, 1) for g in grids) if indexing == "xy" and len(ts) >= 2 else tuple(grids)
+
+  def unfold(self, dim: int, size: int, step: int) -> Any:
+    """Sliding windows of `size` elements every `step` along `dim`, as a new last dim (torch.Tensor.unfold); movement
+    ops only."""
+    d = self._axis(dim) if self.ndim else 0
+    n = self.shape[d] if self.ndim else 1
+    if not isinstance(size, int) or not isinstance(step, int) or size < 0 or step <= 0 or size > n:
+      raise TensorError(f"unfold: size {size!r} must be in [0, {n}] and step {step!r} positive (dim {dim} of shape {self.shape})")
+    if self.ndim == 0: return self.reshape(1)
+    w = (n - size) // step + 1
+    x = self.transpose(d, -1) if d != self.ndim - 1 else self
+    rows = [x.shrink(tuple((i * step, i * step + size) if j == x.ndim - 1 else None for j in range(x.ndim))) for i in range(w)] \
+      if w <= 16 else None
+    if rows is not None: win = rows[0].unsqueeze(-2).cat(*[r.unsqueeze(-2) for r in rows[1:]], dim=-2)
+    else:
+      idx = type(self).arange(w, device=self.device).reshape(w, 1) * step + type(self).arange(size, device=self.device).reshape(1, size)
+      win = x[(Ellipsis, idx)]
+    if d != self.ndim - 1: win = win.transpose(d, -2)
+    return win
 
   # ***** indexing *****
   def _parse_index(self, index: Any) -> tuple[list, bool]:
@@ -282,7 +373,8 @@ class MovementMixin:
     out = []
     for e in entries:
       if isinstance(e, np.integer): e = int(e)
-      if isinstance(e, (list, np.ndarray)):
+      if isinstance(e, (list, tuple)) and _has_tensor(e): e = _stack_index(e, Tensor, self.device)  # [0, Tensor(1)], [[t]]
+      if isinstance(e, (list, tuple, np.ndarray)):
         arr = np.asarray(e)
         if arr.size == 0: arr = arr.astype(np.int32)
         if arr.dtype.kind not in "biu": raise IndexError(f"only int or bool arrays are valid indices, got {arr.dtype}")
@@ -290,6 +382,9 @@ class MovementMixin:
         e = (e, arr) if arr.dtype.kind != "b" else e
       elif isinstance(e, Tensor):
         if not (dtypes.is_int(e.dtype) or e.dtype == dtypes.bool): raise IndexError(f"tensors used as indices must be int or bool, got {e.dtype}")
+      elif isinstance(e, UOp):  # a bound Variable (or an expression of them): a symbolic int index
+        if e.dtype != dtypes.index: raise IndexError(f"a symbolic index must be an index expression, got dtype {e.dtype}")
+        if e.vmin < 0: raise IndexError(f"a symbolic index must be non-negative, {e} can be {e.vmin}")
       elif isinstance(e, bool) or not (e is None or e is Ellipsis or isinstance(e, (int, slice))):
         raise IndexError(f"only ints, slices, None, Ellipsis, int/bool tensors and lists are valid indices, got {e!r}")
       out.append(e)
@@ -332,6 +427,11 @@ class MovementMixin:
       if isinstance(e, int):
         if not -size <= e < size: raise IndexError(f"index {e} is out of bounds for dimension {d} with size {size}")
         do("shrink", rng(e % size, e % size + 1))
+        adv_entries.append(ei)
+      elif isinstance(e, UOp):  # symbolic int: in bounds if its largest value is (checked against the bound value too)
+        top = e.src[1].arg if e.op is Ops.BIND else e.vmax  # a bound variable is checked at its value, as tinygrad
+        if isinstance(size, int) and top >= size: raise IndexError(f"symbolic index {e} ({top}) is out of bounds for dimension {d} with size {size}")
+        do("shrink", rng(e, e + 1))
         adv_entries.append(ei)
       elif isinstance(e, slice) and any(isinstance(v, UOp) for v in (e.start, e.stop, e.step, size)):
         # symbolic bounds (e.g. buf[:, :v.bind(n)]): step 1, non-negative bounds, no clamping
@@ -432,12 +532,12 @@ class MovementMixin:
       nb, nr = len(bshape), len(rest)
       out_shape = tuple(x.shape[r] for r in rest[:bpos]) + bshape + tuple(x.shape[r] for r in rest[bpos:])
       v = v._expand_to(v._broadcast_shape(Tensor.empty(out_shape, dtype=self.dtype, device=self.device))) if v.shape != out_shape else v
-      if v.shape != out_shape: raise ValueError(f"can't assign a value of shape {value.shape} to an index result of shape {out_shape}")
+      if v.shape != out_shape: raise TensorError(f"can't assign a value of shape {value.shape} to an index result of shape {out_shape}")
       if math.prod(out_shape) == 0: return
     else:
       try: v = v._expand_to(x.shape)
-      except ValueError: raise ValueError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}") from None
-      if v.shape != x.shape: raise ValueError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}")
+      except ValueError: raise TensorError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}") from None
+      if v.shape != x.shape: raise TensorError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}")
       if x.numel() == 0: return
     if realized and not has_tensor and all(op != "pad" for op, _, _ in ops):
       Tensor(UOp(Ops.ASSIGN, self.dtype, (x.uop, v.uop))).realize()

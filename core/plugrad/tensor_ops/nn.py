@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from plugrad.uop.ops import Ops
 
@@ -25,7 +26,13 @@ def _tensor_cls():
 
 def _float(x: Tensor) -> Tensor: return x.cast(least_upper_float(x.dtype))
 def _recip(x: Tensor) -> Tensor: return _float(x)._alu(Ops.RECIPROCAL)
-def _sigmoid(x: Tensor) -> Tensor: return _recip(1 + (_float(x) * (-1 / math.log(2))).exp2())  # exp2 saturates: no nan at +-inf
+def _sigmoid(x: Tensor) -> Tensor:
+  """1 / (1 + exp(-x)) from e = exp(-|x|) in (0, 1]: no inf anywhere, so the gradient e / (1 + e)**2 is finite (0, not
+  nan, at +-1000) and exp saturates to exactly 0/1."""
+  x = _float(x)
+  pos = x >= 0
+  e = (pos.where(-x, x) * (1 / math.log(2))).exp2()
+  return pos.where(_recip(1 + e), e * _recip(1 + e))  # exp2 saturates: no nan at +-inf
 
 
 def _softplus(x: Tensor, beta: float = 1.0) -> Tensor:
@@ -43,7 +50,7 @@ def _arange(n: int, device: str, dtype: DType = dtypes.int32) -> Tensor:
 def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
   t = (v,) * n if isinstance(v, int) and not isinstance(v, bool) else tuple(v)
   if len(t) != n or not all(isinstance(i, int) and not isinstance(i, bool) for i in t):
-    raise ValueError(f"{name} must be an int or a tuple of {n} ints, got {v!r}")
+    raise TensorError(f"{name} must be an int or a tuple of {n} ints, got {v!r}")
   return t
 
 
@@ -52,10 +59,10 @@ def _resolve_pads(padding: int | Sequence[int], dims: int) -> list[tuple[int, in
   flat (left, right) pairs starting from the LAST dim, like torch.nn.functional.pad."""
   if isinstance(padding, int) and not isinstance(padding, bool): return [(padding, padding)] * dims
   p = tuple(padding)
-  if not all(isinstance(i, int) and not isinstance(i, bool) for i in p): raise ValueError(f"padding must be ints, got {padding!r}")
+  if not all(isinstance(i, int) and not isinstance(i, bool) for i in p): raise TensorError(f"padding must be ints, got {padding!r}")
   if len(p) == dims: return [(i, i) for i in p]
   if len(p) == 2 * dims: return [(p[2 * i], p[2 * i + 1]) for i in range(dims)][::-1]
-  raise ValueError(f"padding {padding!r} must be an int or have {dims} or {2 * dims} values for {dims} spatial dims")
+  raise TensorError(f"padding {padding!r} must be an int or have {dims} or {2 * dims} values for {dims} spatial dims")
 
 
 def _pad_spatial(x: Tensor, pads: Sequence[tuple[int, int]], value: Any = 0.0) -> Tensor:
@@ -101,11 +108,11 @@ def _reduction(x: Tensor, reduction: str, count: Tensor | None = None) -> Tensor
   if reduction == "none": return x
   if reduction == "sum": return x.sum()
   if reduction == "mean": return x.sum() / count if count is not None else x.mean()
-  raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+  raise TensorError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
 
 
 def _check_smoothing(label_smoothing: float) -> None:
-  if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+  if not 0.0 <= label_smoothing <= 1.0: raise TensorError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
 
 
 _ELL0 = 0x3B1  # '...' dims get the letters alpha, beta, ... so they can't clash with a-zA-Z
@@ -116,23 +123,23 @@ def _parse_einsum(formula: str, shapes: list[tuple]) -> tuple[list[str], str]:
   f = formula.replace(" ", "")
   lhs, arrow, out = f.partition("->")
   ins = lhs.split(",")
-  if len(ins) != len(shapes): raise ValueError(f"einsum {formula!r} names {len(ins)} operands but got {len(shapes)}")
+  if len(ins) != len(shapes): raise TensorError(f"einsum {formula!r} names {len(ins)} operands but got {len(shapes)}")
   nell = 0
   for sub, sh in zip(ins, shapes):
     letters = sub.replace("...", "")
-    if letters and not (letters.isascii() and letters.isalpha()): raise ValueError(f"einsum subscripts must be a-z or A-Z, got {sub!r}")
-    if sub.count("...") > 1: raise ValueError(f"einsum operand {sub!r} has more than one '...'")
+    if letters and not (letters.isascii() and letters.isalpha()): raise TensorError(f"einsum subscripts must be a-z or A-Z, got {sub!r}")
+    if sub.count("...") > 1: raise TensorError(f"einsum operand {sub!r} has more than one '...'")
     want = len(letters)
     if ("..." in sub and len(sh) < want) or ("..." not in sub and len(sh) != want):
-      raise ValueError(f"einsum operand {sub!r} doesn't match its shape {sh}")
+      raise TensorError(f"einsum operand {sub!r} doesn't match its shape {sh}")
     if "..." in sub: nell = max(nell, len(sh) - want)
   ell = "".join(chr(_ELL0 + i) for i in range(nell))
   subs = [s.replace("...", ell[nell - (len(sh) - len(s.replace('...', ''))):] if nell else "") for s, sh in zip(ins, shapes)]
   if arrow:
-    if out.count("...") > 1: raise ValueError(f"einsum output {out!r} has more than one '...'")
+    if out.count("...") > 1: raise TensorError(f"einsum output {out!r} has more than one '...'")
     out = out.replace("...", ell)
-    if len(set(out)) != len(out): raise ValueError(f"einsum output {out!r} repeats a subscript")
-    if any(c not in "".join(subs) for c in out): raise ValueError(f"einsum output {out!r} uses a subscript no operand has")
+    if len(set(out)) != len(out): raise TensorError(f"einsum output {out!r} repeats a subscript")
+    if any(c not in "".join(subs) for c in out): raise TensorError(f"einsum output {out!r} uses a subscript no operand has")
   else: out = ell + "".join(sorted(c for c in set("".join(subs)) if c.isascii() and "".join(subs).count(c) == 1))
   return subs, out
 
@@ -140,7 +147,7 @@ def _parse_einsum(formula: str, shapes: list[tuple]) -> tuple[list[str], str]:
 def _diagonal(x: Tensor, a: int, b: int) -> Tensor:
   """Diagonal over axes a < b (equal sizes), put where axis a was; axis b disappears."""
   n = x.shape[a]
-  if x.shape[b] != n: raise ValueError(f"einsum repeated subscript needs equal dims, got {x.shape[a]} and {x.shape[b]} in shape {x.shape}")
+  if x.shape[b] != n: raise TensorError(f"einsum repeated subscript needs equal dims, got {x.shape[a]} and {x.shape[b]} in shape {x.shape}")
   rest = [i for i in range(x.ndim) if i not in (a, b)]
   y = x.permute(*rest, a, b).reshape(*[x.shape[i] for i in rest], n * n)
   y = y._pad(((0, 0),) * len(rest) + ((0, n),)).reshape(*[x.shape[i] for i in rest], n, n + 1)
@@ -160,7 +167,7 @@ class NnMixin:
     x: Tensor = self  # type: ignore[assignment]
     w = x._to_tensor(w) if not isinstance(w, type(x)) else w
     if dtype is not None and acc_dtype is not None and to_dtype(dtype) != to_dtype(acc_dtype):
-      raise ValueError(f"dtype={dtype} and acc_dtype={acc_dtype} disagree")
+      raise TensorError(f"dtype={dtype} and acc_dtype={acc_dtype} disagree")
     dtype = dtype if dtype is not None else acc_dtype
     if x.ndim == 0 or w.ndim == 0: raise RuntimeError(f"matmul needs tensors of at least 1 dim, got shapes {x.shape} and {w.shape}")
     kax = -min(w.ndim, 2)
@@ -195,7 +202,7 @@ class NnMixin:
     """Einstein summation like numpy.einsum: explicit ('ij,jk->ik') or implicit output (letters seen once, sorted),
     repeated subscripts (traces/diagonals) and '...'. All operands are broadcast-multiplied and summed in one reduce."""
     ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
-    if not ops: raise ValueError("einsum needs at least one operand")
+    if not ops: raise TensorError("einsum needs at least one operand")
     subs, out = _parse_einsum(formula, [o.shape for o in ops])
     views, sizes = [], {}
     for sub, t in zip(subs, ops):
@@ -209,7 +216,7 @@ class NnMixin:
         if not c.isascii() and s == 1: continue  # '...' dims broadcast
         if sizes.setdefault(c, s) != s:
           what = f"subscript {c!r}" if c.isascii() else "'...' dim"
-          raise ValueError(f"einsum {what} has size {sizes[c]} in one operand and {s} in another ({formula!r})")
+          raise TensorError(f"einsum {what} has size {sizes[c]} in one operand and {s} in another ({formula!r})")
       views.append((sub, t))
     letters = list(out) + sorted(c for c in sizes if c not in out)
     for c in letters: sizes.setdefault(c, 1)
@@ -224,6 +231,12 @@ class NnMixin:
     red = tuple(range(len(out), len(letters)))
     res_dtype = to_dtype(dtype or acc_dtype) if (dtype or acc_dtype) is not None else least_upper_dtype(*[o.dtype for o in ops])
     return (prodt.sum(red, dtype=dtype or acc_dtype) if red else prodt).cast(res_dtype)
+
+  def sequential(self, ll: list) -> Tensor:
+    """Apply the callables in `ll` in order."""
+    x: Tensor = self  # type: ignore[assignment]
+    for f in ll: x = f(x)
+    return x
 
   # ***** activations *****
   def sigmoid(self) -> Tensor:
@@ -241,7 +254,7 @@ class NnMixin:
     x = _float(self)
     if approximate == "tanh": return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
     if approximate == "none": return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
-    raise ValueError(f"gelu approximate must be 'tanh' or 'none', got {approximate!r}")
+    raise TensorError(f"gelu approximate must be 'tanh' or 'none', got {approximate!r}")
   def quick_gelu(self) -> Tensor: return self * _sigmoid(self * 1.702)
   def silu(self) -> Tensor: return self * _sigmoid(self)
   def swish(self) -> Tensor: return self.silu()
@@ -258,16 +271,28 @@ class NnMixin:
     e = m.exp()
     return m, e, e.sum(axis, keepdim=True)
   def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
-    """exp(x - max) / sum(exp(x - max)) along `axis`: three kernels (max, sum, divide)."""
+    """exp(x - max) / sum(exp(x - max)) along `axis`: three kernels (max, sum, divide). A 0-d tensor is one element."""
+    if self.ndim == 0: return self.reshape(1).softmax(0, dtype).reshape(())
     if self.shape[self._axis(axis)] == 0: return _float(self.cast(dtype) if dtype is not None else self)  # nothing to normalize
     _, e, ss = self._softmax(axis, dtype)
     return e / ss
   def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+    if self.ndim == 0: return self.reshape(1).log_softmax(0, dtype).reshape(())
     if self.shape[self._axis(axis)] == 0: return _float(self.cast(dtype) if dtype is not None else self)
     m, _, ss = self._softmax(axis, dtype)
     return m - ss.log()
 
+  def softmin(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+    """softmax(-x) along `axis`."""
+    return (-self).softmax(axis, dtype)
+
   # ***** normalization *****
+  def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """x / max(||x||_p, eps) along `dim` (torch.nn.functional.normalize)."""
+    x = _float(self)
+    norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p) if p != 2 else (x * x).sum(dim, keepdim=True).sqrt()
+    return x / norm.maximum(eps)
+
   def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) over `axis` (biased variance), no affine."""
     y = self - self.mean(axis, keepdim=True)
@@ -293,17 +318,17 @@ class NnMixin:
     nd = weight.ndim - 2
     if nd < 1: raise RuntimeError(f"conv weight needs at least 3 dims, got shape {weight.shape}")
     if x.ndim != weight.ndim: raise RuntimeError(f"conv: expected {weight.ndim}-D input for weight of shape {weight.shape}, got shape {x.shape}")
-    if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv groups must be a positive int, got {groups!r}")
+    if not isinstance(groups, int) or groups < 1: raise TensorError(f"conv groups must be a positive int, got {groups!r}")
     (bs, cin_all), (cout, cin), ks = x.shape[:2], weight.shape[:2], weight.shape[2:]
     if cin * groups != cin_all:
       raise RuntimeError(f"conv: input {x.shape} has {cin_all} channels but weight {weight.shape} with groups={groups} expects {cin * groups}")
     if cout % groups: raise RuntimeError(f"conv: out channels {cout} of weight {weight.shape} not divisible by groups={groups}")
     if bias is not None and tuple(bias.shape) != (cout,): raise RuntimeError(f"conv: bias shape {bias.shape} should be ({cout},)")
     stride, dilation = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
-    if any(s < 1 for s in stride) or any(d < 1 for d in dilation): raise ValueError(f"conv stride {stride} and dilation {dilation} must be >= 1")
+    if any(s < 1 for s in stride) or any(d < 1 for d in dilation): raise TensorError(f"conv stride {stride} and dilation {dilation} must be >= 1")
     if isinstance(padding, str):
-      if padding not in ("same", "valid"): raise ValueError(f"conv padding string must be 'same' or 'valid', got {padding!r}")
-      if padding == "same" and any(s != 1 for s in stride): raise ValueError(f"conv padding='same' needs stride 1, got {stride}")
+      if padding not in ("same", "valid"): raise TensorError(f"conv padding string must be 'same' or 'valid', got {padding!r}")
+      if padding == "same" and any(s != 1 for s in stride): raise TensorError(f"conv padding='same' needs stride 1, got {stride}")
       tot = [d * (k - 1) if padding == "same" else 0 for k, d in zip(ks, dilation)]
       pads = [(t // 2, t - t // 2) for t in tot]
     else: pads = _resolve_pads(padding, nd)
@@ -334,14 +359,14 @@ class NnMixin:
     nd = weight.ndim - 2
     if nd < 1 or x.ndim != weight.ndim:
       raise RuntimeError(f"conv_transpose: weight {weight.shape} and input {x.shape} need the same number (>=3) of dims")
-    if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv groups must be a positive int, got {groups!r}")
+    if not isinstance(groups, int) or groups < 1: raise TensorError(f"conv groups must be a positive int, got {groups!r}")
     cin, rc, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
     if x.shape[1] != cin: raise RuntimeError(f"conv_transpose: input {x.shape} has {x.shape[1]} channels, weight {weight.shape} expects {cin}")
     if cin % groups: raise RuntimeError(f"conv_transpose: in channels {cin} of weight {weight.shape} not divisible by groups={groups}")
     stride, dilation, opad = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation"), _tuple(output_padding, nd, "output_padding")
-    if any(s < 1 for s in stride) or any(d < 1 for d in dilation): raise ValueError(f"conv stride {stride} and dilation {dilation} must be >= 1")
+    if any(s < 1 for s in stride) or any(d < 1 for d in dilation): raise TensorError(f"conv stride {stride} and dilation {dilation} must be >= 1")
     if any(not 0 <= op < max(s, d) for op, s, d in zip(opad, stride, dilation)):
-      raise ValueError(f"output_padding {opad} must be smaller than stride {stride} or dilation {dilation}")
+      raise TensorError(f"output_padding {opad} must be smaller than stride {stride} or dilation {dilation}")
     w = weight.reshape(groups, cin // groups, rc, *ks).permute(0, 2, 1, *range(3, 3 + nd)).flip(*range(3, 3 + nd))
     w = w.reshape(groups * rc, cin // groups, *ks)
     if any(s > 1 for s in stride):  # insert s-1 zeros between input elements
@@ -361,10 +386,10 @@ class NnMixin:
     s = k if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) else _tuple(stride, nd, "stride")
     d, pads = _tuple(dilation, nd, "dilation"), _resolve_pads(padding, nd)
     if x.ndim < nd: raise RuntimeError(f"{name}: kernel {k} needs an input of at least {nd} dims, got shape {x.shape}")
-    if any(v < 1 for v in k + s + d): raise ValueError(f"{name}: kernel_size {k}, stride {s} and dilation {d} must be >= 1")
+    if any(v < 1 for v in k + s + d): raise TensorError(f"{name}: kernel_size {k}, stride {s} and dilation {d} must be >= 1")
     eff = [dd * (kk - 1) + 1 for kk, dd in zip(k, d)]
     if any(p < 0 or 2 * p > e for pp, e in zip(pads, eff) for p in pp):
-      raise ValueError(f"{name}: padding {padding} must be >= 0 and at most half the (dilated) kernel size {k}")
+      raise TensorError(f"{name}: padding {padding} must be >= 0 and at most half the (dilated) kernel size {k}")
     outs, extra = [], []
     for i, (pb, pa), e, ss in zip(x.shape[x.ndim - nd:], pads, eff, s):
       span = i + pb + pa - e
@@ -405,6 +430,20 @@ class NnMixin:
     first = -(hit.where(-idx, -big)).max(tuple(range(-nd, 0)))  # smallest index among the maxima
     return out, first
 
+  def max_unpool2d(self, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, output_size=None) -> Tensor:
+    """The inverse of max_pool2d(return_indices=True): each value goes to its index in the flattened output plane,
+    zeros elsewhere. output_size defaults to (in - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1 per dim."""
+    x: Tensor = self  # type: ignore[assignment]
+    k = _tuple(kernel_size, 2, "kernel_size")
+    s, d, p = _tuple(k if stride is None else stride, 2, "stride"), _tuple(dilation, 2, "dilation"), _tuple(padding, 2, "padding")
+    if x.ndim < 2 or indices.shape != x.shape: raise TensorError(f"max_unpool2d: indices {indices.shape} must match input {x.shape} (>= 2 dims)")
+    if output_size is None: out = tuple((i - 1) * ss - 2 * pp + dd * (kk - 1) + 1 for i, kk, ss, dd, pp in zip(x.shape[-2:], k, s, d, p))
+    else: out = tuple(output_size)[-2:]
+    n_in, n_out = x.shape[-2] * x.shape[-1], out[0] * out[1]
+    hit = indices.reshape(*x.shape[:-2], n_in, 1) == _arange(n_out, x.device, indices.dtype).reshape(1, n_out)
+    ret = hit.where(x.reshape(*x.shape[:-2], n_in, 1), 0).sum(-2, dtype=x.dtype)
+    return ret.reshape(*x.shape[:-2], *out)
+
   # ***** attention *****
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
                                    is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
@@ -434,7 +473,7 @@ class NnMixin:
 
   def dropout(self, p: float = 0.5) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p) when Tensor.training; identity otherwise."""
-    if not 0.0 <= p <= 1.0: raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not 0.0 <= p <= 1.0: raise TensorError(f"dropout probability must be in [0, 1], got {p}")
     x: Tensor = self  # type: ignore[assignment]
     T = type(x)
     if not T.training or p == 0: return x
@@ -447,8 +486,11 @@ class NnMixin:
     """int32 tensor with a trailing axis of `num_classes` (-1: max+1, which realizes self) holding 1 at each index."""
     x: Tensor = self  # type: ignore[assignment]
     if not dtypes.is_int(x.dtype): raise TypeError(f"one_hot needs an integer tensor, got {x.dtype}")
-    if num_classes == -1: num_classes = int(x.max().item()) + 1 if x.numel() else 0
-    if not isinstance(num_classes, int) or num_classes < 0: raise ValueError(f"one_hot num_classes must be a non-negative int, got {num_classes!r}")
+    if num_classes == -1:  # inferred from the data, which is read anyway: check it too (torch raises for negatives)
+      lo, hi = (int(v) for v in x.min().cast(dtypes.int64).stack(x.max().cast(dtypes.int64)).numpy()) if x.numel() else (0, -1)
+      if lo < 0: raise TensorError(f"one_hot: class values must be non-negative, got {lo}")
+      num_classes = hi + 1
+    if not isinstance(num_classes, int) or num_classes < 0: raise TensorError(f"one_hot num_classes must be a non-negative int, got {num_classes!r}")
     return (x.reshape(*x.shape, 1) == _arange(num_classes, x.device, x.dtype)).where(1, 0)
 
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
@@ -459,10 +501,10 @@ class NnMixin:
     cax = 1 if x.ndim > 1 else 0
     C = x.shape[cax]
     if Y.ndim == x.ndim - 1:
-      if tuple(Y.shape) != tuple(x.shape[:cax] + x.shape[cax + 1:]): raise ValueError(f"cross_entropy: target {Y.shape} doesn't fit input {x.shape}")
+      if tuple(Y.shape) != tuple(x.shape[:cax] + x.shape[cax + 1:]): raise TensorError(f"cross_entropy: target {Y.shape} doesn't fit input {x.shape}")
       Y = Y.one_hot(C)
       Y = Y.permute(*range(cax), Y.ndim - 1, *range(cax, Y.ndim - 1)) if cax else Y
-    elif tuple(Y.shape) != tuple(x.shape): raise ValueError(f"cross_entropy: target {Y.shape} must be class indices or match input {x.shape}")
+    elif tuple(Y.shape) != tuple(x.shape): raise TensorError(f"cross_entropy: target {Y.shape} must be class indices or match input {x.shape}")
     Y = Y.cast(least_upper_float(x.dtype)) * (1 - label_smoothing) + label_smoothing / C
     return _reduction(-(x.log_softmax(cax) * Y).sum(cax), reduction)
 
@@ -471,7 +513,7 @@ class NnMixin:
     ignore_index contribute nothing, and "mean" divides by the number of other labels."""
     x: Tensor = self  # type: ignore[assignment]
     _check_smoothing(label_smoothing)
-    if tuple(Y.shape) != tuple(x.shape[:-1]): raise ValueError(f"sparse_categorical_crossentropy: labels {Y.shape} should have shape {x.shape[:-1]}")
+    if tuple(Y.shape) != tuple(x.shape[:-1]): raise TensorError(f"sparse_categorical_crossentropy: labels {Y.shape} should have shape {x.shape[:-1]}")
     logp = x.log_softmax(-1)
     keep = Y != ignore_index
     y = Y.one_hot(x.shape[-1]) * keep.reshape(*Y.shape, 1)
@@ -479,6 +521,22 @@ class NnMixin:
     smooth = -logp.mean(-1) * keep
     loss = (1 - label_smoothing) * nll + label_smoothing * smooth
     return _reduction(loss, reduction, keep.sum() if reduction == "mean" else None)
+
+  def nll_loss(self, Y: Tensor, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """torch's nll_loss: self holds log-probabilities with classes on axis 1 (axis 0 for 1-D), Y the class indices.
+    "mean" divides by the summed weights of the targets that aren't ignore_index."""
+    x: Tensor = self  # type: ignore[assignment]
+    cax = 1 if x.ndim > 1 else 0
+    want = x.shape[:cax] + x.shape[cax + 1:]
+    if tuple(Y.shape) != want: raise TensorError(f"nll_loss: target shape {Y.shape} must be {want} for input {x.shape}")
+    n = x.shape[cax]
+    xm = x.permute(*[i for i in range(x.ndim) if i != cax], cax)
+    hit = Y.reshape(*Y.shape, 1) == _arange(n, x.device, Y.dtype)
+    w = hit.where(1.0, 0.0).cast(xm.dtype) if weight is None else hit.where(weight.cast(xm.dtype), 0.0)
+    w = (Y != ignore_index).reshape(*Y.shape, 1).where(w, 0.0)
+    loss = -(w * xm).sum(-1)
+    if reduction == "mean": return loss.sum() / w.sum()
+    return _reduction(loss, reduction)
 
   def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
     """-(y log p + (1-y) log(1-p)) with the logs clamped at -100 like torch."""
@@ -499,11 +557,11 @@ class NnMixin:
     x: Tensor = self  # type: ignore[assignment]
     size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
     if not size or len(size) > x.ndim or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size):
-      raise ValueError(f"interpolate size {size} must be 1..{x.ndim} positive ints for input {x.shape}")
+      raise TensorError(f"interpolate size {size} must be 1..{x.ndim} positive ints for input {x.shape}")
     need = {"bilinear": 2, "trilinear": 3}.get(mode)
-    if need is not None and len(size) != need: raise ValueError(f"interpolate mode {mode!r} needs {need} sizes, got {size}")
-    if mode not in ("linear", "bilinear", "trilinear", "nearest", "nearest-exact"): raise ValueError(f"interpolate: unknown mode {mode!r}")
-    if align_corners and mode.startswith("nearest"): raise ValueError("align_corners only applies to linear modes")
+    if need is not None and len(size) != need: raise TensorError(f"interpolate mode {mode!r} needs {need} sizes, got {size}")
+    if mode not in ("linear", "bilinear", "trilinear", "nearest", "nearest-exact"): raise TensorError(f"interpolate: unknown mode {mode!r}")
+    if align_corners and mode.startswith("nearest"): raise TensorError("align_corners only applies to linear modes")
     out_dt = x.dtype if mode.startswith("nearest") else least_upper_float(x.dtype)
     res = x
     for ax, n_out in zip(range(x.ndim - len(size), x.ndim), size):
@@ -530,4 +588,5 @@ class NnMixin:
       inv = [0] * res.ndim
       for i, p in enumerate(perm): inv[p] = i
       res = y.permute(*inv)
+    if dtypes.is_int(x.dtype) and not mode.startswith("nearest"): return res.round().clip(dtypes.min(x.dtype), dtypes.max(x.dtype)).cast(x.dtype)
     return res.cast(out_dt)

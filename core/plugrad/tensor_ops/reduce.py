@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from plugrad.tensor_ops import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float, sum_acc_dtype
 
 if TYPE_CHECKING:
@@ -72,6 +73,25 @@ def _scan(x: Tensor, op: str) -> Tensor:
   return out.shrink(tuple((0, s) for s in lead) + ((0, n),))
 
 
+def _last_hit(x: Tensor, values: Tensor, axis: int) -> Tensor:
+  """For a running max/min: the index of the last element (up to each position) equal to the running value. The last
+  position where x equals its own running value is where it was last reached, since the running value only changes there."""
+  ax = x._axis(axis) if x.ndim else 0
+  if x.ndim == 0: return x._const_like(0, dtypes.int32)
+  n = x.shape[ax]
+  pos = type(x).arange(n, device=x.device).reshape(tuple(n if i == ax else 1 for i in range(x.ndim)))
+  same = x == values
+  if dtypes.is_float(x.dtype): same = same.logical_or(x.isnan())
+  return same.where(pos._expand_to(x.shape), -1)._cum("max", ax)
+
+
+def _sorts_before(b: Tensor, a: Tensor, descending: bool) -> Tensor:
+  """b strictly before a in the order (nan is the largest value)."""
+  if descending: b, a = a, b
+  lt = b < a
+  return lt.logical_or(a.isnan().logical_and(b.isnan().logical_not())) if dtypes.is_float(a.dtype) else lt
+
+
 class ReduceMixin:
   __slots__ = ()
 
@@ -80,7 +100,7 @@ class ReduceMixin:
     if axis is None: return tuple(range(self.ndim))
     raw = (axis,) if isinstance(axis, int) else tuple(axis)
     axes = [self._axis(a) for a in raw]
-    if len(set(axes)) != len(axes): raise ValueError(f"duplicate value in axis {tuple(raw)} for shape {self.shape}")
+    if len(set(axes)) != len(axes): raise TensorError(f"duplicate value in axis {tuple(raw)} for shape {self.shape}")
     return tuple(sorted(axes)) if self.ndim else ()  # a 0-d tensor accepts axis 0/-1 (torch) and reduces nothing
 
   def _red_count(self: Any, axes: tuple[int, ...]) -> int:
@@ -123,7 +143,10 @@ class ReduceMixin:
     return (d * d).sum(axes, keepdim) / max(0, self._red_count(axes) - correction)
 
   def std(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int | float = 1) -> Tensor:
-    return self.var(axis, keepdim, correction).sqrt()
+    """sqrt(var); where var is 0 the gradient is 0 (as torch), not 0 * inf = nan."""
+    v = self.var(axis, keepdim, correction)
+    zero = v == 0
+    return zero.where(0.0, zero.where(1.0, v).sqrt())
 
   def var_mean(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int | float = 1) -> tuple[Tensor, Tensor]:
     return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
@@ -150,7 +173,7 @@ class ReduceMixin:
     ax = self._axis(axis)
     x = self.reshape(1) if self.ndim == 0 else self
     n = x.shape[ax]
-    if n == 0: raise ValueError(f"argmax/argmin of an empty axis {axis} of shape {self.shape}")
+    if n == 0: raise TensorError(f"argmax/argmin of an empty axis {axis} of shape {self.shape}")
     if x.dtype == dtypes.bool: x = x.cast(dtypes.uint8)
     shape = tuple(n if i == ax else 1 for i in range(x.ndim))
     rev = (n - type(self).arange(n, device=x.device)).reshape(shape)  # reduce-free arange: fuses into the final kernel
@@ -188,14 +211,54 @@ class ReduceMixin:
     x = self.cast(dtypes.int32) if self.dtype == dtypes.bool else self
     return x._cum("mul", axis)
 
-  def cummax(self: Any, axis: int = 0) -> Tensor:
-    """Running maximum along `axis` (values only, like tinygrad)."""
-    return self._cum("max", axis)
+  def cummax(self: Any, axis: int = 0) -> tuple[Tensor, Tensor]:
+    """(running maximum, int32 index where it was last reached) along `axis`, as torch.cummax."""
+    values = self._cum("max", axis)
+    return values, _last_hit(self, values, axis)
 
-  def cummin(self: Any, axis: int = 0) -> Tensor:
-    """Running minimum along `axis` (values only)."""
-    if dtypes.is_float(self.dtype): return -((-self)._cum("max", axis))
-    return self.bitwise_not()._cum("max", axis).bitwise_not()
+  def cummin(self: Any, axis: int = 0) -> tuple[Tensor, Tensor]:
+    """(running minimum, int32 index where it was last reached) along `axis`, as torch.cummin."""
+    if dtypes.is_float(self.dtype): values = -((-self)._cum("max", axis))
+    elif self.dtype == dtypes.bool: values = self.logical_not()._cum("max", axis).logical_not()
+    else: values = self.bitwise_not()._cum("max", axis).bitwise_not()
+    return values, _last_hit(self, values, axis)
+
+  # ***** sorting *****
+  def sort(self: Any, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+    """(sorted values, int32 indices) along `dim`, stable (equal values keep their order), nan sorted as the largest
+    value, as torch.sort(stable=True). Each element's rank is counted against the others: O(n**2) work per row, in
+    fused kernels."""
+    if self.ndim == 0: return self, self._const_like(0, dtypes.int32)
+    d = self._axis(dim)
+    n = self.shape[d]
+    if n == 0: return self, self.cast(dtypes.int32)
+    x = self.transpose(d, -1) if d != self.ndim - 1 else self
+    a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # a[..., i, 1], b[..., 1, j]
+    before = _sorts_before(b, a, descending)  # element j goes before element i
+    pos = type(self).arange(n, device=self.device)
+    tie = (a == b).logical_or(a.isnan().logical_and(b.isnan()) if dtypes.is_float(self.dtype) else False)
+    earlier = tie.logical_and(pos.reshape(1, n) < pos.reshape(n, 1))
+    rank = before.logical_or(earlier).cast(dtypes.int32).sum(-1)  # [..., i]: where element i lands
+    hit = rank.unsqueeze(-1) == pos  # [..., i, r]
+    values = hit.where(x.unsqueeze(-1), 0).sum(-2, dtype=x.dtype) if x.dtype != dtypes.bool else hit.where(x.unsqueeze(-1), False).max(-2)
+    indices = hit.where(pos.reshape(n, 1), 0).sum(-2, dtype=dtypes.int32)
+    if d != self.ndim - 1: values, indices = values.transpose(d, -1), indices.transpose(d, -1)
+    return values, indices
+
+  def argsort(self: Any, dim: int = -1, descending: bool = False) -> Tensor:
+    """int32 indices that sort `dim` (stable)."""
+    return self.sort(dim, descending)[1]
+
+  def topk(self: Any, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> tuple[Tensor, Tensor]:
+    """(the k largest (or smallest) values along `dim`, their int32 indices), in sorted order."""
+    d = self._axis(dim) if self.ndim else 0
+    n = self.shape[d] if self.ndim else 1
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= n:
+      raise TensorError(f"topk: k={k!r} must be in [0, {n}] for shape {self.shape}")
+    values, indices = self.sort(dim, descending=largest)
+    if self.ndim == 0: return values, indices
+    sl = tuple((0, k) if i == d else None for i in range(self.ndim))
+    return values.shrink(sl), indices.shrink(sl)
 
   def logcumsumexp(self: Any, axis: int = 0) -> Tensor:
     """log(cumsum(exp(x))) along `axis`, stable: every prefix is shifted by its own maximum."""

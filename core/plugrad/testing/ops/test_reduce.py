@@ -127,8 +127,9 @@ def test_empty_reductions():
     with pytest.raises(RuntimeError, match="empty"): fn()
   for fn in (lambda: t.argmax(0), lambda: t.argmin(), lambda: t.argmax()):
     with pytest.raises(ValueError, match="empty"): fn()
-  for name in ("cumsum", "cumprod", "cummax", "logcumsumexp"):
+  for name in ("cumsum", "cumprod", "logcumsumexp"):
     assert getattr(t, name)(0).shape == (0, 3) and getattr(t, name)(1).numpy().shape == (0, 3)
+  assert t.cummax(0)[0].shape == (0, 3) and t.cummax(1)[1].numpy().shape == (0, 3)
 
 
 def test_axis_errors():
@@ -147,8 +148,8 @@ def test_cumulative(shape, axis):
   t = Tensor(x)
   assert_close(t.cumsum(axis).numpy(), np.cumsum(x, axis), atol=1e-4, rtol=1e-5)
   assert_close(t.cumprod(axis).numpy(), np.cumprod(x, axis, dtype=np.float64).astype(np.float32), atol=1e-6, rtol=1e-4)
-  assert_close(t.cummax(axis).numpy(), np.maximum.accumulate(x, axis))
-  assert_close(t.cummin(axis).numpy(), np.minimum.accumulate(x, axis))
+  assert_close(t.cummax(axis)[0].numpy(), np.maximum.accumulate(x, axis))
+  assert_close(t.cummin(axis)[0].numpy(), np.minimum.accumulate(x, axis))
   assert_close(t.logcumsumexp(axis).numpy(), np.logaddexp.accumulate(x.astype(np.float64), axis).astype(np.float32), rtol=1e-5)
 
 
@@ -156,16 +157,16 @@ def test_cumulative_ints_and_edges():
   i = rand_np((4, 6), dtypes.int32, -9, 9, seed=4)
   assert_close(Tensor(i).cumsum(1).numpy(), i.cumsum(1).astype(np.int32))
   assert_close(Tensor(i).cumprod(0).numpy(), i.cumprod(0).astype(np.int32))
-  assert_close(Tensor(i).cummax(1).numpy(), np.maximum.accumulate(i, 1))
-  assert_close(Tensor(i).cummin(0).numpy(), np.minimum.accumulate(i, 0))
+  assert_close(Tensor(i).cummax(1)[0].numpy(), np.maximum.accumulate(i, 1))
+  assert_close(Tensor(i).cummin(0)[0].numpy(), np.minimum.accumulate(i, 0))
   b = rand_np((9,), dtypes.bool, seed=5)
   assert_close(Tensor(b).cumsum().numpy(), b.cumsum().astype(np.int32))
-  assert_close(Tensor(b).cummax().numpy(), np.maximum.accumulate(b))
+  assert_close(Tensor(b).cummax()[0].numpy(), np.maximum.accumulate(b))
   x = np.array([-1000.0, 0.0, -np.inf, 1000.0, -1000.0], np.float32)
   with np.errstate(all="ignore"): assert_close(Tensor(x).logcumsumexp().numpy(), np.logaddexp.accumulate(x))
   y = np.array([1.0, np.inf, 2.0, -np.inf], np.float32)
   with np.errstate(all="ignore"): assert_close(Tensor(y).cumsum().numpy(), np.cumsum(y))
-  assert_close(Tensor(y).cummax().numpy(), np.maximum.accumulate(y))
+  assert_close(Tensor(y).cummax()[0].numpy(), np.maximum.accumulate(y))
 
 
 def test_cumsum_long_axis_fast():
@@ -211,7 +212,7 @@ def _fuzz_step(draw, t, a):
   ax = draw(st.integers(-a.ndim, a.ndim - 1))
   keep = draw(st.booleans())
   if name == "cumsum": return t.cumsum(ax), np.cumsum(a, ax)
-  if name == "cummax": return t.cummax(ax), np.maximum.accumulate(a, ax)
+  if name == "cummax": return t.cummax(ax)[0], np.maximum.accumulate(a, ax)
   if name == "argmax": return t.argmax(ax, keep).float(), np.argmax(a, ax, keepdims=keep).astype(np.float32)
   if name == "logsumexp":
     return t.logsumexp(ax, keep), np.log(np.exp(a.astype(np.float64)).sum(ax, keepdims=keep)).astype(np.float32)
