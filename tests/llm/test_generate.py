@@ -119,3 +119,9 @@ def test_cli_dense_prefill_flag(tiny_gguf, capsys):
   assert main(["-m", tiny_gguf, "--prompt", "hello the world", "--max_tokens", "3", "--max_context", "40", "--dense_prefill_mb", "0"]) == 0
   with pytest.raises(SystemExit): main(["-m", tiny_gguf, "--dense_prefill_mb", "-1"])
   assert "--dense_prefill_mb must be >= 0" in capsys.readouterr().err
+
+
+def test_negative_seed_is_a_value_error():
+  # numpy's default_rng(-1) raises its own ValueError deep in generation; the check names the field first
+  with pytest.raises(ValueError, match="seed must be a non-negative integer"): SamplingParams(seed=-1).check()
+  assert SamplingParams(seed=2**64 - 1).check().seed == 2**64 - 1

@@ -46,8 +46,8 @@ class SamplingParams:
       raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
     if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-    if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-      raise ValueError(f"seed must be an integer, got {self.seed!r}")
+    if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+      raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
     if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
       raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
     return self
@@ -197,17 +197,33 @@ class LLM:
     try: return self.tok.decode([tid], skip_special=False)
     except Exception: return ""
 
-  def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+  def _check_length(self, text: str, max_context: int | None) -> None:
+    """Refuse a prompt that can't fit before tokenizing it: a token covers at most `max_token_bytes` bytes."""
+    if max_context is None: return
+    per = self.tok.max_token_bytes
+    if len(text) * 4 // per >= max_context and (n := len(text.encode("utf-8", "replace"))) // per >= max_context:
+      raise ContextLengthExceeded(f"this model's maximum context length is {max_context} tokens, but the prompt has at least "
+                                  f"{n // per} ({n} bytes of text)")
+
+  def chat_prompt(self, messages: list[dict[str, Any]], max_context: int | None = None) -> list[int]:
+    """The token ids of `messages` under the chat template (a prompt that can't fit in `max_context` is refused early)."""
     from plugrad.apps.llm.chat import render_chat
     eos = next(iter(sorted(self.tok.eos_ids)), None)
     bos = self._special(self.tok.bos_id)
     text = render_chat(self.template, messages, add_generation_prompt=True, bos_token=bos, eos_token=self._special(eos))
+    self._check_length(text, max_context)
     add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None and not (bos and text.startswith(bos))
     return self.tok.encode(text, add_bos=add_bos, parse_special=True)
 
-  def completion_prompt(self, prompt: str) -> list[int]:
+  def completion_prompt(self, prompt: str, max_context: int | None = None) -> list[int]:
+    self._check_length(prompt, max_context)
     add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None
     return self.tok.encode(prompt, add_bos=add_bos, parse_special=False)
+
+  def backend(self, parallel: int = 1) -> Any:
+    """What the serving engine generates with: `parallel` KV-cache slots."""
+    if parallel < 1: raise ValueError(f"parallel must be >= 1, got {parallel}")
+    return SingleSlot(self.gen)
 
   def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:
     """Text pieces of the answer to `prompt_ids`; sets finish_reason and last_usage when done (or when the
@@ -223,3 +239,15 @@ class LLM:
         return
     if (piece := stop.feed(dec.flush()) + stop.flush()): yield piece
     self.finish_reason = "stop" if stop.stopped else self.gen.finish_reason
+
+
+class SingleSlot:
+  """The engine's backend over one `Generator` (one KV cache): `prefill(0, tokens, start)` and `decode({0: (token, pos)})`."""
+  slots = 1
+
+  def __init__(self, gen: Generator): self.gen, self.max_context = gen, gen.max_context
+
+  def prefill(self, slot: int, tokens: Sequence[int], start: int) -> np.ndarray: return self.gen.forward(tokens, start)
+
+  def decode(self, steps: dict[int, tuple[int, int]]) -> dict[int, np.ndarray]:
+    return {s: self.gen.forward([tok], pos) for s, (tok, pos) in steps.items()}

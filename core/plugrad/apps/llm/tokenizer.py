@@ -191,6 +191,11 @@ class Tokenizer:
 
   def token_to_id(self, s: str) -> int | None: return self.vocab.get(s)
 
+  @functools.cached_property
+  def max_token_bytes(self) -> int:
+    """The most UTF-8 bytes of text one token stands for (a text of n bytes has at least n / this many tokens)."""
+    return max(4, max(len(self.piece_bytes(i)) for i in range(self.vocab_size)), max((len(t.encode()) for t in self.special_tokens), default=1))
+
   # -------------------------------------------------------------------------- encoding
 
   def encode(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
