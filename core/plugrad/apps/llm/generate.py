@@ -9,6 +9,7 @@ the cache from the first difference.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -177,14 +178,25 @@ class StopMatcher:
     return out
 
 
+def literal_markers(texts: Sequence[str]) -> tuple[str, str]:
+  """Two Unicode noncharacters (U+FDD0..U+FDEF, never meaningful in text) that occur in none of `texts`."""
+  free = [c for c in map(chr, range(0xFDD0, 0xFDF0)) if not any(c in t for t in texts)]
+  if len(free) < 2: raise ValueError("the messages use every Unicode noncharacter U+FDD0..U+FDEF; remove some")
+  return free[0], free[1]
+
+
 class LLM:
   """A model with its tokenizer and chat template: text in, streamed text out."""
 
   def __init__(self, model: Transformer, tokenizer: Any, chat_template: str | None = None, name: str = "model"):
     self.model, self.tok, self.template, self.name = model, tokenizer, chat_template, name
-    self.gen = Generator(model)
     self.last_usage = {"prompt_tokens": 0, "completion_tokens": 0}
     self.finish_reason: str | None = None
+
+  @functools.cached_property
+  def gen(self) -> Generator:
+    """The single-sequence generator (REPL, --prompt, --benchmark); built on first use."""
+    return Generator(self.model)
 
   @staticmethod
   def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 1024) -> LLM:
@@ -207,13 +219,17 @@ class LLM:
 
   def chat_prompt(self, messages: list[dict[str, Any]], max_context: int | None = None) -> list[int]:
     """The token ids of `messages` under the chat template (a prompt that can't fit in `max_context` is refused early)."""
-    from plugrad.apps.llm.chat import render_chat
+    from plugrad.apps.llm.chat import render_chat, validate_messages
     eos = next(iter(sorted(self.tok.eos_ids)), None)
     bos = self._special(self.tok.bos_id)
-    text = render_chat(self.template, messages, add_generation_prompt=True, bos_token=bos, eos_token=self._special(eos))
+    msgs = validate_messages(messages)
+    marks = literal_markers([m["content"] for m in msgs] + [self.template or ""])
+    rx = self.tok.control_rx   # control tokens typed in a message are text: fenced by the markers through the template
+    if rx is not None: msgs = [{**m, "content": rx.sub(lambda t: marks[0] + t.group() + marks[1], m["content"])} for m in msgs]
+    text = render_chat(self.template, msgs, add_generation_prompt=True, bos_token=bos, eos_token=self._special(eos))
     self._check_length(text, max_context)
     add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None and not (bos and text.startswith(bos))
-    return self.tok.encode(text, add_bos=add_bos, parse_special=True)
+    return self.tok.encode(text, add_bos=add_bos, parse_special=True, literal=marks)
 
   def completion_prompt(self, prompt: str, max_context: int | None = None) -> list[int]:
     self._check_length(prompt, max_context)
