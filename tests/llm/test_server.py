@@ -281,13 +281,15 @@ def test_env_key_and_graceful_shutdown(tiny_gguf):
               str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     while b"data: " not in got: got += s.recv(4096)
-    idle = socket.create_connection(("127.0.0.1", port), timeout=30)   # ...and an idle keep-alive connection
+    idle = socket.create_connection(("127.0.0.1", port), timeout=30)   # ...an idle connection...
+    slow = socket.create_connection(("127.0.0.1", port), timeout=30)   # ...and a body that never ends (cut after 0.5 s)
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-env\r\nContent-Length: 100\r\n\r\n{")
+    time.sleep(0.1)
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
     proc.wait(10)
     assert time.perf_counter() - t0 < 1.0 and proc.returncode is not None
-    s.close()
-    idle.close()
+    for c in (s, idle, slow): c.close()
   finally:
     if proc.poll() is None: proc.kill()
 

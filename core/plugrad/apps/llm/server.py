@@ -314,7 +314,8 @@ def serve(llm: LLM, host: str = "127.0.0.1", port: int = 11434, api_key: str | N
   engine = Engine(llm.backend(parallel), llm.tok, prefill_chunk=prefill_chunk)
   app = build_app(Server(llm, engine, api_key))
   config = uvicorn.Config(app, host=host, port=port, http=Protocol, lifespan="off", log_level="warning", access_log=False,
-                          timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=1, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                          timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=0.5,  # type: ignore[arg-type]  # a float works: asyncio.wait_for
+                          h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                           server_header=False)
   server = _Uvicorn(config, engine)
   print(f"serving {llm.name} on http://{host}:{port}/v1 ({engine.backend.slots} slots; OpenAI-compatible; Ctrl-C stops)", flush=True)
