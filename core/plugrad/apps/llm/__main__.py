@@ -51,7 +51,8 @@ def load(args: argparse.Namespace) -> tuple[LLM, str, float]:
     from tqdm import tqdm
     def progress(xs: Any) -> Any: return tqdm(xs, desc=f"loading {name}", unit="tensor", leave=False, file=sys.stderr)
   except ImportError: progress = None
-  llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name, dense_prefill_mb=args.dense_prefill_mb)
+  llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name, dense_prefill_mb=args.dense_prefill_mb,
+                 batch=args.parallel if args.serve is not None else 1)
   return llm, path, time.perf_counter() - t0
 
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   if args.serve is not None:
     from plugrad.apps.llm.server import serve
-    serve(llm, args.host, args.serve, args.api_key, parallel=args.parallel, prefill_chunk=args.prefill_chunk,
+    serve(llm, args.host, args.serve, args.api_key, prefill_chunk=args.prefill_chunk,
           request_timeout=args.request_timeout)
     return 0
   p = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)

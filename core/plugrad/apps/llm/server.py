@@ -307,11 +307,11 @@ def resolve_api_key(key: str | None, key_file: str | None) -> str | None:
   return os.environ.get("PLUGRAD_API_KEY") or None
 
 
-def serve(llm: LLM, host: str = "127.0.0.1", port: int = 11434, api_key: str | None = None, parallel: int = 4,
+def serve(llm: LLM, host: str = "127.0.0.1", port: int = 11434, api_key: str | None = None,
           prefill_chunk: int = 128, request_timeout: float = HEAD_TIMEOUT, ready: Callable[[Any], None] | None = None) -> None:
   global HEAD_TIMEOUT, BODY_TIMEOUT
   HEAD_TIMEOUT, BODY_TIMEOUT = request_timeout, 3 * request_timeout
-  engine = Engine(llm.backend(parallel), llm.tok, prefill_chunk=prefill_chunk)
+  engine = Engine(llm.backend(), llm.tok, prefill_chunk=prefill_chunk)
   app = build_app(Server(llm, engine, api_key))
   config = uvicorn.Config(app, host=host, port=port, http=Protocol, lifespan="off", log_level="warning", access_log=False,
                           timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=0.5,  # type: ignore[arg-type]  # a float works: asyncio.wait_for
