@@ -367,8 +367,8 @@ class Transformer:
     """Logits (B, vocab) of one new token per batch row, row b at position positions[b] of its own cache row (see
     `Block.attention_slots`): the batched decode step of continuous batching."""
     for layer in self.layers: x = layer.slots_step(x, positions, cos, sin, keys_len, mask)
-    h = rms_norm(x.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps)
-    return linear(h, _t(self.output)).cast(dtypes.float32)
+    h = rms_norm(x, _t(self.norm), self.cfg.norm_eps)   # (B, 1, dim): one token per row, so the output layer reads the quantized table
+    return linear(h, _t(self.output)).cast(dtypes.float32).reshape(x.shape[0], -1)
 
   def reference_logits(self, tokens: list[int]) -> np.ndarray:
     """All positions' logits (T, vocab) of `tokens` from position 0, without touching the KV cache: plain concrete
