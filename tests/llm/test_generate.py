@@ -125,3 +125,11 @@ def test_negative_seed_is_a_value_error():
   # numpy's default_rng(-1) raises its own ValueError deep in generation; the check names the field first
   with pytest.raises(ValueError, match="seed must be a non-negative integer"): SamplingParams(seed=-1).check()
   assert SamplingParams(seed=2**64 - 1).check().seed == 2**64 - 1
+
+
+def test_tiny_temperature_is_greedy_not_nan():
+  # found by the server fuzzer: logits / 5e-324 overflow to inf and the softmax became NaN (a 500)
+  logits = np.array([0.5, 3.0, -1.0, 2.9])
+  for t in (5e-324, 1e-310):
+    assert sample(logits, temperature=t, rng=np.random.default_rng(0)) == 1
+  assert sample(logits, temperature=1e-3, top_p=5e-324, rng=np.random.default_rng(0)) == 1

@@ -348,3 +348,13 @@ def test_fuzz_request_bodies(server):
       assert 400 <= r.status < 500 and is_openai_error(json.loads(data), r.status), (r.status, data[:300], body[:300])
   check()
   assert seen.get(200, 0) > FUZZ_EXAMPLES // 10 and seen.get(400, 0) > FUZZ_EXAMPLES // 10, seen   # both sides were exercised
+
+
+def test_prefix_reuse_through_the_api(server):
+  c = client(server)
+  system = {"role": "system", "content": "the " * 8}
+  first = c.chat.completions.create(model="tiny", messages=[system, {"role": "user", "content": "hello"}], max_tokens=2, temperature=0)
+  second = c.chat.completions.create(model="tiny", messages=[system, {"role": "user", "content": "world"}], max_tokens=2, temperature=0)
+  cached = second.usage.prompt_tokens_details.cached_tokens
+  # all but the user turn ("hello<|im_end|>\n<|im_start|>assistant\n": at most 18 tokens of this byte-level vocabulary) was reused
+  assert first.usage.prompt_tokens > 30 and first.usage.prompt_tokens - 18 <= cached < first.usage.prompt_tokens

@@ -60,7 +60,8 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: 
   to the top_k largest and to the smallest set whose probability reaches top_p."""
   logits = np.asarray(logits, dtype=np.float64).reshape(-1)
   if temperature <= 0: return int(np.argmax(logits))
-  z = logits / temperature
+  with np.errstate(over="ignore"): z = logits / temperature
+  if not np.isfinite(z).all(): return int(np.argmax(logits))   # a temperature so small (5e-324) that it overflows: the limit is greedy
   if 0 < top_k < z.size: z = np.where(z < np.partition(z, -top_k)[-top_k], -np.inf, z)
   p = np.exp(z - z.max())
   p /= p.sum()
