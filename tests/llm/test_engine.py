@@ -120,11 +120,36 @@ def test_prefix_cache_prefills_only_new_tokens(engine):
 
 
 def test_shutdown_ends_running_and_waiting_jobs(llm):
+  forever = SamplingParams(max_tokens=50, temperature=1.0, seed=1, stop=["\x00never"])
   e = Engine(llm.backend(), llm.tok)
-  async def main():
-    jobs = [asyncio.ensure_future(collect(e, p, SamplingParams(max_tokens=50, temperature=1.0, seed=1, stop=["\x00never"]))) for p in PROMPTS]
-    await asyncio.sleep(0.3)
+  async def running():   # running ones end (however far they got), promptly
+    jobs = [asyncio.ensure_future(collect(e, p, forever)) for p in PROMPTS]
+    await asyncio.sleep(0.05)
     e.shutdown()
     return await asyncio.wait_for(asyncio.gather(*jobs), 5)
-  out = asyncio.run(main())
-  assert all(isinstance(f, Finished) for _, f, _ in out) and any(f.reason == "cancelled" for _, f, _ in out)
+  assert all(isinstance(f, Finished) for _, f, _ in asyncio.run(running()))
+  e = Engine(llm.backend(), llm.tok)
+  async def waiting():   # queued ones end "cancelled": submitted and stopped before the engine thread can take them
+    loop = asyncio.get_running_loop()
+    jobs = [Job(p, forever, loop) for p in PROMPTS]
+    with e.cond:
+      for j in jobs: e.submit(j)
+      e.stopping = True
+      e.cond.notify()
+    return [await asyncio.wait_for(j.out.get(), 5) for j in jobs]
+  out = asyncio.run(waiting())
+  e.shutdown()
+  assert [f.reason for f in out] == ["cancelled"] * len(PROMPTS)
+
+
+def test_a_job_whose_event_loop_closed_does_not_stop_the_engine(engine):
+  dead = asyncio.new_event_loop()
+  dead.close()
+  orphan = Job(PROMPTS[0], SamplingParams(max_tokens=30, temperature=1.0, seed=2, stop=["\x00never"]), dead)
+  engine.submit(orphan)   # its text can't be delivered: the engine drops it instead of dying
+  async def main(): return await collect(engine, PROMPTS[2], greedy(4))
+  text, fin, _ = asyncio.run(main())
+  assert fin.reason in ("stop", "length") and engine.thread.is_alive()
+  deadline = time.time() + 10
+  while not orphan.done and time.time() < deadline: time.sleep(0.01)
+  assert orphan.done and orphan.cancelled

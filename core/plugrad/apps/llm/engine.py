@@ -47,8 +47,9 @@ class Job:
     self.admitted = time.monotonic()
 
   def push(self, item: Any) -> None:
-    if self.loop is None: self.out.put_nowait(item)
-    else: self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+    if self.loop is None: return self.out.put_nowait(item)
+    try: self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+    except RuntimeError: self.cancelled = True   # its event loop is closed: nobody is listening any more
 
 
 class Slot:
