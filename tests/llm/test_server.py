@@ -136,6 +136,8 @@ def test_errors_are_openai_shaped(server):
   assert st == 413 and json.loads(body)["error"]["code"] == "request_too_large"
   (st, body), = responses(sock_request(server, b"BLAH /\x00 HTTP/9\r\n\r\n"))   # not HTTP at all: still a JSON error
   assert st == 400 and is_openai_error(json.loads(body), st)
+  (st, body), = responses(sock_request(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000))
+  assert st == 400 and is_openai_error(json.loads(body), st)   # an unfinished head already over 16 KB: refused at once
   st, body = raw(server, "GET", "/v1/models", key="wrong")
   assert st == 401 and body["error"]["code"] == "invalid_api_key"
   assert raw(server, "GET", "/health", key=None)[0] == 200
