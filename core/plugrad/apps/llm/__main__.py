@@ -28,11 +28,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--benchmark", nargs="?", const=64, type=int, metavar="N", help="measure prefill and N decode steps (default 64)")
   ap.add_argument("--serve", nargs="?", const=11434, type=int, metavar="PORT", help="OpenAI-compatible server (default port 11434)")
   ap.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default 127.0.0.1)")
-  ap.add_argument("--api-key", default=os.environ.get("PLUGRAD_API_KEY"), help="require this Bearer token (--serve)")
+  ap.add_argument("--api-key", default=None, help="require this Bearer token (--serve; visible in ps: prefer --api-key-file or PLUGRAD_API_KEY)")
+  ap.add_argument("--api-key-file", default=None, help="read the Bearer token from the first line of this file (--serve)")
+  ap.add_argument("--parallel", type=int, default=4, help="slots (requests generated together) with --serve (default 4)")
+  ap.add_argument("--request_timeout", type=float, default=10.0,
+                  help="seconds a client has to send a request's headers (3x that for its body) with --serve (default 10)")
+  ap.add_argument("--prefill_chunk", type=int, default=128, help="prompt tokens prefilled per engine step with --serve (default 128)")
   args = ap.parse_args(argv)
   if args.max_context < 8: ap.error(f"--max_context must be at least 8, got {args.max_context}")
   if args.benchmark is not None and args.benchmark < 1: ap.error("--benchmark N needs N >= 1")
   if args.dense_prefill_mb < 0: ap.error(f"--dense_prefill_mb must be >= 0, got {args.dense_prefill_mb}")
+  if not 1 <= args.parallel <= 64: ap.error(f"--parallel must be in [1, 64], got {args.parallel}")
+  if not args.request_timeout > 0: ap.error(f"--request_timeout must be > 0, got {args.request_timeout}")
+  if args.prefill_chunk < 1: ap.error(f"--prefill_chunk must be >= 1, got {args.prefill_chunk}")
   return args
 
 
@@ -43,7 +51,8 @@ def load(args: argparse.Namespace) -> tuple[LLM, str, float]:
     from tqdm import tqdm
     def progress(xs: Any) -> Any: return tqdm(xs, desc=f"loading {name}", unit="tensor", leave=False, file=sys.stderr)
   except ImportError: progress = None
-  llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name, dense_prefill_mb=args.dense_prefill_mb)
+  llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name, dense_prefill_mb=args.dense_prefill_mb,
+                 batch=args.parallel if args.serve is not None else 1)
   return llm, path, time.perf_counter() - t0
 
 
@@ -107,6 +116,12 @@ def answer(llm: LLM, messages: list[dict], p: SamplingParams) -> str:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  if args.serve is not None:
+    from plugrad.apps.llm.server import resolve_api_key
+    try: args.api_key = resolve_api_key(args.api_key, args.api_key_file)
+    except (OSError, ValueError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
   try: llm, path, load_s = load(args)
   except (FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -116,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   if args.serve is not None:
     from plugrad.apps.llm.server import serve
-    serve(llm, args.host, args.serve, args.api_key)
+    serve(llm, args.host, args.serve, args.api_key, prefill_chunk=args.prefill_chunk,
+          request_timeout=args.request_timeout)
     return 0
   p = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
   try: p.check()

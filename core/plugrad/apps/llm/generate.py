@@ -9,6 +9,7 @@ the cache from the first difference.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -46,8 +47,8 @@ class SamplingParams:
       raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
     if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-    if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-      raise ValueError(f"seed must be an integer, got {self.seed!r}")
+    if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+      raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
     if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
       raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
     return self
@@ -59,7 +60,8 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: 
   to the top_k largest and to the smallest set whose probability reaches top_p."""
   logits = np.asarray(logits, dtype=np.float64).reshape(-1)
   if temperature <= 0: return int(np.argmax(logits))
-  z = logits / temperature
+  with np.errstate(over="ignore"): z = logits / temperature
+  if not np.isfinite(z).all(): return int(np.argmax(logits))   # a temperature so small (5e-324) that it overflows: the limit is greedy
   if 0 < top_k < z.size: z = np.where(z < np.partition(z, -top_k)[-top_k], -np.inf, z)
   p = np.exp(z - z.max())
   p /= p.sum()
@@ -177,19 +179,31 @@ class StopMatcher:
     return out
 
 
+def literal_markers(texts: Sequence[str]) -> tuple[str, str]:
+  """Two Unicode noncharacters (U+FDD0..U+FDEF, never meaningful in text) that occur in none of `texts`."""
+  free = [c for c in map(chr, range(0xFDD0, 0xFDF0)) if not any(c in t for t in texts)]
+  if len(free) < 2: raise ValueError("the messages use every Unicode noncharacter U+FDD0..U+FDEF; remove some")
+  return free[0], free[1]
+
+
 class LLM:
   """A model with its tokenizer and chat template: text in, streamed text out."""
 
   def __init__(self, model: Transformer, tokenizer: Any, chat_template: str | None = None, name: str = "model"):
     self.model, self.tok, self.template, self.name = model, tokenizer, chat_template, name
-    self.gen = Generator(model)
     self.last_usage = {"prompt_tokens": 0, "completion_tokens": 0}
     self.finish_reason: str | None = None
 
+  @functools.cached_property
+  def gen(self) -> Generator:
+    """The single-sequence generator (REPL, --prompt, --benchmark); built on first use."""
+    return Generator(self.model)
+
   @staticmethod
-  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 1024) -> LLM:
+  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 1024, batch: int = 1) -> LLM:
+    """A GGUF model with its tokenizer and template; `batch` KV-cache rows (the server's slots)."""
     from plugrad.apps.llm.tokenizer import Tokenizer
-    model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress, dense_prefill_bytes=dense_prefill_mb << 20)
+    model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress, dense_prefill_bytes=dense_prefill_mb << 20, batch=batch)
     return LLM(model, Tokenizer.from_gguf_metadata(meta), meta.get("tokenizer.chat_template"), name)
 
   def _special(self, tid: int | None) -> str:
@@ -197,17 +211,36 @@ class LLM:
     try: return self.tok.decode([tid], skip_special=False)
     except Exception: return ""
 
-  def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-    from plugrad.apps.llm.chat import render_chat
+  def _check_length(self, text: str, max_context: int | None) -> None:
+    """Refuse a prompt that can't fit before tokenizing it: a token covers at most `max_token_bytes` bytes."""
+    if max_context is None: return
+    per = self.tok.max_token_bytes
+    if len(text) * 4 // per >= max_context and (n := len(text.encode("utf-8", "replace"))) // per >= max_context:
+      raise ContextLengthExceeded(f"this model's maximum context length is {max_context} tokens, but the prompt has at least "
+                                  f"{n // per} ({n} bytes of text)")
+
+  def chat_prompt(self, messages: list[dict[str, Any]], max_context: int | None = None) -> list[int]:
+    """The token ids of `messages` under the chat template (a prompt that can't fit in `max_context` is refused early)."""
+    from plugrad.apps.llm.chat import render_chat, validate_messages
     eos = next(iter(sorted(self.tok.eos_ids)), None)
     bos = self._special(self.tok.bos_id)
-    text = render_chat(self.template, messages, add_generation_prompt=True, bos_token=bos, eos_token=self._special(eos))
+    msgs = validate_messages(messages)
+    marks = literal_markers([m["content"] for m in msgs] + [self.template or ""])
+    rx = self.tok.control_rx   # control tokens typed in a message are text: fenced by the markers through the template
+    if rx is not None: msgs = [{**m, "content": rx.sub(lambda t: marks[0] + t.group() + marks[1], m["content"])} for m in msgs]
+    text = render_chat(self.template, msgs, add_generation_prompt=True, bos_token=bos, eos_token=self._special(eos))
+    self._check_length(text, max_context)
     add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None and not (bos and text.startswith(bos))
-    return self.tok.encode(text, add_bos=add_bos, parse_special=True)
+    return self.tok.encode(text, add_bos=add_bos, parse_special=True, literal=marks)
 
-  def completion_prompt(self, prompt: str) -> list[int]:
+  def completion_prompt(self, prompt: str, max_context: int | None = None) -> list[int]:
+    self._check_length(prompt, max_context)
     add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None
     return self.tok.encode(prompt, add_bos=add_bos, parse_special=False)
+
+  def backend(self) -> BatchGenerator:
+    """What the serving engine generates with: one KV-cache slot per row of the model's batch (`load(batch=...)`)."""
+    return BatchGenerator(self.model)
 
   def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:
     """Text pieces of the answer to `prompt_ids`; sets finish_reason and last_usage when done (or when the
@@ -223,3 +256,75 @@ class LLM:
         return
     if (piece := stop.feed(dec.flush()) + stop.flush()): yield piece
     self.finish_reason = "stop" if stop.stopped else self.gen.finish_reason
+
+
+class BatchGenerator:
+  """The engine's backend for continuous batching: `slots` sequences, sequence b in row b of a batched model's KV caches
+  (`Transformer(batch=slots)`). `prefill(slot, tokens, start)` runs a chunk of one sequence through the symbolic prefill
+  graph with the slot a bound Variable too (one compile for every slot and length); `decode({slot: (token, pos)})`
+  advances every listed sequence by a token in one batched step captured once by TinyJit: each row writes its keys and
+  values at its own position (a bound Variable per row), takes its RoPE angles from host-written rows and attends
+  through a host-written mask to exactly its own cached keys. Rows with nothing to do this step write to a scratch
+  position no mask ever opens, so the caches of idle slots (their prefix cache) stay intact."""
+
+  def __init__(self, model: Transformer):
+    self.model, self.slots, self.max_context = model, model.batch, model.max_context
+    m, cfg = PREFILL_MULTIPLE, model.cfg
+    rows = self.max_context + CACHE_PAD
+    self.scratch = rows - 1
+    self.v_len = Variable("T", 1, (self.max_context + m - 1) // m)
+    self.v_start, self.v_last = Variable("start", 0, self.max_context - 1), Variable("last", 1, self.max_context - 1)
+    self.v_keys = Variable("S", 1, rows // m)
+    self.v_slot = Variable("slot", 0, self.slots - 1)
+    self.v_pos = [Variable(f"pos{b}", 0, rows - 1) for b in range(self.slots)]
+    half = cfg.head_dim // 2
+    # Tensor.empty: a buffer of its own each (equal zeros(...).contiguous() graphs would be one hash-consed buffer)
+    self.inp = Tensor.empty(1, (self.max_context + m - 1) // m * m, cfg.dim)
+    self.inp_b, self.cos_b, self.sin_b = Tensor.empty(self.slots, 1, cfg.dim), Tensor.empty(self.slots, 1, half), Tensor.empty(self.slots, 1, half)
+    self.mask_b = Tensor.empty(self.slots, 1, 1, 1, rows // m * m)
+    Tensor.realize_all(self.inp, self.inp_b, self.cos_b, self.sin_b, self.mask_b)
+    self.cos_np, self.sin_np = model.cos.numpy(), model.sin.numpy()
+    self.prefill_jit, self.decode_jit = TinyJit(self._prefill), TinyJit(self._decode)
+
+  def _prefill(self, T: Any, start: Any, last: Any, keys: Any, slot: Any) -> Tensor:
+    m = PREFILL_MULTIPLE
+    return self.model.forward(self.inp[:, :T * m], start, last, keys * m, slot=slot).realize()
+
+  def _decode(self, keys: Any, *pos: Any) -> Tensor:
+    n = keys * PREFILL_MULTIPLE
+    return self.model.forward_slots(self.inp_b, list(pos), self.cos_b, self.sin_b, n, self.mask_b[:, :, :, :, 0:n]).realize()
+
+  def prefill(self, slot: int, tokens: Sequence[int], start: int) -> np.ndarray:
+    """Run `tokens` at positions [start, start + len) of sequence `slot` (its cache must hold the tokens before start);
+    the logits of the last one."""
+    n, m = len(tokens), PREFILL_MULTIPLE
+    if n == 0: raise ValueError("prefill needs at least one token")
+    if not 0 <= slot < self.slots: raise IndexError(f"slot {slot} out of range [0, {self.slots})")
+    if start < 0 or start + n > self.max_context:
+      raise ContextLengthExceeded(f"positions [{start}, {start + n}) don't fit in max_context={self.max_context}")
+    if n == 1: return self.decode({slot: (tokens[0], start)})[slot]   # the prefill graph's last row index starts at 1
+    emb = self.model.embed(tokens)
+    padded = -(-n // m)
+    Generator._write(self.inp, np.concatenate([emb, np.zeros((padded * m - n, emb.shape[1]), np.float32)]))
+    out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1),
+                           self.v_keys.bind(-(-(start + padded * m) // m)), self.v_slot.bind(slot))
+    return out.numpy()[0]
+
+  def decode(self, steps: dict[int, tuple[int, int]]) -> dict[int, np.ndarray]:
+    """One token for each listed slot ({slot: (token, position)}), all in one batched step: {slot: logits}."""
+    if not steps: return {}
+    B, m = self.slots, PREFILL_MULTIPLE
+    pos = [self.scratch] * B
+    emb = np.zeros((B, self.model.cfg.dim), np.float32)
+    for b, (tok, p) in steps.items():
+      if not 0 <= p < self.max_context: raise ContextLengthExceeded(f"position {p} doesn't fit in max_context={self.max_context}")
+      pos[b], emb[b] = p, self.model.embed([tok])[0]
+    keys = -(-(max(p for _, p in steps.values()) + 1) // m)
+    mask = np.full((B, self.mask_b.shape[-1]), -np.inf, np.float32)
+    for b in range(B): mask[b, :pos[b] + 1 if b in steps else 1] = 0.0   # idle rows: one (garbage) key keeps them finite
+    Generator._write(self.inp_b, emb)
+    Generator._write(self.cos_b, self.cos_np[pos])
+    Generator._write(self.sin_b, self.sin_np[pos])
+    Generator._write(self.mask_b, mask)
+    out = self.decode_jit(self.v_keys.bind(keys), *[v.bind(p) for v, p in zip(self.v_pos, pos)]).numpy()
+    return {b: out[b] for b in steps}

@@ -102,17 +102,18 @@ def rope_tables(head_dim: int, rope_dim: int, max_context: int, theta: float, fr
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
-  """Rotate x (B, T, heads, head_dim) by the angles cos/sin (T, head_dim/2). Pairs are (x[i], x[i + d/2]) (neox) or
-  (x[2i], x[2i+1]); written with a flip over the pair axis instead of a concatenation (cat of symbolic shapes leaves
-  unsimplified sizes, see the report)."""
+  """Rotate x (B, T, heads, head_dim) by the angles cos/sin (T, head_dim/2), or (B, T, head_dim/2) when each row of the
+  batch has its own positions. Pairs are (x[i], x[i + d/2]) (neox) or (x[2i], x[2i+1]); written with a flip over the
+  pair axis instead of a concatenation (cat of symbolic shapes leaves unsimplified sizes, see the report)."""
   B, T, H, D = x.shape
   half = D // 2
   sign = Tensor([-1.0, 1.0])
   x = x.contiguous()   # read twice below (direct and flipped): don't let the projection producing x run twice
+  cb = B if cos.ndim == 3 else 1
   if neox:
-    xp, c, s, sign = x.reshape(B, T, H, 2, half), cos.reshape(1, T, 1, 1, half), sin.reshape(1, T, 1, 1, half), sign.reshape(2, 1)
+    xp, c, s, sign = x.reshape(B, T, H, 2, half), cos.reshape(cb, T, 1, 1, half), sin.reshape(cb, T, 1, 1, half), sign.reshape(2, 1)
   else:
-    xp, c, s = x.reshape(B, T, H, half, 2), cos.reshape(1, T, 1, half, 1), sin.reshape(1, T, 1, half, 1)
+    xp, c, s = x.reshape(B, T, H, half, 2), cos.reshape(cb, T, 1, half, 1), sin.reshape(cb, T, 1, half, 1)
   return (xp * c + xp.flip(3 if neox else 4) * s * sign).reshape(B, T, H, D)
 
 
@@ -223,9 +224,8 @@ class Block:
     B, T, H, D = x.shape                                                        # over the whole projection (olmoe)
     return rms_norm(x.reshape(B, T, H * D), w, self.cfg.norm_eps).reshape(B, T, H, D)
 
-  def attention(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None) -> Tensor:
-    """Self-attention of x's T tokens at [start, start + T) over the cached keys [0, keys_len) (default start + T;
-    a padded prefill reads a multiple of PREFILL_MULTIPLE keys, the extra ones masked)."""
+  def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q (B, heads, T, head_dim), k and v (B, kv_heads, T, head_dim) of x (B, T, dim), RoPE applied."""
     c = self.cfg
     B, T, _ = x.shape
     q = self.lin(x, self.wq, self.bq).reshape(B, T, c.n_heads, c.head_dim)
@@ -233,14 +233,38 @@ class Block:
     v = self.lin(x, self.wv, self.bv).reshape(B, T, c.n_kv_heads, c.head_dim)
     q, k = self._qk_norm(q, _t(self.q_norm)), self._qk_norm(k, _t(self.k_norm))
     q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+  def attention(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None, slot: sint | None = None) -> Tensor:
+    """Self-attention of x's T tokens at [start, start + T) over the cached keys [0, keys_len) (default start + T;
+    a padded prefill reads a multiple of PREFILL_MULTIPLE keys, the extra ones masked). With `slot`, x is one
+    sequence (B = 1) living in that row of the batched caches."""
+    c = self.cfg
+    B, T, _ = x.shape
+    q, k, v = self._qkv(x, cos, sin)
     end = keys_len if keys_len is not None else T if isinstance(start, int) and start == 0 else start + T  # 0+T != T structurally
-    keys = written(self.cache_k, start, T, k.transpose(2, 3), axis=3)[:, :, :, 0:end]
-    values = written(self.cache_v, start, T, v)[:, :, 0:end]
+    ck, cv = (self.cache_k, self.cache_v) if slot is None else (self.cache_k[slot:slot + 1], self.cache_v[slot:slot + 1])
+    keys = written(ck, start, T, k.transpose(2, 3), axis=3)[:, :, :, 0:end]
+    values = written(cv, start, T, v)[:, :, 0:end]
     one = isinstance(T, int) and T == 1 and keys_len is None   # one token over exactly its keys: nothing to mask
     mask = None if one else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
     out = attend(q, keys, values, mask)
     return self.lin(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), self.wo)
+
+  def attention_slots(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
+    """One new token per row of the batch, row b at its own position positions[b] (cos/sin: (B, 1, head_dim/2)); each row
+    attends to its cached keys [0, keys_len) through `mask` (B, 1, 1, 1, keys_len): 0 where a key belongs to it, -inf
+    elsewhere."""
+    c = self.cfg
+    B = x.shape[0]
+    q, k, v = self._qkv(x, cos, sin)
+    kt = k.transpose(2, 3)
+    wk = [self.cache_k[b:b + 1, :, :, p:p + 1].assign(kt[b:b + 1]) for b, p in enumerate(positions)]
+    wv = [self.cache_v[b:b + 1, :, p:p + 1].assign(v[b:b + 1]) for b, p in enumerate(positions)]
+    keys = Tensor(UOp(Ops.AFTER, self.cache_k.dtype, (self.cache_k.uop, *[w.uop for w in wk])))[:, :, :, 0:keys_len]
+    values = Tensor(UOp(Ops.AFTER, self.cache_v.dtype, (self.cache_v.uop, *[w.uop for w in wv])))[:, :, 0:keys_len]
+    out = attend(q, keys, values, mask)
+    return self.lin(out.transpose(1, 2).reshape(B, 1, c.n_heads * c.head_dim), self.wo)
 
   def ffn(self, x: Tensor) -> Tensor:
     if not self.cfg.n_experts: return self.lin(self.lin(x, self.w_gate).silu() * self.lin(x, self.w_up), self.w_down)
@@ -266,9 +290,13 @@ class Block:
     d = (h * _t(self.down_exps).reshape(1, 1, c.n_experts, D, c.ffn_dim)).sum(-1)
     return (d * wts.reshape(B, T, c.n_experts, 1)).sum(2)
 
-  def __call__(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None) -> Tensor:
+  def __call__(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None, slot: sint | None = None) -> Tensor:
     # the residual stream is materialized after each half: otherwise every later kernel re-adds all earlier outputs
-    h = (x + self.attention(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), start, cos, sin, keys_len)).contiguous()
+    h = (x + self.attention(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), start, cos, sin, keys_len, slot)).contiguous()
+    return (h + self.ffn(rms_norm(h, _t(self.ffn_norm), self.cfg.norm_eps))).contiguous()
+
+  def slots_step(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
+    h = (x + self.attention_slots(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), positions, cos, sin, keys_len, mask)).contiguous()
     return (h + self.ffn(rms_norm(h, _t(self.ffn_norm), self.cfg.norm_eps))).contiguous()
 
 
@@ -323,16 +351,24 @@ class Transformer:
       raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
     return self.embedding_table()[ids].astype(np.float32)
 
-  def forward(self, x: Tensor, start: sint, last: sint | None = None, keys_len: sint | None = None) -> Tensor:
+  def forward(self, x: Tensor, start: sint, last: sint | None = None, keys_len: sint | None = None, slot: sint | None = None) -> Tensor:
     """Logits of row `last` (default T - 1) of the T tokens x runs at [start, start + T), attending to the cached
-    keys [0, keys_len) (default start + T); a padded prefill passes its last real row and a padded key count."""
+    keys [0, keys_len) (default start + T); a padded prefill passes its last real row and a padded key count. With
+    `slot`, x (1, T, dim) is the sequence cached in that row of the batch."""
     T = x.shape[1]
     cos, sin = self.cos[start:start + T], self.sin[start:start + T]
-    for layer in self.layers: x = layer(x, start, cos, sin, keys_len)
+    for layer in self.layers: x = layer(x, start, cos, sin, keys_len, slot)
     if last is None: last = T - 1
     last = x[:, last:last + 1] if not (isinstance(T, int) and T == 1) else x
     h = rms_norm(last.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps)
     return linear(h, _t(self.output)).cast(dtypes.float32)
+
+  def forward_slots(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
+    """Logits (B, vocab) of one new token per batch row, row b at position positions[b] of its own cache row (see
+    `Block.attention_slots`): the batched decode step of continuous batching."""
+    for layer in self.layers: x = layer.slots_step(x, positions, cos, sin, keys_len, mask)
+    h = rms_norm(x, _t(self.norm), self.cfg.norm_eps)   # (B, 1, dim): one token per row, so the output layer reads the quantized table
+    return linear(h, _t(self.output)).cast(dtypes.float32).reshape(x.shape[0], -1)
 
   def reference_logits(self, tokens: list[int]) -> np.ndarray:
     """All positions' logits (T, vocab) of `tokens` from position 0, without touching the KV cache: plain concrete
@@ -355,7 +391,7 @@ class Transformer:
 
   @staticmethod
   def from_gguf(path: str, max_context: int = 4096, progress: Callable[[Iterable], Iterable] | None = None,
-                dense_prefill_bytes: int = 1 << 30) -> tuple[Transformer, dict[str, Any]]:
+                dense_prefill_bytes: int = 1 << 30, batch: int = 1) -> tuple[Transformer, dict[str, Any]]:
     """Load a GGUF file: (model, metadata). Quantized weights stay quantized in memory and are dequantized inside the
     kernels that use them (plus float32 prefill copies within `dense_prefill_bytes`, see `keep_dense_weights`).
     `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
@@ -372,7 +408,7 @@ class Transformer:
         copies.update({n: t.uop for n, t in zip(todo, ts)})
     weights = {k: Tensor(repack(u.substitute(copies))) for k, u in uops.items()}
     cfg = Config.from_gguf(meta, weights["token_embd.weight"].shape[0] if "token_embd.weight" in weights else None)
-    return Transformer(cfg, weights, max_context, dense_prefill_bytes=dense_prefill_bytes), meta
+    return Transformer(cfg, weights, max_context, batch=batch, dense_prefill_bytes=dense_prefill_bytes), meta
 
   def param_count(self) -> int:
     """Parameters (elements of every weight, the tied output counted once)."""

@@ -127,6 +127,8 @@ class Tokenizer:
     self.eos_ids = set(eos_ids or ()) | {i for t in _EOG_NAMES if (i := self.special_tokens.get(t)) is not None}
     self._special_rx = {ps: self._special_regex([t for t, i in self.special_tokens.items() if ps or types[i] == USER_DEFINED])
                         for ps in (True, False)}
+    # control tokens (roles, turn ends, BOS/EOS...): what a chat prompt's message content must not be able to produce
+    self.control_rx = self._special_regex([t for t, i in self.special_tokens.items() if types[i] != USER_DEFINED])
     self._cache: dict[str, list[int]] = {}
     self._pieces: dict[int, bytes] = {}
     self._warned = False
@@ -191,18 +193,24 @@ class Tokenizer:
 
   def token_to_id(self, s: str) -> int | None: return self.vocab.get(s)
 
+  @functools.cached_property
+  def max_token_bytes(self) -> int:
+    """The most UTF-8 bytes of text one token stands for (a text of n bytes has at least n / this many tokens)."""
+    return max(4, max(len(self.piece_bytes(i)) for i in range(self.vocab_size)), max((len(t.encode()) for t in self.special_tokens), default=1))
+
   # -------------------------------------------------------------------------- encoding
 
-  def encode(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
+  def encode(self, text: str, add_bos: bool = False, parse_special: bool = True, literal: tuple[str, str] | None = None) -> list[int]:
     """Token ids of `text`. Special tokens written in the text become their ids when `parse_special` (user-defined tokens
-    always do, as in llama.cpp); `add_bos` prepends the BOS token."""
+    always do, as in llama.cpp); `add_bos` prepends the BOS token. `literal=(open, close)`: what lies between an `open`
+    and the next `close` marker is plain text even where it spells a special token (the markers themselves are dropped)."""
     if not isinstance(text, str): raise TypeError(f"encode() takes a str, got {type(text).__name__}")
     out: list[int] = []
     if add_bos:
       if self.bos_id is None: raise ValueError("add_bos=True but this vocabulary has no BOS token (tokenizer.ggml.bos_token_id)")
       out.append(self.bos_id)
     rx = self._special_rx[bool(parse_special)]
-    parts = rx.split(text) if rx is not None else [text]
+    parts = self._split_literal(text, rx, *literal) if literal is not None else rx.split(text) if rx is not None else [text]
     after_special = True
     for k, part in enumerate(parts):
       if k & 1: out.append(self.special_tokens[part]); after_special = True
@@ -210,6 +218,18 @@ class Tokenizer:
         out.extend(self._encode_bpe(part) if self.model == "gpt2" else self._encode_spm(part, after_special))
         after_special = False
     return out
+
+  @staticmethod
+  def _split_literal(text: str, rx: re.Pattern | None, open_: str, close: str) -> list[str]:
+    """Like rx.split(text) (text, special, text, ..., text), with the spans between the markers kept as text."""
+    out = [""]
+    for k, seg in enumerate(re.split(f"({re.escape(open_)}.*?{re.escape(close)})", text, flags=re.S)):
+      if k & 1: out[-1] += seg[len(open_):len(seg) - len(close)]
+      else:
+        sub = rx.split(seg) if rx is not None else [seg]
+        out[-1] += sub[0]
+        out.extend(sub[1:])
+    return [p.replace(open_, "").replace(close, "") if not k & 1 else p for k, p in enumerate(out)]
 
   def pretokenize(self, text: str) -> list[str]:
     """The pieces the byte-level BPE pre-tokenizer splits `text` into (BPE never merges across them)."""
