@@ -4,6 +4,7 @@ outside them), builds kernargs and dispatches through plugrad_amd.mock.dispatch.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import struct
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from plugrad_amd.mock.dispatch import Dispatch, PageFault, run_dispatch
+from plugrad_amd.mock.rdna3 import decode, disasm
 
 CLANG, LLD, OBJDUMP = "clang-19", "ld.lld-19", "llvm-objdump-19"
 HAVE_TOOLS = all(shutil.which(t) for t in (CLANG, LLD, OBJDUMP))
@@ -32,6 +34,7 @@ PRELUDE = """
 
 class TestMemory:
   """GPU memory for tests: each allocation is a bytearray at a 64 KiB-aligned address; a gap between them faults."""
+  __test__ = False
 
   def __init__(self, base: int = 0x7F00_0000_0000):
     self.allocs: dict[int, bytearray] = {}
@@ -143,3 +146,21 @@ def run(mem: TestMemory, co: CodeObject, name: str, grid: tuple[int, ...], block
 
 def objdump(so: Path) -> str:
   return subprocess.run([OBJDUMP, "-d", "--mcpu=gfx1100", str(so)], check=True, capture_output=True, text=True).stdout
+
+
+def crosscheck(so: Path) -> list[tuple[str, str]]:
+  """Decode every kernel of `so` with the emulator's decoder and compare with llvm-objdump; returns mismatches."""
+  mismatches = []
+  cur = None
+  for line in objdump(so).splitlines():
+    m = re.match(r"^([0-9a-f]+) <(.*)>:$", line)
+    if m: cur = m.group(2); continue
+    m = re.match(r"^\s+(.*?)\s*// ([0-9A-F]+): ((?:[0-9A-F]{8} ?)+)", line)
+    if not m or cur is None: continue
+    words = [int(x, 16) for x in m.group(3).split()]
+    raw = b"".join(struct.pack("<I", x) for x in words)
+    inst = decode.decode_one(raw + bytes(8), 0)
+    mine, theirs = disasm.text(inst), disasm.normalize(m.group(1))
+    if inst.enc == "SOPP" and "branch" not in (inst.name or ""): theirs = theirs.split(" ")[0]
+    if inst.size != len(raw) or mine != theirs: mismatches.append((theirs, mine))
+  return mismatches

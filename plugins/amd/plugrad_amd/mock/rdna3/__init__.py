@@ -5,10 +5,10 @@ never imports it. `install()` registers `execute` with plugrad_amd.mock.dispatch
 from __future__ import annotations
 
 from plugrad_amd.mock import dispatch
-from plugrad_amd.mock.rdna3.emulator import STATS, KernelDescriptor, execute
+from plugrad_amd.mock.rdna3.emulator import STATS, KernelDescriptor, execute, name_kernel
 from plugrad_amd.mock.rdna3.wave import EmulatorError
 
-__all__ = ["STATS", "EmulatorError", "KernelDescriptor", "execute", "install"]
+__all__ = ["STATS", "EmulatorError", "KernelDescriptor", "execute", "install", "name_kernel"]
 
 
 def install() -> None:

@@ -105,52 +105,85 @@ def float_class(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
   return out
 
 
-def _exponent(x: np.ndarray) -> np.ndarray:
-  return np.frexp(x)[1] - 1
+def _biased_exponent(x: np.ndarray) -> np.ndarray:
+  if x.dtype == F32: return ((x.view(U32) >> U32(23)) & U32(0xFF)).astype(I64)
+  return ((x.view(U64) >> U64(52)) & U64(0x7FF)).astype(I64)
 
 
 def div_scale(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-  """v_div_scale_f32/f64: pre-scales numerator or denominator of s2/s1 away from the denormal/overflow edges; returns
-  (result, vcc) where vcc tells v_div_fmas to undo the scaling. s0 is the operand being scaled (s1 or s2)."""
+  """v_div_scale_f32/f64 (ISA pseudocode): scale s0 (the numerator s2 or the denominator s1 of s2/s1) by 2^+-64
+  (2^+-128 for f64) so the Newton-Raphson steps see no denormals; vcc tells v_div_fmas to undo it."""
   dt = F32 if bits == 32 else F64
   s0, s1, s2 = (np.asarray(v, dt) for v in (s0, s1, s2))
-  tiny, big = np.finfo(dt).tiny, (96 if bits == 32 else 768)
-  scale = dt(2.0 ** (64 if bits == 32 else 128))
-  d = s0.copy()
-  vcc = np.zeros(d.shape, bool)
+  tiny = np.finfo(dt).tiny
+  k, big, tiny_num = (64, 96, 23) if bits == 32 else (128, 768, 53)
   with np.errstate(all="ignore"):
-    special = (s2 == 0) | (s1 == 0) | ~np.isfinite(s1) | ~np.isfinite(s2)
-    e1, e2 = _exponent(s1), _exponent(s2)
-    huge = ~special & (e2 - e1 >= big)
-    den1 = ~special & ~huge & (np.abs(s1) < tiny)
-    rcp_den = ~special & ~huge & ~den1 & (np.abs(dt(1) / s1) < tiny)
-    quot_den = ~special & ~huge & ~den1 & (np.abs(s2 / s1) < tiny)
-    small_num = ~special & ~huge & ~den1 & ~rcp_den & ~quot_den & (e2 <= (-126 + 23 if bits == 32 else -1022 + 53))
-    vcc |= huge | (rcp_den & quot_den) | (quot_den & ~rcp_den)
-    up = (huge & (s0 == s1)) | den1 | (rcp_den & quot_den & (s0 == s1)) | (quot_den & ~rcp_den & (s0 == s2)) | small_num
-    down = rcp_den & ~quot_den
-    d = np.where(up, d * scale, np.where(down, d / scale, d)).astype(dt)
-    d = np.where(special & ~((s1 != 0) & (s2 != 0) & np.isfinite(s1) & np.isfinite(s2)), np.asarray(np.nan, dt), d).astype(dt)
-    d = np.where(special & np.isnan(s0), s0, d).astype(dt)
-  return d, vcc
+    e1, e2 = _biased_exponent(s1), _biased_exponent(s2)
+    q = np.abs(s2.astype(F64) / s1.astype(F64)) if bits == 32 else np.abs(s2 / s1)
+    rcp = np.abs(1.0 / s1.astype(F64))
+    den1 = (np.abs(s1) < tiny) & (s1 != 0)
+    rcp_den, q_den = (rcp < tiny) & (rcp != 0), (q < tiny) & (q != 0)
+    out, vcc = s0.copy(), np.zeros(s0.shape, bool)
+    undecided = np.ones(s0.shape, bool)
+    def case(cond: np.ndarray, value: np.ndarray | None, set_vcc: bool) -> None:
+      nonlocal out
+      hit = undecided & cond
+      if value is not None: out = np.where(hit, value, out)
+      if set_vcc: vcc[hit] = True
+      undecided[hit] = False
+    up, down = np.ldexp(s0, k).astype(dt), np.ldexp(s0, -k).astype(dt)
+    case((s2 == 0) | (s1 == 0), np.full(s0.shape, np.nan, dt), False)
+    case(e2 - e1 >= big, np.where(s0 == s1, up, s0), True)
+    case(den1, up, False)
+    # the guide's pseudocode says ldexp(+64) here, which would overflow a huge denominator; scaling it down is what
+    # makes the post-scale of v_div_fmas (down, as the estimate is then < 2) give the correctly rounded quotient
+    case(rcp_den & q_den, np.where(s0 == s1, down, s0), True)
+    case(rcp_den, down, False)
+    case(q_den, np.where(s0 == s2, up, s0), True)
+    case(e2 <= tiny_num, up, False)
+  return out.astype(dt), vcc
+
+
+def fma_scaled32(a: np.ndarray, b: np.ndarray, c: np.ndarray, scale: np.ndarray) -> np.ndarray:
+  """float32 round(a*b+c) * scale with a single rounding (scale a power of two)."""
+  p = np.asarray(a, F64) * np.asarray(b, F64)
+  c64 = np.asarray(c, F64)
+  s = p + c64
+  bp = s - c64
+  err = (p - bp) + (c64 - (s - bp))
+  s, err = s * scale, err * scale
+  fix = np.isfinite(err) & (err != 0)
+  if np.any(fix): s = np.where(fix, np.nextafter(s, s + np.where(fix, err, 0)), s)
+  return s.astype(F32)
 
 
 def div_fmas(a: np.ndarray, b: np.ndarray, c: np.ndarray, vcc: np.ndarray, bits: int) -> np.ndarray:
-  r = fma32(a, b, c) if bits == 32 else fma64(a, b, c)
-  scale = 2.0 ** (64 if bits == 32 else 128)
-  return np.where(vcc, r * scale if bits == 64 else (r.astype(F64) * scale).astype(F32), r).astype(r.dtype)
+  """v_div_fmas: fma, post-scaled where vcc: up by 2^64 (2^128) if the quotient estimate c is large (the
+  denominator was scaled), down otherwise (the numerator was scaled)."""
+  k = 64 if bits == 32 else 128
+  big = np.abs(np.asarray(c, F64)) >= 2.0
+  scale = np.where(vcc, np.where(big, 2.0 ** k, 2.0 ** -k), 1.0)
+  if bits == 32: return fma_scaled32(a, b, c, scale)
+  return (fma64(a, b, c) * scale).astype(F64)
 
 
 def div_fixup(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
-  """v_div_fixup: s0 is the quotient estimate of s2/s1; special inputs get the IEEE answer."""
+  """v_div_fixup: s0 is the quotient estimate of s2/s1; NaN/zero/inf operands get the IEEE answer, a NaN estimate
+  (overflow in the macro) becomes a signed infinity, otherwise the sign of s2/s1 is applied to |s0|."""
   dt = np.asarray(s0).dtype
+  s0, s1, s2 = np.asarray(s0, dt), np.asarray(s1, dt), np.asarray(s2, dt)
+  sign = np.signbit(s1) ^ np.signbit(s2)
+  inf, zero = np.asarray(np.inf, dt), np.asarray(0, dt)
+  signed = lambda v: np.where(sign, -v, v).astype(dt)
   with np.errstate(all="ignore"):
-    exact = (np.asarray(s2, dt) / np.asarray(s1, dt)).astype(dt)
-    special = ~np.isfinite(s1) | ~np.isfinite(s2) | (s1 == 0) | (s2 == 0) | np.isnan(s0)
-    sign = np.signbit(s1) ^ np.signbit(s2)
-    res = np.where(special, exact, np.copysign(np.abs(s0), np.where(sign, -1, 1)).astype(dt))
-    inf = np.isinf(s0) & ~special
-    return np.where(inf, np.copysign(np.asarray(np.inf, dt), np.where(sign, -1, 1)), res).astype(dt)
+    out = signed(np.abs(s0))
+    out = np.where(np.isnan(s0), signed(inf), out)
+    out = np.where((np.abs(s1) == np.inf) | (s2 == 0), signed(zero), out)
+    out = np.where((s1 == 0) | (np.abs(s2) == np.inf), signed(inf), out)
+    out = np.where(((s1 == 0) & (s2 == 0)) | ((np.abs(s1) == np.inf) & (np.abs(s2) == np.inf)), np.asarray(np.nan, dt), out)
+    out = np.where(np.isnan(s1), s1, out)
+    out = np.where(np.isnan(s2), s2, out)
+  return out.astype(dt)
 
 
 def popcount(x: np.ndarray) -> np.ndarray:

@@ -706,8 +706,8 @@ SOP1_FN: dict[str, Callable[[int, int], tuple[int, int | None]]] = {
 }
 _SAVEEXEC: dict[str, Callable[[int, int], int]] = {
   "and": lambda s, e: s & e, "or": lambda s, e: s | e, "xor": lambda s, e: s ^ e, "nand": lambda s, e: ~(s & e), "nor": lambda s, e: ~(s | e),
-  "xnor": lambda s, e: ~(s ^ e), "and_not0": lambda s, e: ~e & s, "or_not0": lambda s, e: ~e | s, "and_not1": lambda s, e: e & ~s,
-  "or_not1": lambda s, e: e | ~s}
+  "xnor": lambda s, e: ~(s ^ e), "and_not0": lambda s, e: ~s & e, "or_not0": lambda s, e: ~s | e, "and_not1": lambda s, e: s & ~e,
+  "or_not1": lambda s, e: s | ~e}  # saveexec: EXEC = op(SSRC0, EXEC), notN negates operand N
 
 
 def compile_sop1(inst: Inst, name: str) -> Fn:

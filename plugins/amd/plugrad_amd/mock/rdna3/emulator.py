@@ -99,6 +99,13 @@ class Program:
 
 
 _PROGRAMS: dict[tuple[int, bytes], Program] = {}
+_NAMES: dict[int, str] = {}
+
+
+def name_kernel(kernel_object: int, name: str) -> None:
+  """Tell the emulator the symbol name of the kernel descriptor at `kernel_object` (used in its error messages);
+  loaders call this when they place a code object, unnamed kernels are called by their descriptor address."""
+  _NAMES[kernel_object] = name
 
 
 @dataclass
@@ -119,8 +126,9 @@ def _program(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, kd_raw: bytes) -
   entry = d.kernel_object + kd.entry_offset
   key = (entry, kd_raw)
   prog = _PROGRAMS.get(key)
-  if prog is not None and prog.mem is mem and prog.still_valid(): return prog
-  prog = Program(mem, entry, f"at {d.kernel_object:#x}")
+  name = _NAMES.get(d.kernel_object, f"at {d.kernel_object:#x}")
+  if prog is not None and prog.mem is mem and prog.name == name and prog.still_valid(): return prog
+  prog = Program(mem, entry, name)
   _PROGRAMS[key] = prog
   if len(_PROGRAMS) > 256: _PROGRAMS.pop(next(iter(_PROGRAMS)))
   return prog
