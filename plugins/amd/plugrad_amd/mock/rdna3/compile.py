@@ -614,7 +614,7 @@ def compile_vopd(inst: Inst, name: str) -> Fn:
   fx, dx = _dual_half(inst.namex, inst.srcx0, inst.vsrcx1, inst.vdstx, inst.lit)
   fy, dy = _dual_half(inst.namey, inst.srcy0, inst.vsrcy1, inst.vdsty, inst.lit)
   def run(w: Wave) -> None:
-    x, y = fx(w), fy(w)
+    x, y = np.array(fx(w), U32), np.array(fy(w), U32)  # copies: both halves read before either writes
     np.copyto(w.v[dx], x, where=w.em)
     np.copyto(w.v[dy], y, where=w.em)
   return run

@@ -160,6 +160,7 @@ def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
   pc = w.pc
   ops = prog.ops
   n = 0
+  err = np.seterr(all="ignore")  # IEEE overflow/invalid are results here, not Python warnings
   try:
     while True:
       hit = ops.get(pc)
@@ -173,6 +174,7 @@ def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
         return r
       if n > budget[0]: raise EmulatorError(f"kernel {prog.name}: wave exceeded {budget[0]} instructions (infinite loop?)")
   finally:
+    np.seterr(**err)
     w.count += n
     budget[0] -= n
 
@@ -204,11 +206,10 @@ def execute(mem: GPUMemory, d: Dispatch) -> None:
   budget = [MAX_INSTRUCTIONS]
   t0 = time.perf_counter()
   start = budget[0]
-  with np.errstate(all="ignore"):
-    for gz in range(groups[2]):
-      for gy in range(groups[1]):
-        for gx in range(groups[0]):
-          _run_group(mem, d, kd, prog, (gx, gy, gz), nwaves, lds_size, scratch, budget)
+  for gz in range(groups[2]):
+    for gy in range(groups[1]):
+      for gx in range(groups[0]):
+        _run_group(mem, d, kd, prog, (gx, gy, gz), nwaves, lds_size, scratch, budget)
   prog.snapshot()
   STATS.instructions += start - budget[0]
   STATS.seconds += time.perf_counter() - t0

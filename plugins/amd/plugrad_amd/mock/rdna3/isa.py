@@ -92,7 +92,7 @@ VOP3_ONLY = _table("""522:v_mad_i32_i24 523:v_mad_u32_u24 528:v_bfe_u32 529:v_bf
 
 VOP3 = {**VOPC, **{256 + k: v for k, v in VOP2.items() if v not in ("v_fmamk_f32", "v_fmaak_f32", "v_fmamk_f16", "v_fmaak_f16",
                                                                       "v_pk_fmac_f16", "v_dot2acc_f32_f16")},
-        **{384 + k: v for k, v in VOP1.items() if v not in ("v_swap_b32",)}, **VOP3_ONLY}
+        **{384 + k: v for k, v in VOP1.items() if v not in ("v_swap_b32", "v_nop", "v_readfirstlane_b32", "v_mov_b16")}, **VOP3_ONLY}
 # VOP3 encodings whose bits [14:8] are a scalar destination (carry out / VCC-like result) instead of abs/opsel/clamp
 VOP3SD = {288, 289, 290, 764, 765, 766, 767, 768, 769, 770}
 
