@@ -369,8 +369,8 @@ def compile_cmp(inst: Inst, name: str) -> Fn:
   dst = EXEC if cmpx else (inst.vdst if vop3 else VCC)
   write = swrite(dst)
   def run(w: Wave) -> None:
-    res = np.broadcast_to(pred(r0(w), r1(w)), (LANES,)) & w.em
-    write(w, lanes_to_mask(res))
+    res = pred(r0(w), r1(w))
+    write(w, lanes_to_mask(res & w.em) if res.shape else (lanes_to_mask(w.em) if res else 0))
   return run
 
 
@@ -406,7 +406,7 @@ def compile_carry(inst: Inst, name: str) -> Fn:
     c = cin(w).astype(I64) if cin is not None else 0
     r = a - b - c if sub else a + b + c
     carry = (r < 0) if sub else (r > 0xFFFFFFFF)
-    cout(w, lanes_to_mask(np.broadcast_to(carry, (LANES,)) & w.em))
+    cout(w, lanes_to_mask(carry & w.em) if carry.shape else (lanes_to_mask(w.em) if carry else 0))
     write(w, (r & 0xFFFFFFFF).astype(U32))
   return run
 
@@ -460,7 +460,7 @@ def compile_lane_read(inst: Inst, name: str) -> Fn:
   write = swrite(inst.vdst)
   if name == "v_readfirstlane_b32":
     def first(w: Wave) -> None:
-      lanes = np.flatnonzero(w.em)
+      lanes = w.idx
       write(w, int(np.broadcast_to(r(w), (LANES,))[lanes[0] if len(lanes) else 0]))
     return first
   lane = sread(inst.src1, inst.lit)
@@ -908,7 +908,7 @@ def compile_global(inst: Inst, name: str) -> Fn:
     nbytes, ext = _LOADS[kind]
     write = _load_writer(inst.vdst, nbytes, ext)
     def load(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       addrs = addr_of(w, idx)
       check_aperture(w, addrs)
       write(w, idx, gather_global(w.mem, addrs, nbytes))
@@ -916,7 +916,7 @@ def compile_global(inst: Inst, name: str) -> Fn:
   if op == "store":
     nbytes, hi = _STORES[kind]
     def store(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       addrs = addr_of(w, idx)
       check_aperture(w, addrs)
       scatter_global(w.mem, addrs, _store_bytes(w, inst.data, idx, nbytes, hi))
@@ -928,7 +928,7 @@ def compile_global(inst: Inst, name: str) -> Fn:
     elif kind in _ATOMIC_FN: fn = _ATOMIC_FN[kind]
     else: raise Unimplemented(name)
     def atomic(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       addrs = addr_of(w, idx)
       for j, (lane, a) in enumerate(zip(idx, addrs)):  # lanes in order: each sees the previous ones' results
         nb = 8 if fn == "u64" else 4
@@ -960,13 +960,13 @@ def compile_scratch(inst: Inst, name: str) -> Fn:
     nbytes, ext = _LOADS[kind]
     write = _load_writer(inst.vdst, nbytes, ext)
     def load(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       pos = scratch_index(w, addr_of(w, idx), nbytes, name)
       write(w, idx, w.scratch[idx[:, None], pos])
     return load
   nbytes, hi = _STORES[kind]
   def store(w: Wave) -> None:
-    idx = np.flatnonzero(w.em)
+    idx = w.idx
     pos = scratch_index(w, addr_of(w, idx), nbytes, name)
     w.scratch[idx[:, None], pos] = _store_bytes(w, inst.data, idx, nbytes, hi)
   return store
@@ -993,14 +993,14 @@ def compile_ds(inst: Inst, name: str) -> Fn:
     nbytes, ext = (_DS_LOAD[name], None) if name in _DS_LOAD else _DS_LOAD_SMALL[name]
     write = _load_writer(vd, nbytes, ext)
     def load(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       write(w, idx, w.lds[lds_index(w, base(w, idx) + single, nbytes, name)])
     return load
   if name in _DS_STORE:
     nbytes = _DS_STORE[name]
     hi, nbytes = nbytes < 0, abs(nbytes)
     def store(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       w.lds[lds_index(w, base(w, idx) + single, nbytes, name)] = _store_bytes(w, d0, idx, nbytes, hi)
     return store
   if "_2addr" in name:
@@ -1010,14 +1010,14 @@ def compile_ds(inst: Inst, name: str) -> Fn:
     if name.startswith("ds_load"):
       w0, w1 = _load_writer(vd, size, None), _load_writer(vd + size // 4, size, None)
       def load2(w: Wave) -> None:
-        idx = np.flatnonzero(w.em)
+        idx = w.idx
         b = base(w, idx)
         x, y = w.lds[lds_index(w, b + o0, size, name)], w.lds[lds_index(w, b + o1, size, name)]
         w0(w, idx, x)
         w1(w, idx, y)
       return load2
     def store2(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       b = base(w, idx)
       w.lds[lds_index(w, b + o0, size, name)] = _store_bytes(w, d0, idx, size, False)
       w.lds[lds_index(w, b + o1, size, name)] = _store_bytes(w, d1, idx, size, False)
@@ -1025,7 +1025,7 @@ def compile_ds(inst: Inst, name: str) -> Fn:
   if name in _DS_ATOMIC:
     fn, rtn = _ATOMIC_FN[_DS_ATOMIC[name]], "_rtn_" in name
     def atomic(w: Wave) -> None:
-      idx = np.flatnonzero(w.em)
+      idx = w.idx
       pos = lds_index(w, base(w, idx) + single, 4, name)
       lds32 = w.lds.view(U8)
       for lane, p in zip(idx, pos):
@@ -1043,7 +1043,7 @@ def compile_ds(inst: Inst, name: str) -> Fn:
         np.copyto(w.v[vd], res, where=w.em)
       else:
         res = np.zeros(LANES, U32)
-        act = np.flatnonzero(w.em)
+        act = w.idx
         res[lanes[act]] = src[act]
         np.copyto(w.v[vd], res, where=w.em)
     return permute

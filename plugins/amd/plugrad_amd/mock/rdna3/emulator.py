@@ -5,6 +5,7 @@ ptr, dispatch id, flat scratch init, private segment size, then workgroup ids an
 ids packed in v0 as x | y<<10 | z<<20) and runs the waves of each workgroup round-robin between s_barriers."""
 from __future__ import annotations
 
+import functools
 import struct
 import time
 from dataclasses import dataclass
@@ -160,7 +161,6 @@ def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
   pc = w.pc
   ops = prog.ops
   n = 0
-  err = np.seterr(all="ignore")  # IEEE overflow/invalid are results here, not Python warnings
   try:
     while True:
       hit = ops.get(pc)
@@ -174,15 +174,17 @@ def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
         return r
       if n > budget[0]: raise EmulatorError(f"kernel {prog.name}: wave exceeded {budget[0]} instructions (infinite loop?)")
   finally:
-    np.seterr(**err)
     w.count += n
     budget[0] -= n
 
 
-def _workitem_ids(wave_in_group: int, local: tuple[int, int, int]) -> np.ndarray:
+@functools.lru_cache(maxsize=1024)
+def _workitem_ids(wave_in_group: int, local: tuple[int, int, int]) -> tuple[np.ndarray, int]:
+  """v0 of a wave (x | y<<10 | z<<20 per lane) and the mask of lanes inside the workgroup."""
   flat = wave_in_group * LANES + np.arange(LANES)
   x, y, z = flat % local[0], (flat // local[0]) % local[1], flat // (local[0] * local[1])
-  return (x | (y << 10) | (z << 20)).astype(np.uint32), flat < local[0] * local[1] * local[2]
+  valid = flat < local[0] * local[1] * local[2]
+  return (x | (y << 10) | (z << 20)).astype(np.uint32), int(np.packbits(valid, bitorder="little").view("<u4")[0])
 
 
 MAX_INSTRUCTIONS = 1 << 31
@@ -206,10 +208,11 @@ def execute(mem: GPUMemory, d: Dispatch) -> None:
   budget = [MAX_INSTRUCTIONS]
   t0 = time.perf_counter()
   start = budget[0]
-  for gz in range(groups[2]):
-    for gy in range(groups[1]):
-      for gx in range(groups[0]):
-        _run_group(mem, d, kd, prog, (gx, gy, gz), nwaves, lds_size, scratch, budget)
+  with np.errstate(all="ignore"):  # IEEE overflow/invalid are results here, not Python warnings
+    for gz in range(groups[2]):
+      for gy in range(groups[1]):
+        for gx in range(groups[0]):
+          _run_group(mem, d, kd, prog, (gx, gy, gz), nwaves, lds_size, scratch, budget)
   prog.snapshot()
   STATS.instructions += start - budget[0]
   STATS.seconds += time.perf_counter() - t0
@@ -230,8 +233,7 @@ def _run_group(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, prog: Program,
     _initial_sgprs(w, kd, d, group, i, 0)
     ids, valid = _workitem_ids(i, local)
     w.v[0] = ids
-    from_lanes = int(np.packbits(valid, bitorder="little").view("<u4")[0])
-    w.set_exec(from_lanes)
+    w.set_exec(valid)
     waves.append(w)
   live = list(waves)
   while live:

@@ -19,8 +19,32 @@ class EmulatorError(RuntimeError):
   """The emulated kernel did something the hardware would fault on (or the emulator cannot run)."""
 
 
+_MASKS: dict[int, np.ndarray] = {}
+_ACTIVE: dict[int, np.ndarray] = {}
+
+
 def mask_to_lanes(x: int) -> np.ndarray:
-  return np.unpackbits(np.array([x & _ALL], "<u4").view(U8), bitorder="little").astype(bool)
+  """Lane mask int -> read-only bool array of 32 lanes (cached: masks repeat a lot)."""
+  x &= _ALL
+  m = _MASKS.get(x)
+  if m is None:
+    if len(_MASKS) > 4096: _MASKS.clear()
+    m = np.unpackbits(np.array([x], "<u4").view(U8), bitorder="little").astype(bool)
+    m.flags.writeable = False
+    _MASKS[x] = m
+  return m
+
+
+def active_lanes(x: int) -> np.ndarray:
+  """Indices of the lanes set in mask x (cached, read-only)."""
+  x &= _ALL
+  a = _ACTIVE.get(x)
+  if a is None:
+    if len(_ACTIVE) > 4096: _ACTIVE.clear()
+    a = np.flatnonzero(mask_to_lanes(x))
+    a.flags.writeable = False
+    _ACTIVE[x] = a
+  return a
 
 
 def lanes_to_mask(b: np.ndarray) -> int:
@@ -46,6 +70,7 @@ class Wave:
   def set_exec(self, x: int) -> None:
     self.s[126], self.s[127] = x & 0xFFFFFFFF, 0
     self.em = mask_to_lanes(x)
+    self.idx = active_lanes(x)
     self.full = (x & _ALL) == _ALL
 
   def set_mode(self, mode: int) -> None:
