@@ -487,3 +487,65 @@ def test_emulator_speed_is_measured(mem):
   run_kernel(mem, REDUCE, "reduce", (256 * 8,), (256,), (po, px, 2048), fmt="QQi")
   assert rdna3.STATS.instructions > before and rdna3.STATS.per_second > 0
   np.testing.assert_array_equal(mem.get(po, np.float32, 8), np.full(8, 256, np.float32))
+
+
+DOUBLES = """
+__kernel void dbl(__global double* out, __global const double* a, __global const double* b) {
+  int i = LID_X;
+  double x = a[i], y = b[i];
+  out[6 * i + 0] = x / y;
+  out[6 * i + 1] = __builtin_fma(x, y, 0.1) + __builtin_sqrt(__builtin_fabs(y));
+  out[6 * i + 2] = __builtin_rint(x * 3.3) + __builtin_floor(y) + __builtin_trunc(x);
+  out[6 * i + 3] = __builtin_fmin(x, y) * __builtin_ldexp(x, 7);
+  out[6 * i + 4] = (double)(int)(x * 1000.0) + (double)(float)y;
+  out[6 * i + 5] = x < y ? 1.0 : -1.0;
+}
+"""
+
+
+def test_float64(mem):
+  rng = np.random.default_rng(9)
+  a = rng.uniform(-100, 100, 32)
+  b = rng.uniform(-100, 100, 32)
+  a[:4] = [1e-310, 1e300, 0.0, -5.5]
+  b[:4] = [3.0, 1e-300, 7.0, 2.0]
+  pa, pb, po = mem.put(a), mem.put(b), mem.alloc(8 * 6 * 32)
+  run_kernel(mem, DOUBLES, "dbl", (32,), (32,), (po, pa, pb), fmt="QQQ")
+  out = mem.get(po, np.float64, 6 * 32).reshape(32, 6)
+  with np.errstate(all="ignore"):
+    np.testing.assert_array_equal(out[:, 0], a / b)
+    np.testing.assert_allclose(out[:, 1], a * b + 0.1 + np.sqrt(np.abs(b)), rtol=1e-15)
+    np.testing.assert_array_equal(out[:, 2], np.rint(a * 3.3) + np.floor(b) + np.trunc(a))
+    np.testing.assert_array_equal(out[:, 3], np.minimum(a, b) * np.ldexp(a, 7))
+    # v_cvt_i32_f64 saturates (1e300 * 1000 -> INT_MAX)
+    np.testing.assert_array_equal(out[:, 4], np.clip(np.trunc(a * 1000.0), -2 ** 31, 2 ** 31 - 1) + b.astype(np.float32).astype(np.float64))
+    np.testing.assert_array_equal(out[:, 5], np.where(a < b, 1.0, -1.0))
+
+
+SMALLINT = """
+__kernel void small(__global uchar* o8, __global short* o16, __global const char* a, __global const ushort* b, __global const float* f) {
+  int i = LID_X + GID_X * 64;
+  char x = a[i];
+  ushort y = b[i];
+  o8[2 * i] = (uchar)(x * 3 + (char)y);
+  o8[2 * i + 1] = (uchar)(f[i]);
+  o16[2 * i] = (short)(y >> 3) - (short)x * (short)7;
+  o16[2 * i + 1] = (short)((int)f[i] >> 2) ^ (short)y;
+}
+"""
+
+
+def test_small_integer_types(mem):
+  rng = np.random.default_rng(10)
+  a = rng.integers(-128, 128, 64).astype(np.int8)
+  b = rng.integers(0, 65536, 64).astype(np.uint16)
+  f = rng.uniform(0, 255, 64).astype(np.float32)
+  pa, pb, pf, p8, p16 = mem.put(a), mem.put(b), mem.put(f), mem.alloc(2 * 64), mem.alloc(4 * 64)
+  run_kernel(mem, SMALLINT, "small", (64,), (64,), (p8, p16, pa, pb, pf), fmt="QQQQQ")
+  o8 = mem.get(p8, np.uint8, 128).reshape(64, 2)
+  o16 = mem.get(p16, np.int16, 128).reshape(64, 2)
+  ai, bi = a.astype(np.int64), b.astype(np.int64)
+  np.testing.assert_array_equal(o8[:, 0], ((ai * 3 + b.astype(np.int8)) & 0xFF).astype(np.uint8))
+  np.testing.assert_array_equal(o8[:, 1], f.astype(np.uint8))
+  np.testing.assert_array_equal(o16[:, 0], ((bi >> 3) - ai * 7).astype(np.int16))
+  np.testing.assert_array_equal(o16[:, 1], ((f.astype(np.int64) >> 2) ^ bi).astype(np.int16))

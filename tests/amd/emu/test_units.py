@@ -371,3 +371,59 @@ def test_fma32_is_correctly_rounded(a, b, c):
   if abs(float(exact)) >= 3.4e38: return  # overflow region: not interesting here
   want = _round32(exact)
   assert r == want or (r == 0 and want == 0)
+
+
+# decoded so errors can name them, refused on purpose (no meaning in a compute kernel the emulator runs)
+REFUSED = {"s_version", "s_setkill", "s_sethalt", "s_wait_event", "s_code_end"}
+
+
+def test_every_decodable_instruction_has_semantics():
+  """The opcode tables list exactly what the emulator runs: each entry compiles with some legal operand set."""
+  from plugrad_amd.mock.rdna3.compile import compile_inst
+  from plugrad_amd.mock.rdna3.decode import Inst
+  base = dict(sdst=1, ssrc0=2, ssrc1=3, simm16=1 | (31 << 11), vdst=1, src0=258, src1=259, src2=260, vsrc1=259, abs=0, neg=0, opsel=0,
+              clamp=0, omod=0, neg_hi=0, opsel_hi=3, sdata=0, sbase=0, offset=0, soffset=124, glc=0, dlc=0, slc=0, offset0=0, offset1=0,
+              gds=0, vaddr=0, data0=0, data1=0, data=0, saddr=124, sve=0)
+  tables = {"SOP1": isa.SOP1, "SOP2": isa.SOP2, "SOPC": isa.SOPC, "SOPK": isa.SOPK, "SOPP": isa.SOPP, "SMEM": isa.SMEM, "VOP1": isa.VOP1,
+            "VOP2": isa.VOP2, "VOPC": isa.VOPC, "VOP3": isa.VOP3, "VOP3P": isa.VOP3P, "DS": isa.DS, "GLOBAL": isa.GLOBAL, "FLAT": isa.FLAT,
+            "SCRATCH": isa.SCRATCH, "MUBUF": isa.MUBUF}
+  missing = []
+  for enc, table in tables.items():
+    for op, name in table.items():
+      if name in REFUSED: continue
+      e = "VOP3SD" if enc == "VOP3" and op in isa.VOP3SD else enc
+      for operands in ({}, {"src1": 3, "src2": 4}, {"src0": 3, "src1": 4}):  # lane selects / lane numbers must be SGPRs
+        inst = Inst(e, op, name, **{**base, **operands})
+        inst.lit, inst.addr, inst.size = 0x3F800000, 0, 8
+        try:
+          compile_inst(inst, "coverage")
+          break
+        except Unimplemented:
+          continue
+      else:
+        missing.append(f"{enc} {name}")
+  assert missing == []
+
+
+def test_sign_bit_counts_dot2acc_pk_fmac_and_lds_float_atomics():
+  w = run_asm("""s_cls_i32 s0, s1
+s_cls_i32 s2, -1
+v_cls_i32 v2, v0
+v_dot2acc_f32_f16 v3, v4, v5
+v_pk_fmac_f16 v6, v4, v5
+v_mov_b32 v7, 0
+ds_max_f32 v7, v8
+ds_min_f32 v7, v8 offset:4
+s_waitcnt lgkmcnt(0)
+ds_load_2addr_b32 v[9:10], v7 offset1:1""", s={1: 0x40000000},
+              v={0: [0x40000000, 0xFFFF0000] * 16, 3: F(1.0), 4: H(2.0) | (H(3.0) << 16), 5: H(0.5) | (H(-4.0) << 16), 6: H(1.0) | (H(1.0) << 16),
+                 8: F(1.0) * 0 + np.array([F(x) for x in np.linspace(-5, 26, 32)])})
+  assert w.s[0] == 1 and w.s[2] == 0xFFFFFFFF and list(w.v[2][:2]) == [1, 16]  # index of the first bit differing from the sign
+  assert w.v[3].view(np.float32)[0] == 1.0 + 2.0 * 0.5 + 3.0 * -4.0
+  assert w.v[6][0] == H(2.0 * 0.5 + 1.0) | (H(3.0 * -4.0 + 1.0) << 16)
+  assert w.v[9].view(np.float32)[0] == 26.0 and w.v[10].view(np.float32)[0] == -5.0  # LDS started at 0: max 26, min -5
+
+
+def test_s_trap_is_an_error():
+  with pytest.raises(Exception, match="s_trap 0x2"):
+    run_asm("s_trap 2")

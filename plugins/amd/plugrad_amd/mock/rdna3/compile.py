@@ -153,6 +153,14 @@ def _pack16(a: Any, b: Any) -> Any:
   return np.asarray(a).view(U16).astype(U32) | (np.asarray(b).view(U16).astype(U32) << U32(16))
 
 
+def _half(x: Any, hi: bool) -> Any:
+  return ((np.asarray(x, U32) >> U32(16 if hi else 0)) & U32(0xFFFF)).astype(U16).view(F16).astype(F64)
+
+
+def _dot2_f16(a: Any, b: Any, c: Any) -> Any:
+  return (_half(a, False) * _half(b, False) + _half(a, True) * _half(b, True) + np.asarray(c, F64)).astype(F32)
+
+
 def _mul_hi_u24(a: Any, b: Any) -> Any:
   return (((np.asarray(a, U32) & U32(0xFFFFFF)).astype(U64) * (np.asarray(b, U32) & U32(0xFFFFFF)).astype(U64)) >> U64(32)).astype(U32)
 
@@ -208,7 +216,10 @@ VALU: dict[str, tuple[tuple[str, ...], str, Callable]] = {
   **{f"v_cvt_f32_ubyte{k}": _f("u32", "f32", lambda a, k=k: ((a >> U32(8 * k)) & U32(0xFF)).astype(F32)) for k in range(4)},
   "v_cvt_pk_rtz_f16_f32": _f("f32 f32", "u32", lambda a, b: _pack16(alu.cvt_rtz_f16(a), alu.cvt_rtz_f16(b))),
   "v_pack_b32_f16": _f("f16 f16", "u32", _pack16),
-  "v_cvt_pk_u16_u32": _f("u32 u32", "u32", _cvt_pk_sat(0, 0xFFFF, U16)), "v_cvt_pk_i16_i32": _f("i32 i32", "u32", _cvt_pk_sat(-32768, 32767, I16)),
+  "v_cvt_pk_u16_u32": _f("u32 u32", "u32", _cvt_pk_sat(0, 0xFFFF, U16)),
+  "v_cvt_pk_u16_f32": _f("f32 f32", "u32", lambda a, b: _pack16(alu.cvt_int(a, 0, 0xFFFF, U16), alu.cvt_int(b, 0, 0xFFFF, U16))),
+  "v_cvt_pk_i16_f32": _f("f32 f32", "u32", lambda a, b: _pack16(alu.cvt_int(a, -32768, 32767, I16), alu.cvt_int(b, -32768, 32767, I16))),
+  "v_cvt_pk_i16_i32": _f("i32 i32", "u32", _cvt_pk_sat(-32768, 32767, I16)),
   "v_cvt_f16_u16": _f("u16", "f16", lambda a: np.asarray(a, F16)), "v_cvt_f16_i16": _f("i16", "f16", lambda a: np.asarray(a, F16)),
   "v_cvt_u16_f16": _f("f16", "u16", lambda a: alu.cvt_int(a, 0, 0xFFFF, U16)),
   "v_cvt_i16_f16": _f("f16", "i16", lambda a: alu.cvt_int(a, -32768, 32767, I16)),
@@ -244,6 +255,7 @@ VALU: dict[str, tuple[tuple[str, ...], str, Callable]] = {
   "v_xor_b32": _f("u32 u32", "u32", lambda a, b: a ^ b), "v_xnor_b32": _f("u32 u32", "u32", lambda a, b: ~(a ^ b)),
   "v_not_b32": _f("u32", "u32", lambda a: ~np.asarray(a, U32)), "v_bfrev_b32": _f("u32", "u32", lambda a: alu.bfrev(np.broadcast_to(a, (LANES,)))),
   "v_clz_i32_u32": _f("u32", "u32", alu.clz), "v_ctz_i32_b32": _f("u32", "u32", alu.ctz),
+  "v_cls_i32": _f("i32", "u32", lambda a: alu.clz((a ^ (a >> 31)).astype(U32))),
   "v_bfm_b32": _f("u32 u32", "u32", lambda a, b: (((U64(1) << (a & U32(31)).astype(U64)) - U64(1)).astype(U32)) << (b & U32(31))),
   "v_bcnt_u32_b32": _f("u32 u32", "u32", lambda a, b: alu.popcount(a) + b),
   "v_bfe_u32": _f("u32 u32 u32", "u32", alu.bfe_u32), "v_bfe_i32": _f("u32 u32 u32", "u32", alu.bfe_i32),
@@ -276,6 +288,9 @@ VALU: dict[str, tuple[tuple[str, ...], str, Callable]] = {
   "v_fma_f16": _f("f16 f16 f16", "f16", alu.fma16), "v_fmac_f16": _f("f16 f16 f16", "f16", alu.fma16),
   "v_fmamk_f16": _f("f16 f16 f16", "f16", lambda a, b, k: alu.fma16(a, k, b)), "v_fmaak_f16": _f("f16 f16 f16", "f16", alu.fma16),
   "v_min3_f16": _f("f16 f16 f16", "f16", lambda a, b, c: np.fmin(np.fmin(a, b), c)),
+  "v_minmax_f16": _f("f16 f16 f16", "f16", lambda a, b, c: np.fmax(np.fmin(a, b), c)),
+  "v_maxmin_f16": _f("f16 f16 f16", "f16", lambda a, b, c: np.fmin(np.fmax(a, b), c)),
+  "v_dot2acc_f32_f16": _f("u32 u32 f32", "f32", lambda a, b, c: _dot2_f16(a, b, c)),
   "v_max3_f16": _f("f16 f16 f16", "f16", lambda a, b, c: np.fmax(np.fmax(a, b), c)), "v_med3_f16": _f("f16 f16 f16", "f16", alu.med3),
   "v_rcp_f16": _f("f16", "f16", lambda a: F16(1) / a), "v_sqrt_f16": _f("f16", "f16", np.sqrt),
   "v_rsq_f16": _f("f16", "f16", lambda a: (1.0 / np.sqrt(np.asarray(a, F64))).astype(F16)),
@@ -303,7 +318,7 @@ VALU: dict[str, tuple[tuple[str, ...], str, Callable]] = {
   "v_and_b16": _f("u16 u16", "u16", lambda a, b: a & b), "v_or_b16": _f("u16 u16", "u16", lambda a, b: a | b),
   "v_xor_b16": _f("u16 u16", "u16", lambda a, b: a ^ b), "v_not_b16": _f("u16", "u16", lambda a: ~np.asarray(a, U16)),
 }
-_FMAC = {"v_fmac_f32", "v_fmac_f16"}  # src2 is the destination register
+_FMAC = {"v_fmac_f32", "v_fmac_f16", "v_dot2acc_f32_f16"}  # src2 is the destination register
 _FMAMK = {"v_fmamk_f32", "v_fmamk_f16", "v_fmaak_f32", "v_fmaak_f16"}  # the literal is the third operand
 
 
@@ -515,6 +530,16 @@ def compile_pk(inst: Inst, name: str) -> Fn:
   return lambda w: write(w, half([r(w) for r in lo]) | (half([r(w) for r in hi]) << U32(16)))
 
 
+def compile_pk_fmac(inst: Inst, name: str) -> Fn:
+  """v_pk_fmac_f16 (VOP2): both halves d = fma(a, b, d)."""
+  srcs = (inst.src0, inst.vsrc1, 256 + inst.vdst)
+  lo = [typed(s, inst.lit, "f16") for s in srcs]
+  hi = [typed(s, inst.lit, "f16", hi=True) for s in srcs]
+  write = vwrite(inst.vdst, "u32")
+  half = lambda vals: np.broadcast_to(alu.fma16(*vals), (LANES,)).view(U16).astype(U32)
+  return lambda w: write(w, half([r(w) for r in lo]) | (half([r(w) for r in hi]) << U32(16)))
+
+
 def compile_fma_mix(inst: Inst, name: str) -> Fn:
   """v_fma_mix*: each source is f32 (op_sel_hi=0) or the f16 half picked by op_sel (op_sel_hi=1); neg_hi acts as abs."""
   srcs = (inst.src0, inst.src1, inst.src2)
@@ -701,6 +726,8 @@ SOP1_FN: dict[str, Callable[[int, int], tuple[int, int | None]]] = {
   "s_sext_i32_i8": lambda a, c: ((((a & 0xFF) ^ 0x80) - 0x80) & M32, None),
   "s_sext_i32_i16": lambda a, c: ((((a & 0xFFFF) ^ 0x8000) - 0x8000) & M32, None),
   "s_abs_i32": lambda a, c: _scc_nz(abs(_s32(a)) & M32),
+  "s_cls_i32": lambda a, c: (_clz(a ^ (M32 if a >> 31 else 0), 32) if a not in (0, M32) else M32, None),
+  "s_cls_i32_i64": lambda a, c: (_clz(a ^ (M64 if a >> 63 else 0), 64) if a not in (0, M64) else M32, None),
   "s_bcnt0_i32_b32": lambda a, c: _scc_nz(32 - bin(a).count("1")), "s_bcnt0_i32_b64": lambda a, c: _scc_nz(64 - bin(a).count("1")),
   "s_bcnt1_i32_b32": lambda a, c: _scc_nz(bin(a).count("1")), "s_bcnt1_i32_b64": lambda a, c: _scc_nz(bin(a).count("1")),
 }
@@ -824,6 +851,10 @@ def compile_sopp(inst: Inst, name: str) -> Fn:
   if name == "s_barrier": return lambda w: BARRIER
   if name == "s_denorm_mode": return lambda w: w.set_mode((w.mode & ~0xF0) | ((k & 0xF) << 4))
   if name == "s_round_mode": return lambda w: w.set_mode((w.mode & ~0xF) | (k & 0xF))
+  if name == "s_trap":
+    def trap(w: Wave) -> None:
+      raise EmulatorError(f"kernel {w.kernel}: s_trap {k:#x} at offset {inst.addr:#x} (the kernel trapped, e.g. __builtin_trap or a failed assert)")
+    return trap
   if name in ("s_nop", "s_clause", "s_delay_alu", "s_waitcnt_depctr", "s_waitcnt", "s_set_inst_prefetch_distance", "s_sendmsg",
               "s_icache_inv", "s_setprio", "s_wait_idle", "s_sleep"): return lambda w: None
   raise Unimplemented(name)
@@ -884,7 +915,8 @@ _ATOMIC_FN: dict[str, Callable[[Any, Any], Any]] = {
   "add_u32": lambda m, v: m + v, "sub_u32": lambda m, v: m - v, "min_i32": lambda m, v: np.minimum(m.view(I32), v.view(I32)).view(U32),
   "min_u32": np.minimum, "max_i32": lambda m, v: np.maximum(m.view(I32), v.view(I32)).view(U32), "max_u32": np.maximum,
   "and_b32": lambda m, v: m & v, "or_b32": lambda m, v: m | v, "xor_b32": lambda m, v: m ^ v, "swap_b32": lambda m, v: v,
-  "add_f32": lambda m, v: (m.view(F32) + v.view(F32)).view(U32)}
+  "add_f32": lambda m, v: (m.view(F32) + v.view(F32)).view(U32),
+  "min_f32": lambda m, v: np.fmin(m.view(F32), v.view(F32)).view(U32), "max_f32": lambda m, v: np.fmax(m.view(F32), v.view(F32)).view(U32)}
 
 
 def compile_global(inst: Inst, name: str) -> Fn:
@@ -980,6 +1012,7 @@ _DS_LOAD_SMALL = {"ds_load_u8": (1, "u8"), "ds_load_i8": (1, "i8"), "ds_load_u16
                   "ds_load_i8_d16_hi": (1, "hi_i8"), "ds_load_u16_d16": (2, "lo"), "ds_load_u16_d16_hi": (2, "hi")}
 _DS_ATOMIC = {"ds_add_u32": "add_u32", "ds_sub_u32": "sub_u32", "ds_min_i32": "min_i32", "ds_max_i32": "max_i32", "ds_min_u32": "min_u32",
               "ds_max_u32": "max_u32", "ds_and_b32": "and_b32", "ds_or_b32": "or_b32", "ds_xor_b32": "xor_b32", "ds_add_f32": "add_f32",
+              "ds_min_f32": "min_f32", "ds_max_f32": "max_f32",
               "ds_add_rtn_u32": "add_u32"}
 
 
@@ -1057,7 +1090,7 @@ _SPECIAL_VALU: dict[str, Callable[[Inst, str], Fn]] = {
   "v_readlane_b32": compile_lane_read, "v_writelane_b32": compile_writelane, "v_swap_b32": compile_swap,
   "v_mad_u64_u32": compile_mad64, "v_mad_i64_i32": compile_mad64, "v_div_scale_f32": compile_div_scale, "v_div_scale_f64": compile_div_scale,
   "v_div_fmas_f32": compile_div_fmas, "v_div_fmas_f64": compile_div_fmas, "v_mbcnt_lo_u32_b32": compile_mbcnt,
-  "v_mbcnt_hi_u32_b32": compile_mbcnt, "v_nop": lambda inst, name: (lambda w: None),
+  "v_mbcnt_hi_u32_b32": compile_mbcnt, "v_nop": lambda inst, name: (lambda w: None), "v_pk_fmac_f16": compile_pk_fmac,
   **{n: compile_carry for n in ("v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32", "v_subrev_co_ci_u32")},
 }
 
@@ -1094,7 +1127,10 @@ def compile_inst(inst: Inst, kernel: str) -> Fn:
   """Closure for one instruction; an unknown or unsupported one raises Unimplemented naming its opcode and the kernel."""
   try:
     if inst.name is None or inst.enc not in _BY_ENC: raise Unimplemented("not in the emulator's opcode tables")
-    return _BY_ENC[inst.enc](inst, inst.name)
+    try:
+      return _BY_ENC[inst.enc](inst, inst.name)
+    except KeyError as e:
+      raise Unimplemented(f"no semantics for {e}") from None
   except Unimplemented as e:
     raise Unimplemented(f"kernel {kernel}: unimplemented RDNA3 instruction {describe(inst)} at offset {inst.addr:#x}"
                         + (f": {e}" if str(e) and str(e) != inst.name else "")) from None
