@@ -427,3 +427,9 @@ ds_load_2addr_b32 v[9:10], v7 offset1:1""", s={1: 0x40000000},
 def test_s_trap_is_an_error():
   with pytest.raises(Exception, match="s_trap 0x2"):
     run_asm("s_trap 2")
+
+
+def test_vop3_fmac_accumulates_into_its_destination():
+  """Regression: v_fmac_f32_e64 (clang uses it for SGPR operands) reads the accumulator from vdst, not src2."""
+  w = run_asm("v_fmac_f32_e64 v0, s1, s2\nv_fmac_f32_e64 v0, s3, -v1", s={1: F(2.0), 2: F(3.0), 3: F(0.5)}, v={0: F(1.0), 1: F(4.0)})
+  assert w.v[0].view(np.float32)[0] == 1.0 + 2.0 * 3.0 - 0.5 * 4.0

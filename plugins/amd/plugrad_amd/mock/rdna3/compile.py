@@ -342,7 +342,7 @@ def compile_valu(inst: Inst, name: str) -> Fn:
   vop3 = inst.enc in ("VOP3", "VOP3SD")
   absm, negm, opsel = (inst.abs, inst.neg, inst.opsel) if vop3 else (0, 0, 0)
   srcs = [inst.src0, getattr(inst, "src1", None) if vop3 else getattr(inst, "vsrc1", None), getattr(inst, "src2", None) if vop3 else None]
-  if name in _FMAC and not vop3: srcs[2] = 256 + inst.vdst
+  if name in _FMAC: srcs[2] = 256 + inst.vdst  # also in VOP3 form: the accumulator is the destination, src2 is unused
   if name in _FMAMK: srcs[2] = LIT
   readers = [typed(srcs[i], inst.lit, k, hi=bool(opsel >> i & 1), neg=bool(negm >> i & 1), absv=bool(absm >> i & 1))
              for i, k in enumerate(kinds)]
