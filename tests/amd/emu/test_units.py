@@ -433,3 +433,16 @@ def test_vop3_fmac_accumulates_into_its_destination():
   """Regression: v_fmac_f32_e64 (clang uses it for SGPR operands) reads the accumulator from vdst, not src2."""
   w = run_asm("v_fmac_f32_e64 v0, s1, s2\nv_fmac_f32_e64 v0, s3, -v1", s={1: F(2.0), 2: F(3.0), 3: F(0.5)}, v={0: F(1.0), 1: F(4.0)})
   assert w.v[0].view(np.float32)[0] == 1.0 + 2.0 * 3.0 - 0.5 * 4.0
+
+
+def test_dpp_is_refused_not_misdecoded():
+  with pytest.raises(Exception, match="DPP is not emulated"):
+    run_asm("v_mov_b32_dpp v0, v1 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf")
+
+
+def test_sin_cos_full_range_examples_from_the_isa_guide():
+  w = run_asm("v_sin_f32 v1, v0\nv_cos_f32 v2, v0", v={0: [0xFF800000, 0xFF7FFFFF, 0x80000000, 0x3E800000, 0x7F800000] + [F(0.125)] * 27})
+  assert list(w.v[1][1:4]) == [0x00000000, 0x80000000, 0x3F800000]
+  assert np.isnan(w.v[1].view(np.float32)[[0, 4]]).all()
+  assert w.v[1].view(np.float32)[5] == np.float32(np.sqrt(0.5)) and w.v[2].view(np.float32)[5] == np.float32(np.sqrt(0.5))
+  assert w.v[2].view(np.float32)[1] == 1.0

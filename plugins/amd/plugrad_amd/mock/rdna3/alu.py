@@ -26,6 +26,16 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
   return s.astype(F32)
 
 
+def sin_rev(x: np.ndarray, cos: bool = False) -> np.ndarray:
+  """v_sin/v_cos: sin/cos of x revolutions (x * 2pi), reduced exactly in revolutions first (full input range:
+  every float32 >= 2^23 is a whole number of turns, so sin(-MAXFLOAT) is +0); signed zero kept for sin(+-0)."""
+  x64 = np.asarray(x, F64)
+  r = x64 - np.rint(x64)
+  out = (np.cos if cos else np.sin)(r * TWO_PI) + 0.0
+  if not cos: out = np.where(x64 == 0, x64, out)
+  return out.astype(np.asarray(x).dtype)
+
+
 def fma16(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
   """float16 a*b+c, exact in float64 then rounded once to float16."""
   return (np.asarray(a, F64) * np.asarray(b, F64) + np.asarray(c, F64)).astype(F16)

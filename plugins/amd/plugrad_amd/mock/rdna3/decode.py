@@ -129,6 +129,8 @@ def decode_one(code: bytes, pos: int) -> Inst:
   elif top2 == 0b10: inst, size = _sop(w), 4
   elif w >> 31 == 0: inst, size = _vop(w), 4
   else: raise DecodeError(f"unknown RDNA3 encoding {w:#010x} at offset {pos:#x}")
+  if inst.enc in ("VOP1", "VOP2", "VOPC") and inst.src0 in (233, 234, 250):
+    raise DecodeError(f"{inst.name or inst.enc} with a DPP{'16' if inst.src0 == 250 else '8'} operand at offset {pos:#x}: DPP is not emulated")
   if _needs_literal(inst):
     if pos + size + 4 > len(code): raise DecodeError(f"code ends inside the literal of the instruction at offset {pos:#x}")
     inst.lit = struct.unpack_from("<I", code, pos + size)[0]
