@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plugrad_amd.mock.dispatch import Dispatch, PageFault, run_dispatch
+from plugrad_amd.mock.dispatch import Dispatch, PageFault, execute
 from plugrad_amd.mock.rdna3 import decode, disasm
 
 CLANG, LLD, OBJDUMP = "clang-19", "ld.lld-19", "llvm-objdump-19"
@@ -141,7 +141,7 @@ def run(mem: TestMemory, co: CodeObject, name: str, grid: tuple[int, ...], block
              lds: int = 0, scratch: int = 0) -> None:
   g = tuple(grid) + (1,) * (3 - len(grid))
   b = tuple(block) + (1,) * (3 - len(block))
-  run_dispatch(mem, Dispatch(co.kernel(name), karg, g, b, lds, scratch, "gfx1100"))
+  execute(mem, Dispatch(co.kernel(name), karg, g, b, lds, scratch, "gfx1100"))
 
 
 def objdump(so: Path) -> str:

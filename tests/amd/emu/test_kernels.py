@@ -468,7 +468,7 @@ def test_unimplemented_instruction_names_opcode_and_kernel(mem):
 def test_no_executor_registered():
   mock_dispatch.set_executor(None)
   with pytest.raises(RuntimeError, match="no kernel executor for gfx1100"):
-    mock_dispatch.run_dispatch(TestMemory(), mock_dispatch.Dispatch(0, 0, (1, 1, 1), (1, 1, 1), 0, 0, "gfx1100"))
+    mock_dispatch.execute(TestMemory(), mock_dispatch.Dispatch(0, 0, (1, 1, 1), (1, 1, 1), 0, 0, "gfx1100"))
 
 
 def test_descriptor_fields_parsed(mem):

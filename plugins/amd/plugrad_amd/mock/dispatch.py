@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-class PageFault(Exception):
+class PageFault(RuntimeError):
   """A GPU access outside any allocation."""
   def __init__(self, addr: int, size: int):
     super().__init__(f"GPU page fault: access of {size} bytes at {addr:#x} is outside any allocation")
@@ -28,22 +28,25 @@ class Dispatch:
   workgroup_size: tuple[int, int, int]
   group_segment_size: int
   private_segment_size: int
-  arch: str = "gfx1100"
+  arch: str
 
 
 Executor = Callable[[GPUMemory, Dispatch], None]
 _executor: Executor | None = None
 
 
-def set_executor(fn: Executor | None) -> None:
+def set_executor(fn: Executor | None) -> Executor | None:
+  """Register the kernel executor (None removes it); returns the previous one."""
   global _executor
-  _executor = fn
+  prev, _executor = _executor, fn
+  return prev
 
 
 def get_executor() -> Executor | None:
   return _executor
 
 
-def run_dispatch(mem: GPUMemory, d: Dispatch) -> None:
+def execute(mem: GPUMemory, d: Dispatch) -> None:
+  """Run a dispatch on the registered executor; RuntimeError when there is none."""
   if _executor is None: raise RuntimeError(f"no kernel executor for {d.arch}")
   _executor(mem, d)

@@ -123,7 +123,9 @@ def vwrite(vdst: int, kind: str, hi: bool = False) -> Callable[[Wave, Any], None
   width, dt = _WIDTH[kind], _DT[kind]
   if width == 32:
     def w32(w: Wave, res: Any) -> None:
-      np.copyto(w.v[vdst], np.asarray(res, dt).view(U32) if kind != "u32" else res, casting="unsafe", where=w.em)
+      bits = np.asarray(res, dt).view(U32) if kind != "u32" else res
+      if w.full: w.v[vdst] = bits
+      else: np.copyto(w.v[vdst], bits, casting="unsafe", where=w.em)
     return w32
   if width == 64:
     def w64(w: Wave, res: Any) -> None:
