@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 import pytest
-from harness import HAVE_TOOLS, TestMemory, build, crosscheck, kernargs, load, run
+from rdna3_harness import HAVE_TOOLS, TestMemory, build, crosscheck, kernargs, load, objdump, run
 
 from plugrad_amd.mock import dispatch as mock_dispatch
 from plugrad_amd.mock import rdna3
@@ -223,7 +223,7 @@ def test_float16_and_packed(mem):
   b2 = rng.uniform(-4, 4, 2 * n).astype(np.float16)
   pa, pb, po = mem.put(a2), mem.put(b2), mem.alloc(4 * n)
   so = run_kernel(mem, HALF, "half2s", (n,), (64,), (po, pa, pb), fmt="QQQ")
-  assert "v_pk_" in __import__("harness").objdump(so.path)
+  assert "v_pk_" in objdump(so.path)
   out2 = mem.get(po, np.float16, 2 * n).astype(np.float64)
   np.testing.assert_allclose(out2, a2.astype(np.float64) * b2 + a2, rtol=2e-3, atol=4e-3)
 
@@ -313,7 +313,7 @@ def test_scratch_private_array(mem):
   idx = rng.integers(0, 10000, 64).astype(np.int32)
   pin, pidx, po = mem.put(src), mem.put(idx), mem.alloc(4 * 64)
   so = run_kernel(mem, SCRATCH, "priv", (64,), (32,), (po, pin, pidx), fmt="QQQ")
-  assert "scratch_" in __import__("harness").objdump(so.path)
+  assert "scratch_" in objdump(so.path)
   arr = lambda i, k: int(src[(k * 7 + i) % 200]) + k
   assert list(mem.get(po, np.int32, 64)) == [arr(i, int(idx[i]) % 96) * 2 + arr(i, int(idx[i]) * 5 % 96) for i in range(64)]
 

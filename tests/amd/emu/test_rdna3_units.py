@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import TestMemory
+from rdna3_harness import TestMemory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
