@@ -4,6 +4,7 @@ outside them), builds kernargs and dispatches through plugrad_amd.mock.dispatch.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import struct
@@ -77,14 +78,16 @@ def build(source: str, lang: str = "cl", opt: str = "-O2", extra: tuple[str, ...
   key = hashlib.sha256((lang + opt + " ".join(extra) + text).encode()).hexdigest()[:24]
   so = _CACHE / f"{key}.so"
   if so.exists(): return so
-  src, obj = _CACHE / f"{key}.{lang}", _CACHE / f"{key}.o"
+  src, obj = _CACHE / f"{key}.{os.getpid()}.{lang}", _CACHE / f"{key}.{os.getpid()}.o"  # per process: xdist workers may race
   src.write_text(text)
   lang_flags = ["-x", "cl", "-cl-std=CL2.0"] if lang == "cl" else ["-x", "ir"]
   subprocess.run([CLANG, "-target", "amdgcn-amd-amdhsa", "-mcpu=gfx1100", "-nogpulib", opt, *lang_flags, *extra, "-c", str(src),
                   "-o", str(obj)], check=True, capture_output=True, text=True)
-  tmp = so.with_suffix(".tmp.so")
+  tmp = so.with_suffix(f".{os.getpid()}.tmp.so")
   subprocess.run([LLD, "-shared", str(obj), "-o", str(tmp)], check=True, capture_output=True, text=True)
   tmp.replace(so)
+  src.unlink()
+  obj.unlink()
   return so
 
 
