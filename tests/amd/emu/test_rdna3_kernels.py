@@ -549,3 +549,20 @@ def test_small_integer_types(mem):
   np.testing.assert_array_equal(o8[:, 1], f.astype(np.uint8))
   np.testing.assert_array_equal(o16[:, 0], ((bi >> 3) - ai * 7).astype(np.int16))
   np.testing.assert_array_equal(o16[:, 1], ((f.astype(np.int64) >> 2) ^ bi).astype(np.int16))
+
+
+UNIFORM_ATOMIC = """
+__kernel void count(__global int* total, __global float* ftotal, __global const int* in) {
+  int i = LID_X + GID_X * 64;
+  int old = __atomic_fetch_add(total, in[i], __ATOMIC_RELAXED);   // same address in every lane: LLVM's atomic optimizer
+  __atomic_fetch_add(ftotal, (float)(old & 0), __ATOMIC_RELAXED);   // (uses the returned value, so the scan path is taken)
+  __atomic_fetch_add(ftotal, 0.5f, __ATOMIC_RELAXED);
+}
+"""
+
+
+def test_uniform_address_atomics(mem):
+  x = np.random.default_rng(11).integers(-100, 100, 256).astype(np.int32)
+  px, pt, pf = mem.put(x), mem.alloc(4), mem.alloc(4)
+  run_kernel(mem, UNIFORM_ATOMIC, "count", (256,), (64,), (pt, pf, px), fmt="QQQ")
+  assert mem.get(pt, np.int32, 1)[0] == x.sum() and mem.get(pf, np.float32, 1)[0] == 128.0
