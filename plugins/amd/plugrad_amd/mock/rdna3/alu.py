@@ -196,8 +196,12 @@ def div_fixup(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
   return out.astype(dt)
 
 
+_POP8 = np.array([bin(i).count("1") for i in range(256)], U32)
+
+
 def popcount(x: np.ndarray) -> np.ndarray:
-  return np.bitwise_count(np.asarray(x, U32)).astype(U32)
+  x = np.asarray(x, U32)
+  return _POP8[np.ascontiguousarray(x).astype("<u4").view(U8).reshape(x.shape + (4,))].sum(axis=-1).astype(U32)
 
 
 def clz(x: np.ndarray) -> np.ndarray:
