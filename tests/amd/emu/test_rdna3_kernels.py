@@ -566,3 +566,23 @@ def test_uniform_address_atomics(mem):
   px, pt, pf = mem.put(x), mem.alloc(4), mem.alloc(4)
   run_kernel(mem, UNIFORM_ATOMIC, "count", (256,), (64,), (pt, pf, px), fmt="QQQ")
   assert mem.get(pt, np.int32, 1)[0] == x.sum() and mem.get(pf, np.float32, 1)[0] == 128.0
+
+
+def test_decoded_code_is_reused_only_while_the_bytes_are_unchanged(mem):
+  """The per-kernel decode cache survives new GPUMemory objects but not code rewritten at the same address."""
+  from plugrad_amd.mock.rdna3 import emulator
+  so = build(GRID2D)
+  co = load(mem, so)
+  po = mem.alloc(4 * 32 * 16)
+  ka = kernargs(mem, po, 32, fmt="Qi")
+  run(mem, co, "grid", (32, 16), (8, 4), ka)
+  key = next(k for k, p in emulator._PROGRAMS.items() if p.entry == co.kernel("grid") + rdna3.KernelDescriptor.parse(
+    mem.read(co.kernel("grid"), 64)).entry_offset)
+  prog = emulator._PROGRAMS[key]
+  run(mem, co, "grid", (32, 16), (8, 4), ka)
+  assert emulator._PROGRAMS[key] is prog
+  # overwrite the first instruction with s_endpgm: the next dispatch must decode again and store nothing
+  mem.write(prog.entry, struct.pack("<I", 0xBFB00000))
+  mem.write(po, bytes(4 * 32 * 16))
+  run(mem, co, "grid", (32, 16), (8, 4), ka)
+  assert emulator._PROGRAMS[key] is not prog and not mem.get(po, np.int32, 512).any()

@@ -128,7 +128,9 @@ def _program(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, kd_raw: bytes) -
   key = (entry, kd_raw)
   prog = _PROGRAMS.get(key)
   name = _NAMES.get(d.kernel_object, f"at {d.kernel_object:#x}")
-  if prog is not None and prog.mem is mem and prog.name == name and prog.still_valid(): return prog
+  if prog is not None and prog.name == name:
+    prog.mem = mem  # the mock hands a fresh GPUMemory view per queue run: the code bytes decide whether the cache holds
+    if prog.still_valid(): return prog
   prog = Program(mem, entry, name)
   _PROGRAMS[key] = prog
   if len(_PROGRAMS) > 256: _PROGRAMS.pop(next(iter(_PROGRAMS)))
