@@ -38,7 +38,6 @@ def run_kernel(mem: TestMemory, src: str, name: str, grid, block, args, fmt=None
   so = build(src, lang=lang, opt=opt, extra=extra)
   if check: _check_decode(so)
   co = load(mem, so)
-  rdna3.name_kernel(co.kernel(name), name)
   run(mem, co, name, grid, block, kernargs(mem, *args, fmt=fmt), lds=lds)
   return co
 
@@ -460,6 +459,7 @@ __kernel void cube(__global float* out) {
 
 
 def test_unimplemented_instruction_names_opcode_and_kernel(mem):
+  """The kernel's name comes from the code object's .dynsym in GPU memory (no name_kernel call here)."""
   po = mem.alloc(4 * 32)
   with pytest.raises(EmulatorError, match=r"kernel cube: unimplemented RDNA3 instruction .*VOP3 opcode 0x20c"):
     run_kernel(mem, UNIMPL, "cube", (32,), (32,), (po,), fmt="Q", check=False)

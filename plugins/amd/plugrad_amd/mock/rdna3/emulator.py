@@ -101,6 +101,7 @@ class Program:
 
 _PROGRAMS: dict[tuple[int, bytes], Program] = {}
 _NAMES: dict[int, str] = {}
+_ELF_BASE: dict[int, int] = {}
 
 
 def name_kernel(kernel_object: int, name: str) -> None:
@@ -123,11 +124,47 @@ class Stats:
 STATS = Stats()
 
 
+def _elf_kernel_name(mem: GPUMemory, kd_addr: int) -> str | None:
+  """The kernel's symbol name, when its code object is mapped the way loaders map it (PT_LOAD segments at their
+  virtual addresses from a base, so the ELF header, program headers and .dynsym sit below the descriptor)."""
+  try:
+    base = _ELF_BASE.get(kd_addr)
+    if base is None or mem.read(base, 4) != b"\x7fELF":
+      base = kd_addr & ~0xFFF
+      for _ in range(256):
+        if mem.read(base, 4) == b"\x7fELF": break
+        base -= 0x1000
+      else: return None
+      _ELF_BASE[kd_addr] = base
+    phoff, = struct.unpack("<Q", mem.read(base + 0x20, 8))
+    phentsize, phnum = struct.unpack("<HH", mem.read(base + 0x36, 4))
+    dyn = next((struct.unpack_from("<Q", ph, 16)[0] for i in range(phnum)
+                if struct.unpack_from("<I", ph := mem.read(base + phoff + i * phentsize, 56))[0] == 2), None)  # PT_DYNAMIC
+    if dyn is None: return None
+    tags: dict[int, int] = {}
+    for i in range(64):
+      tag, val = struct.unpack("<qQ", mem.read(base + dyn + 16 * i, 16))
+      if tag == 0: break
+      tags[tag] = val
+    symtab, strtab, hashtab = tags.get(6), tags.get(5), tags.get(4)  # DT_SYMTAB, DT_STRTAB, DT_HASH
+    if symtab is None or strtab is None or hashtab is None: return None
+    nsyms, = struct.unpack("<I", mem.read(base + hashtab + 4, 4))
+    for i in range(min(nsyms, 4096)):
+      st_name, _, _, _, st_value, _ = struct.unpack("<IBBHQQ", mem.read(base + symtab + 24 * i, 24))
+      if base + st_value != kd_addr: continue
+      raw = mem.read(base + strtab + st_name, 256)
+      name = raw[:raw.index(b"\0")].decode(errors="replace") if b"\0" in raw else raw.decode(errors="replace")
+      if name.endswith(".kd"): return name[:-3]
+  except (PageFault, struct.error, ValueError):
+    return None
+  return None
+
+
 def _program(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, kd_raw: bytes) -> Program:
   entry = d.kernel_object + kd.entry_offset
   key = (entry, kd_raw)
   prog = _PROGRAMS.get(key)
-  name = _NAMES.get(d.kernel_object, f"at {d.kernel_object:#x}")
+  name = _NAMES.get(d.kernel_object) or _elf_kernel_name(mem, d.kernel_object) or f"at {d.kernel_object:#x}"
   if prog is not None and prog.name == name:
     prog.mem = mem  # the mock hands a fresh GPUMemory view per queue run: the code bytes decide whether the cache holds
     if prog.still_valid(): return prog
