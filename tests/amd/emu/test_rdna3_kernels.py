@@ -240,6 +240,14 @@ __kernel void wmma(__global float* d, __global const half* a, __global const hal
   float8 r = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(fa, fb, fc);
   for (int j = 0; j < 8; j++) d[(2 * j + l / 16) * 16 + (l % 16)] = r[j];
 }
+__kernel void wmma_f16_out(__global half* d, __global const half* a, __global const half* b, __global const half* c, int hi) {
+  int l = LID_X;
+  half16 fa, fb, fc;
+  for (int k = 0; k < 16; k++) { fa[k] = a[(l % 16) * 16 + k]; fb[k] = b[k * 16 + (l % 16)]; fc[k] = (half)-7.0f; }
+  for (int j = 0; j < 8; j++) fc[2 * j + hi] = c[(2 * j + l / 16) * 16 + (l % 16)];
+  half16 r = hi ? __builtin_amdgcn_wmma_f16_16x16x16_f16_w32(fa, fb, fc, true) : __builtin_amdgcn_wmma_f16_16x16x16_f16_w32(fa, fb, fc, false);
+  for (int j = 0; j < 8; j++) d[(2 * j + l / 16) * 16 + (l % 16)] = r[2 * j + hi];
+}
 __kernel void wmma_bf16(__global float* d, __global const short* a, __global const short* b, __global const float* c) {
   int l = LID_X;
   short16 fa, fb;
@@ -260,6 +268,12 @@ def test_wmma_f16_and_bf16(mem):
   pa, pb, pc, pd = mem.put(a), mem.put(b), mem.put(c), mem.alloc(4 * 256)
   run_kernel(mem, WMMA, "wmma", (32,), (32,), (pd, pa, pb, pc), fmt="QQQQ")
   np.testing.assert_allclose(mem.get(pd, np.float32, 256).reshape(16, 16), a.astype(np.float64) @ b.astype(np.float64) + c, rtol=1e-5, atol=1e-5)
+  for hi in (0, 1):  # f16 accumulator in the low or the high halves (op_sel)
+    ch = rng.uniform(-1, 1, (16, 16)).astype(np.float16)
+    pch, pdh = mem.put(ch), mem.alloc(2 * 256)
+    run_kernel(mem, WMMA, "wmma_f16_out", (32,), (32,), (pdh, pa, pb, pch, hi), fmt="QQQQi")
+    np.testing.assert_allclose(mem.get(pdh, np.float16, 256).reshape(16, 16).astype(np.float64),
+                               (a.astype(np.float64) @ b.astype(np.float64) + ch).astype(np.float16), rtol=2e-3, atol=2e-3)
   abf = (rng.uniform(-1, 1, (16, 16)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
   bbf = (rng.uniform(-1, 1, (16, 16)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
   as_f = lambda x: (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)

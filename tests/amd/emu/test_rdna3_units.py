@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from plugrad_amd.mock.rdna3 import alu, isa
 from plugrad_amd.mock.rdna3.compile import ENDPGM, Unimplemented
 from plugrad_amd.mock.rdna3.decode import decode_one
-from plugrad_amd.mock.rdna3.disasm import text
+from plugrad_amd.mock.rdna3.disasm import normalize, text
 from plugrad_amd.mock.rdna3.emulator import Program, _run_wave
 from plugrad_amd.mock.rdna3.wave import Wave
 
@@ -446,3 +446,35 @@ def test_sin_cos_full_range_examples_from_the_isa_guide():
   assert np.isnan(w.v[1].view(np.float32)[[0, 4]]).all()
   assert w.v[1].view(np.float32)[5] == np.float32(np.sqrt(0.5)) and w.v[2].view(np.float32)[5] == np.float32(np.sqrt(0.5))
   assert w.v[2].view(np.float32)[1] == 1.0
+
+
+MODIFIER_LINES = """v_pk_add_f16 v1, v2, v3 op_sel:[1,0] op_sel_hi:[0,1]
+v_pk_fma_f16 v3, v0, v1, v0 neg_lo:[1,0,0] neg_hi:[0,0,1]
+v_pk_mul_f16 v3, v0, s1 clamp
+v_fma_mix_f32 v4, v0, v1, v5 op_sel_hi:[1,1,0]
+v_dot2_f32_f16 v6, v0, v1, v5
+v_add_f32_e64 v2, -|v0|, v1
+v_mul_f32_e64 v3, v0, v1 clamp
+v_mul_f32_e64 v4, v0, v1 mul:2
+v_add_nc_u16 v14, v15, v16 op_sel:[1,0,1]
+v_cmp_lt_f32_e64 s4, |v0|, 0.5
+v_cndmask_b32_e64 v1, v2, -v3, s5
+ds_load_2addr_b32 v[2:3], v1 offset1:1
+ds_store_b64 v1, v[2:3] offset:16
+global_load_b32 v2, v0, s[0:1] offset:-4
+global_atomic_add_u32 v1, v0, v2, s[2:3] glc
+scratch_store_b32 off, v0, off offset:8
+s_load_b64 s[4:5], s[0:1], 0x8
+v_dual_fmaak_f32 v0, v1, v2, 0x3f800000 :: v_dual_mov_b32 v3, 1.0
+s_cmpk_lg_u32 s4, 0x3e6"""
+
+
+def test_disassembly_text_with_modifiers_matches_llvm():
+  """Operand modifiers (abs/neg/op_sel/clamp/omod/offsets/glc) print as llvm-mc prints them."""
+  out = subprocess.run([MC, "-arch=amdgcn", "-mcpu=gfx1100", "-show-encoding"], input=MODIFIER_LINES, capture_output=True, text=True,
+                       check=True).stdout
+  for line in out.splitlines():
+    if "encoding:" not in line: continue
+    theirs, enc = line.split(";")[0], re.search(r"encoding: \[([^\]]*)\]", line).group(1)
+    raw = bytes(int(x, 16) for x in enc.split(","))
+    assert text(decode_one(raw + bytes(8), 0)) == normalize(theirs)

@@ -90,7 +90,20 @@ def operands(inst: Inst) -> list[str]:
     if inst.omod: out.append({1: "mul:2", 2: "mul:4", 3: "div:2"}[inst.omod])
     return out
   if e == "VOP3P":
-    return [f"v{inst.vdst}", *(operand(s, lit) for s in (inst.src0, inst.src1, inst.src2))]
+    name = inst.name or ""
+    three = name.startswith(("v_wmma", "v_dot", "v_fma_mix", "v_pk_fma", "v_pk_mad"))
+    n = 3 if three else 2
+    out = [f"v{inst.vdst}", *(operand(s, lit) for s in (inst.src0, inst.src1, inst.src2)[:n])]
+    bits = lambda v: "[" + ",".join(str(v >> i & 1) for i in range(n)) + "]"
+    mix = name.startswith("v_fma_mix")
+    if inst.opsel: out.append(f"op_sel:{bits(inst.opsel)}")
+    full = (1 << n) - 1
+    if ((inst.opsel_hi & full) != full and not mix and not name.startswith("v_wmma")) or (mix and inst.opsel_hi):
+      out.append(f"op_sel_hi:{bits(inst.opsel_hi)}")
+    if inst.neg: out.append(f"neg_lo:{bits(inst.neg)}")
+    if inst.neg_hi: out.append(f"neg_hi:{bits(inst.neg_hi)}")
+    if inst.clamp: out.append("clamp")
+    return out
   if e == "VOPD":
     def half(op: int, d: int, s0: int, s1: int) -> list[str]:
       if op == 8: return [f"v{d}", operand(s0, lit)]
