@@ -600,3 +600,35 @@ def test_decoded_code_is_reused_only_while_the_bytes_are_unchanged(mem):
   mem.write(po, bytes(4 * 32 * 16))
   run(mem, co, "grid", (32, 16), (8, 4), ka)
   assert emulator._PROGRAMS[key] is not prog and not mem.get(po, np.int32, 512).any()
+
+
+WMMA_I8 = """
+typedef int int4v __attribute__((ext_vector_type(4)));
+typedef int int8v __attribute__((ext_vector_type(8)));
+__kernel void wmma_i8(__global int* d, __global const char* a, __global const char* b, __global const int* c) {
+  int l = LID_X;
+  int4v fa, fb;
+  int8v fc;
+  for (int k = 0; k < 4; k++) {
+    int pa = 0, pb = 0;
+    for (int j = 0; j < 4; j++) {
+      pa |= ((int)(uchar)a[(l % 16) * 16 + 4 * k + j]) << (8 * j);
+      pb |= ((int)(uchar)b[(4 * k + j) * 16 + (l % 16)]) << (8 * j);
+    }
+    fa[k] = pa; fb[k] = pb;
+  }
+  for (int j = 0; j < 8; j++) fc[j] = c[(2 * j + l / 16) * 16 + (l % 16)];
+  int8v r = __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32(true, fa, false, fb, fc, false);
+  for (int j = 0; j < 8; j++) d[(2 * j + l / 16) * 16 + (l % 16)] = r[j];
+}
+"""
+
+
+def test_wmma_int8(mem):
+  rng = np.random.default_rng(12)
+  a = rng.integers(-128, 128, (16, 16)).astype(np.int8)
+  b = rng.integers(-128, 128, (16, 16)).astype(np.int8)  # read as unsigned by the kernel (sgn_b = false)
+  c = rng.integers(-1000, 1000, (16, 16)).astype(np.int32)
+  pa, pb, pc, pd = mem.put(a), mem.put(b), mem.put(c), mem.alloc(4 * 256)
+  run_kernel(mem, WMMA_I8, "wmma_i8", (32,), (32,), (pd, pa, pb, pc), fmt="QQQQ")
+  np.testing.assert_array_equal(mem.get(pd, np.int32, 256).reshape(16, 16), a.astype(np.int64) @ b.view(np.uint8).astype(np.int64) + c)

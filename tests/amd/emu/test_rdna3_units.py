@@ -478,3 +478,15 @@ def test_disassembly_text_with_modifiers_matches_llvm():
     theirs, enc = line.split(";")[0], re.search(r"encoding: \[([^\]]*)\]", line).group(1)
     raw = bytes(int(x, 16) for x in enc.split(","))
     assert text(decode_one(raw + bytes(8), 0)) == normalize(theirs)
+
+
+def test_permlane_and_swizzle():
+  w = run_asm("""v_permlane16_b32 v1, v0, s0, s1
+v_permlanex16_b32 v2, v0, s0, s1
+ds_swizzle_b32 v3, v0 offset:swizzle(QUAD_PERM,3,2,1,0)
+ds_swizzle_b32 v4, v0 offset:swizzle(BITMASK_PERM,"ppppi")
+s_waitcnt lgkmcnt(0)""", s={0: 0x76543210, 1: 0xFEDCBA98}, v={0: LANE * 10})
+  assert list(w.v[1]) == list(LANE * 10)  # identity selector
+  assert list(w.v[2]) == list((LANE ^ 16) * 10)  # the other row
+  assert list(w.v[3][:8]) == [30, 20, 10, 0, 70, 60, 50, 40]
+  assert list(w.v[4][:4]) == [10, 0, 30, 20]  # xor 1

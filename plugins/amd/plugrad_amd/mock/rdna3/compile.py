@@ -489,6 +489,21 @@ def compile_writelane(inst: Inst, name: str) -> Fn:
   return run
 
 
+def compile_permlane(inst: Inst, name: str) -> Fn:
+  """v_permlane16_b32 / v_permlanex16_b32: lane l of each 16-lane row reads lane sel(l) of the same row (x16: the
+  other row), sel(l) = nibble l%16 of the 64-bit selector {src2, src1}."""
+  if inst.src0 < 256: raise Unimplemented(f"{name} with a non-VGPR source")
+  src, lo, hi = inst.src0 - 256, sread(inst.src1, inst.lit), sread(inst.src2, inst.lit)
+  write = vwrite(inst.vdst, "u32")
+  row = (np.arange(LANES) // 16) * 16
+  if name == "v_permlanex16_b32": row = row ^ 16
+  def run(w: Wave) -> None:
+    sel = lo(w) | (hi(w) << 32)
+    lanes = row + np.array([(sel >> (4 * (k % 16))) & 0xF for k in range(LANES)])
+    write(w, w.v[src][lanes].copy())
+  return run
+
+
 def compile_swap(inst: Inst, name: str) -> Fn:
   a, b = inst.vdst, inst.src0 - 256
   def run(w: Wave) -> None:
@@ -577,6 +592,26 @@ def compile_wmma(inst: Inst, name: str) -> Fn:
   hi = bool(inst.opsel & 4)
   rows = 2 * np.arange(8)[:, None] + (np.arange(LANES)[None, :] // 16)
   cols = np.broadcast_to(np.arange(LANES)[None, :] % 16, (8, LANES))
+
+  integer = "_iu" in name
+  if integer:
+    bits = 8 if name.endswith("iu8") else 4
+    nregs = 16 * bits // 32
+    sa, sb = bool(inst.neg & 1), bool(inst.neg & 2)  # neg bits mark A / B as signed
+    def ints(regs: np.ndarray, signed: bool) -> np.ndarray:  # (nregs, 32) -> (32 lanes, 16) int64
+      per = 32 // bits
+      v = np.stack([(regs >> U32(bits * i)) & U32((1 << bits) - 1) for i in range(per)], axis=1).reshape(nregs * per, LANES).T
+      v = v.astype(I64)
+      return np.where(signed & (v >= (1 << (bits - 1))), v - (1 << bits), v)
+    def run_int(w: Wave) -> None:
+      if not w.full: raise EmulatorError(f"{w.kernel}: {name} executed with EXEC != all lanes")
+      a, b = ints(w.v[a0:a0 + nregs], sa)[:16], ints(w.v[b0:b0 + nregs], sb)[:16].T
+      c = np.zeros((16, 16), I64)
+      c[rows, cols] = w.v[c0:c0 + 8].view(I32)
+      d = a @ b + c
+      d = np.clip(d, -(1 << 31), (1 << 31) - 1) if inst.clamp else d
+      w.v[d0:d0 + 8] = (d[rows, cols] & 0xFFFFFFFF).astype(U32)
+    return run_int
 
   def halves(regs: np.ndarray) -> np.ndarray:  # (8, 32) uint32 -> (32 lanes, 16) f32
     h = np.stack([regs & U32(0xFFFF), regs >> U32(16)], axis=1).reshape(16, LANES).T.astype(U32)
@@ -1066,6 +1101,17 @@ def compile_ds(inst: Inst, name: str) -> Fn:
         lds32[p] = np.frombuffer(np.asarray(fn(np.array(old, U32), np.array(w.v[d0][lane], U32)), "<u4").tobytes(), U8)
         if rtn: w.v[vd][lane] = old
     return atomic
+  if name == "ds_swizzle_b32":
+    lane = np.arange(LANES)
+    if single & 0x8000:  # quad permute: each lane of a quad picks a lane of its quad
+      src_lane = (lane & ~3) | ((single >> (2 * (lane & 3))) & 3)
+    else:  # bitmask permute within 32 lanes: ((lane & and) | or) ^ xor
+      src_lane = ((lane & (single & 0x1F)) | ((single >> 5) & 0x1F)) ^ ((single >> 10) & 0x1F)
+    def swizzle(w: Wave) -> None:
+      res = w.v[d0][src_lane].copy()
+      res[~w.em[src_lane]] = 0
+      np.copyto(w.v[vd], res, where=w.em)
+    return swizzle
   if name in ("ds_bpermute_b32", "ds_permute_b32"):
     def permute(w: Wave) -> None:
       lanes = ((w.v[va].astype(np.int64) + single) >> 2) & 31
@@ -1091,6 +1137,7 @@ _SPECIAL_VALU: dict[str, Callable[[Inst, str], Fn]] = {
   "v_mad_u64_u32": compile_mad64, "v_mad_i64_i32": compile_mad64, "v_div_scale_f32": compile_div_scale, "v_div_scale_f64": compile_div_scale,
   "v_div_fmas_f32": compile_div_fmas, "v_div_fmas_f64": compile_div_fmas, "v_mbcnt_lo_u32_b32": compile_mbcnt,
   "v_mbcnt_hi_u32_b32": compile_mbcnt, "v_nop": lambda inst, name: (lambda w: None), "v_pk_fmac_f16": compile_pk_fmac,
+  "v_permlane16_b32": compile_permlane, "v_permlanex16_b32": compile_permlane,
   **{n: compile_carry for n in ("v_add_co_u32", "v_sub_co_u32", "v_subrev_co_u32", "v_add_co_ci_u32", "v_sub_co_ci_u32", "v_subrev_co_ci_u32")},
 }
 

@@ -81,6 +81,7 @@ VOP3_ONLY = _table("""522:v_mad_i32_i24 523:v_mad_u32_u24 528:v_bfe_u32 529:v_bf
 568:v_div_fmas_f64 576:v_xor3_b32 577:v_mad_u16 580:v_perm_b32 581:v_xad_u32 582:v_lshl_add_u32 583:v_add_lshl_u32 584:v_fma_f16
 585:v_min3_f16 586:v_min3_i16 587:v_min3_u16 588:v_max3_f16 589:v_max3_i16 590:v_max3_u16 591:v_med3_f16 592:v_med3_i16 593:v_med3_u16
 595:v_mad_i16 596:v_div_fixup_f16 597:v_add3_u32 598:v_lshl_or_b32 599:v_and_or_b32 600:v_or3_b32 601:v_mad_u32_u16 602:v_mad_i32_i16
+603:v_permlane16_b32 604:v_permlanex16_b32
 605:v_cndmask_b16 606:v_maxmin_f32 607:v_minmax_f32 608:v_maxmin_f16 609:v_minmax_f16 610:v_maxmin_u32 611:v_minmax_u32 612:v_maxmin_i32
 613:v_minmax_i32 764:v_div_scale_f32 765:v_div_scale_f64 766:v_mad_u64_u32 767:v_mad_i64_i32 768:v_add_co_u32 769:v_sub_co_u32
 770:v_subrev_co_u32 771:v_add_nc_u16 772:v_sub_nc_u16 773:v_mul_lo_u16 774:v_cvt_pk_i16_f32 775:v_cvt_pk_u16_f32 777:v_max_u16
@@ -99,7 +100,8 @@ VOP3SD = {288, 289, 290, 764, 765, 766, 767, 768, 769, 770}
 VOP3P = _table("""0:v_pk_mad_i16 1:v_pk_mul_lo_u16 2:v_pk_add_i16 3:v_pk_sub_i16 4:v_pk_lshlrev_b16 5:v_pk_lshrrev_b16 6:v_pk_ashrrev_i16
 7:v_pk_max_i16 8:v_pk_min_i16 9:v_pk_mad_u16 10:v_pk_add_u16 11:v_pk_sub_u16 12:v_pk_max_u16 13:v_pk_min_u16 14:v_pk_fma_f16
 15:v_pk_add_f16 16:v_pk_mul_f16 17:v_pk_min_f16 18:v_pk_max_f16 19:v_dot2_f32_f16 32:v_fma_mix_f32 33:v_fma_mixlo_f16
-34:v_fma_mixhi_f16 64:v_wmma_f32_16x16x16_f16 65:v_wmma_f32_16x16x16_bf16 66:v_wmma_f16_16x16x16_f16 67:v_wmma_bf16_16x16x16_bf16""")
+34:v_fma_mixhi_f16 64:v_wmma_f32_16x16x16_f16 65:v_wmma_f32_16x16x16_bf16 66:v_wmma_f16_16x16x16_f16 67:v_wmma_bf16_16x16x16_bf16
+68:v_wmma_i32_16x16x16_iu8 69:v_wmma_i32_16x16x16_iu4""")
 
 VOPD_X = _table("""0:v_dual_fmac_f32 1:v_dual_fmaak_f32 2:v_dual_fmamk_f32 3:v_dual_mul_f32 4:v_dual_add_f32 5:v_dual_sub_f32
 6:v_dual_subrev_f32 8:v_dual_mov_b32 9:v_dual_cndmask_b32 10:v_dual_max_f32 11:v_dual_min_f32""")
@@ -107,7 +109,7 @@ VOPD_Y = {**VOPD_X, **_table("16:v_dual_add_nc_u32 17:v_dual_lshlrev_b32 18:v_du
 
 DS = _table("""0:ds_add_u32 1:ds_sub_u32 5:ds_min_i32 6:ds_max_i32 7:ds_min_u32 8:ds_max_u32 9:ds_and_b32 10:ds_or_b32 11:ds_xor_b32
 13:ds_store_b32 14:ds_store_2addr_b32 15:ds_store_2addr_stride64_b32 18:ds_min_f32 19:ds_max_f32 21:ds_add_f32 30:ds_store_b8
-31:ds_store_b16 32:ds_add_rtn_u32 54:ds_load_b32 55:ds_load_2addr_b32 56:ds_load_2addr_stride64_b32 57:ds_load_i8 58:ds_load_u8
+31:ds_store_b16 32:ds_add_rtn_u32 53:ds_swizzle_b32 54:ds_load_b32 55:ds_load_2addr_b32 56:ds_load_2addr_stride64_b32 57:ds_load_i8 58:ds_load_u8
 59:ds_load_i16 60:ds_load_u16 77:ds_store_b64 78:ds_store_2addr_b64 79:ds_store_2addr_stride64_b64 118:ds_load_b64 119:ds_load_2addr_b64
 120:ds_load_2addr_stride64_b64 160:ds_store_b8_d16_hi 161:ds_store_b16_d16_hi 162:ds_load_u8_d16 163:ds_load_u8_d16_hi 164:ds_load_i8_d16
 165:ds_load_i8_d16_hi 166:ds_load_u16_d16 167:ds_load_u16_d16_hi 178:ds_permute_b32 179:ds_bpermute_b32 222:ds_store_b96
