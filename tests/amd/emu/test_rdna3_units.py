@@ -490,3 +490,8 @@ s_waitcnt lgkmcnt(0)""", s={0: 0x76543210, 1: 0xFEDCBA98}, v={0: LANE * 10})
   assert list(w.v[2]) == list((LANE ^ 16) * 10)  # the other row
   assert list(w.v[3][:8]) == [30, 20, 10, 0, 70, 60, 50, 40]
   assert list(w.v[4][:4]) == [10, 0, 30, 20]  # xor 1
+
+
+def test_vgpr_beyond_the_descriptor_count_is_an_error():
+  with pytest.raises(Exception, match="beyond the 32 VGPRs"):
+    run_asm("v_mov_b32 v40, 1")

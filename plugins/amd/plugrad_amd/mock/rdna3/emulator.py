@@ -212,6 +212,9 @@ def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
         w.pc = nxt
         return r
       if n > budget[0]: raise EmulatorError(f"kernel {prog.name}: wave exceeded {budget[0]} instructions (infinite loop?)")
+  except IndexError:
+    raise EmulatorError(f"kernel {prog.name}: the instruction at offset {pc:#x} uses a register beyond the {len(w.v)} VGPRs "
+                        "the kernel descriptor grants") from None
   finally:
     w.count += n
     budget[0] -= n
