@@ -435,9 +435,22 @@ def test_vop3_fmac_accumulates_into_its_destination():
   assert w.v[0].view(np.float32)[0] == 1.0 + 2.0 * 3.0 - 0.5 * 4.0
 
 
-def test_dpp_is_refused_not_misdecoded():
-  with pytest.raises(Exception, match="DPP is not emulated"):
-    run_asm("v_mov_b32_dpp v0, v1 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf")
+def test_dpp16_and_dpp8_lane_patterns():
+  w = run_asm("""v_mov_b32_dpp v1, v0 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf
+v_mov_b32 v2, 7
+v_mov_b32_dpp v2, v0 row_shr:1 row_mask:0xf bank_mask:0xf
+v_mov_b32 v3, 7
+v_mov_b32_dpp v3, v0 row_shl:2 row_mask:0xf bank_mask:0xf bound_ctrl:1
+v_add_f32_dpp v4, v5, v5 row_mirror row_mask:0xf bank_mask:0xf
+v_mov_b32_dpp v6, v0 dpp8:[7,6,5,4,3,2,1,0]
+v_mov_b32 v7, 9
+v_mov_b32_dpp v7, v0 row_xmask:1 row_mask:0x1 bank_mask:0xf""", v={0: LANE, 5: [F(float(i)) for i in range(32)]})
+  assert list(w.v[1][:4]) == [1, 0, 3, 2]
+  assert list(w.v[2][:3]) == [7, 0, 1] and w.v[2][16] == 7  # lane 0 of each row has no source: not written
+  assert list(w.v[3][13:17]) == [15, 0, 0, 18]  # bound_ctrl: out-of-row sources read 0
+  assert list(w.v[4].view(np.float32)[:2]) == [15.0 + 0.0, 14.0 + 1.0]
+  assert list(w.v[6][:8]) == [7, 6, 5, 4, 3, 2, 1, 0] and w.v[6][8] == 15
+  assert list(w.v[7][:2]) == [1, 0] and w.v[7][16] == 9  # row_mask 0x1: the second row is not written
 
 
 def test_sin_cos_full_range_examples_from_the_isa_guide():
@@ -466,7 +479,13 @@ global_atomic_add_u32 v1, v0, v2, s[2:3] glc
 scratch_store_b32 off, v0, off offset:8
 s_load_b64 s[4:5], s[0:1], 0x8
 v_dual_fmaak_f32 v0, v1, v2, 0x3f800000 :: v_dual_mov_b32 v3, 1.0
-s_cmpk_lg_u32 s4, 0x3e6"""
+s_cmpk_lg_u32 s4, 0x3e6
+v_mov_b32_dpp v1, v0 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf
+v_mov_b32_dpp v3, v0 row_shl:2 row_mask:0xf bank_mask:0xf bound_ctrl:1
+v_add_f32_dpp v4, v5, v5 row_mirror row_mask:0xf bank_mask:0xf
+v_mov_b32_dpp v6, v0 dpp8:[7,6,5,4,3,2,1,0]
+v_mov_b32_dpp v7, v0 row_xmask:1 row_mask:0x1 bank_mask:0xf fi:1
+v_cmp_lt_f32 vcc_lo, v1, v2 row_half_mirror row_mask:0xf bank_mask:0x3"""
 
 
 def test_disassembly_text_with_modifiers_matches_llvm():

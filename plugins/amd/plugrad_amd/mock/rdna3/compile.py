@@ -11,7 +11,7 @@ import numpy as np
 
 from plugrad_amd.mock.rdna3 import alu
 from plugrad_amd.mock.rdna3.alu import F16, F32, F64, I16, I32, I64, U8, U16, U32, U64
-from plugrad_amd.mock.rdna3.decode import Inst
+from plugrad_amd.mock.rdna3.decode import DPP_SRC, Inst
 from plugrad_amd.mock.rdna3.wave import (LANE_IDS, LANES, EmulatorError, Wave, gather_global, lanes_to_mask, lds_index,
                                          mask_to_lanes, scatter_global, scratch_index)
 
@@ -88,6 +88,9 @@ def swrite(code: int, width: int = 32) -> Callable[[Wave, int], None]:
 
 def vbits(code: int, lit: int | None, width: int, flt: bool) -> Fn:
   """Vector-instruction source reader returning lane bits (uint32/uint64 array, or a scalar for uniform sources)."""
+  if code == DPP_SRC:
+    if width != 32: raise Unimplemented(f"DPP on a {width}-bit operand")
+    return lambda w: w.dpp_tmp
   if code >= 256:
     r = code - 256
     if width == 64: return lambda w: w.v[r].astype(U64) | (w.v[r + 1].astype(U64) << U64(32))
@@ -1165,6 +1168,48 @@ _BY_ENC: dict[str, Callable[[Inst, str], Fn]] = {
 }
 
 
+def dpp_lanes(inst: Inst) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+  """(source lane, source valid, lane may be written, bound_ctrl) of a DPP16/DPP8 operand."""
+  lane = np.arange(LANES)
+  d = inst.dpp["word"]
+  if inst.dpp["kind"] == "dpp8":
+    return (lane & ~7) | ((d >> (8 + 3 * (lane % 8))) & 7), np.ones(LANES, bool), np.ones(LANES, bool), False
+  if d & (3 << 20 | 3 << 22): raise Unimplemented("DPP with abs/neg source modifiers")
+  ctrl, row, pos, n = (d >> 8) & 0x1FF, lane & ~15, lane % 16, (d >> 8) & 0xF
+  valid = np.ones(LANES, bool)
+  if ctrl <= 0xFF: src = (lane & ~3) | ((ctrl >> (2 * (lane & 3))) & 3)
+  elif 0x101 <= ctrl <= 0x10F: src, valid = lane + n, pos + n < 16
+  elif 0x111 <= ctrl <= 0x11F: src, valid = lane - n, pos - n >= 0
+  elif 0x121 <= ctrl <= 0x12F: src = row + (pos - n) % 16
+  elif ctrl == 0x140: src = row + 15 - pos
+  elif ctrl == 0x141: src = (lane & ~7) + 7 - lane % 8
+  elif 0x150 <= ctrl <= 0x15F: src = row + n
+  elif 0x160 <= ctrl <= 0x16F: src = row + (pos ^ n)
+  else: raise Unimplemented(f"DPP control {ctrl:#x}")
+  row_mask, bank_mask = (d >> 28) & 0xF, (d >> 24) & 0xF
+  writable = (((row_mask >> (lane // 16)) & 1) != 0) & (((bank_mask >> (pos // 4)) & 1) != 0)
+  return np.clip(src, 0, LANES - 1), valid, writable, bool(d >> 19 & 1)
+
+
+def compile_dpp(inst: Inst, inner: Fn) -> Fn:
+  """Run `inner` with src0 replaced by the DPP-permuted VGPR; lanes with an invalid source (out of the row, or an
+  inactive lane without FI) read 0 with bound_ctrl and are not written without it."""
+  src_lane, valid, writable, bound = dpp_lanes(inst)
+  reg, fi = inst.dpp_src - 256, inst.dpp["fi"]
+  def run(w: Wave) -> Any:
+    ok = valid if fi else valid & w.em[src_lane]
+    vals = w.v[reg][src_lane]
+    w.dpp_tmp = np.where(ok, vals, U32(0)).astype(U32) if bound else vals
+    mask = w.em & writable if bound else w.em & writable & ok
+    saved = (w.em, w.idx, w.full)
+    w.em, w.idx, w.full = mask, np.flatnonzero(mask), bool(mask.all())
+    try:
+      return inner(w)
+    finally:
+      if w.em is mask: w.em, w.idx, w.full = saved  # (a v_cmpx wrote EXEC: keep what it set)
+  return run
+
+
 def describe(inst: Inst) -> str:
   op = f"{inst.op[0]:#x}/{inst.op[1]:#x}" if isinstance(inst.op, tuple) else f"{inst.op:#x}"
   return f"{inst.name or 'unknown'} ({inst.enc} opcode {op})"
@@ -1175,7 +1220,8 @@ def compile_inst(inst: Inst, kernel: str) -> Fn:
   try:
     if inst.name is None or inst.enc not in _BY_ENC: raise Unimplemented("not in the emulator's opcode tables")
     try:
-      return _BY_ENC[inst.enc](inst, inst.name)
+      fn = _BY_ENC[inst.enc](inst, inst.name)
+      return compile_dpp(inst, fn) if getattr(inst, "dpp", None) else fn
     except KeyError as e:
       raise Unimplemented(f"no semantics for {e}") from None
   except Unimplemented as e:

@@ -10,6 +10,7 @@ from typing import Any
 from plugrad_amd.mock.rdna3 import isa
 
 LITERAL = 255
+DPP_SRC = 1000  # src0 stand-in for a DPP-permuted VGPR (the real register is Inst.dpp_src)
 
 
 class DecodeError(Exception):
@@ -129,8 +130,12 @@ def decode_one(code: bytes, pos: int) -> Inst:
   elif top2 == 0b10: inst, size = _sop(w), 4
   elif w >> 31 == 0: inst, size = _vop(w), 4
   else: raise DecodeError(f"unknown RDNA3 encoding {w:#010x} at offset {pos:#x}")
-  if inst.enc in ("VOP1", "VOP2", "VOPC") and inst.src0 in (233, 234, 250):
-    raise DecodeError(f"{inst.name or inst.enc} with a DPP{'16' if inst.src0 == 250 else '8'} operand at offset {pos:#x}: DPP is not emulated")
+  if inst.enc in ("VOP1", "VOP2", "VOPC") and inst.src0 in (233, 234, 250):  # DPP: one more dword with src0 and the lane pattern
+    if pos + size + 4 > len(code): raise DecodeError(f"code ends inside the DPP word of the instruction at offset {pos:#x}")
+    d = struct.unpack_from("<I", code, pos + size)[0]
+    inst.dpp = {"kind": "dpp16" if inst.src0 == 250 else "dpp8", "word": d, "fi": inst.src0 == 234 or bool(d >> 18 & 1)}
+    inst.dpp_src, inst.src0 = 256 + (d & 0xFF), DPP_SRC
+    size += 4
   if _needs_literal(inst):
     if pos + size + 4 > len(code): raise DecodeError(f"code ends inside the literal of the instruction at offset {pos:#x}")
     inst.lit = struct.unpack_from("<I", code, pos + size)[0]

@@ -7,7 +7,7 @@ import re
 
 from plugrad_amd.mock.rdna3 import isa
 from plugrad_amd.mock.rdna3.compile import VALU
-from plugrad_amd.mock.rdna3.decode import Inst
+from plugrad_amd.mock.rdna3.decode import DPP_SRC, Inst
 
 _SPECIAL = {106: "vcc_lo", 107: "vcc_hi", 124: "null", 125: "m0", 126: "exec_lo", 127: "exec_hi", 253: "scc", 235: "src_shared_base",
             236: "src_shared_limit", 237: "src_private_base", 238: "src_private_limit"}
@@ -15,6 +15,7 @@ _FLOATS = {240: "0.5", 241: "-0.5", 242: "1.0", 243: "-1.0", 244: "2.0", 245: "-
 
 
 def operand(code: int, lit: int | None) -> str:
+  if code == DPP_SRC: return "<dpp>"
   if code >= 256: return f"v{code - 256}"
   if code in _SPECIAL: return _SPECIAL[code]
   if code < 106: return f"s{code}"
@@ -32,8 +33,24 @@ def _mod(s: str, i: int, absm: int, negm: int) -> str:
   return s
 
 
+def _dpp_text(inst: Inst) -> list[str]:
+  d = inst.dpp["word"]
+  if inst.dpp["kind"] == "dpp8":
+    return [f"dpp8:[{','.join(str((d >> (8 + 3 * i)) & 7) for i in range(8))}]"] + (["fi:1"] if inst.dpp["fi"] else [])
+  ctrl, n = (d >> 8) & 0x1FF, (d >> 8) & 0xF
+  if ctrl <= 0xFF: out = [f"quad_perm:[{','.join(str((ctrl >> (2 * i)) & 3) for i in range(4))}]"]
+  else:
+    names = {0x100: "row_shl", 0x110: "row_shr", 0x120: "row_ror", 0x150: "row_share", 0x160: "row_xmask"}
+    out = ["row_mirror" if ctrl == 0x140 else "row_half_mirror" if ctrl == 0x141 else f"{names.get(ctrl & 0x1F0, '?')}:{n}"]
+  out += [f"row_mask:{(d >> 28) & 0xF:#x}", f"bank_mask:{(d >> 24) & 0xF:#x}"]
+  if d >> 19 & 1: out.append("bound_ctrl:1")
+  if d >> 18 & 1: out.append("fi:1")
+  return out
+
+
 def mnemonic(inst: Inst) -> str:
   name = inst.name or f"<{inst.enc} {inst.op}>"
+  if getattr(inst, "dpp", None): return name if inst.enc == "VOPC" else name + "_dpp"
   if inst.enc in ("VOP1", "VOP2", "VOPC") and name not in isa.NO_SUFFIX: return name + "_e32"
   if inst.enc in ("VOP3", "VOP3SD") and inst.op < 512 and name not in ("v_readlane_b32",): return name + "_e64"
   return name
@@ -142,6 +159,9 @@ _KEYWORDS = ("clamp", "glc", "slc", "dlc")
 
 
 def text(inst: Inst) -> str:
+  if getattr(inst, "dpp", None):
+    ops = [t.replace("<dpp>", f"v{inst.dpp_src - 256}") for t in operands(inst)]
+    return " ".join([mnemonic(inst) + " " + ", ".join(ops), *_dpp_text(inst)])
   if inst.enc == "VOPD":
     toks = operands(inst)
     cut = toks.index("::")

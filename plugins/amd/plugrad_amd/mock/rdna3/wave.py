@@ -58,6 +58,7 @@ class Wave:
   def __init__(self, nvgpr: int, mem: GPUMemory, lds: np.ndarray, scratch_size: int, kernel: str, wave_id: int):
     self.s = [0] * 128
     self.v = np.zeros((nvgpr, LANES), U32)
+    self.dpp_tmp = np.zeros(LANES, U32)  # src0 of the DPP instruction being executed
     self.scc = 0
     self.mem, self.lds, self.kernel, self.wave_id = mem, lds, kernel, wave_id
     self.scratch = np.zeros((LANES, scratch_size), U8) if scratch_size else None
