@@ -9,10 +9,11 @@ STAMP := $(VENV)/.installed
 .PHONY: setup test test-python lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
 
 sysdeps:
-	@command -v clang >/dev/null 2>&1 || { \
-	  echo "installing clang from apt"; \
+	@command -v clang >/dev/null 2>&1 && command -v clang-19 >/dev/null 2>&1 && command -v ld.lld-19 >/dev/null 2>&1 && \
+	  command -v llvm-objdump-19 >/dev/null 2>&1 && command -v llvm-mc-19 >/dev/null 2>&1 || { \
+	  echo "installing clang, clang-19, lld-19 and llvm-19 from apt"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang lld >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang lld clang-19 lld-19 llvm-19 >/dev/null; }
 	@{ command -v dot && command -v chromium && test -x /usr/bin/chromedriver; } >/dev/null 2>&1 || { \
 	  echo "installing graphviz, chromium and chromium-driver from apt (VIZ viewer and its browser test)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
