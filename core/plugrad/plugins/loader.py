@@ -47,20 +47,31 @@ class DeviceEntry:
   dist: DistInfo
   refused: str = ""
   _avail: Availability | None = None
+  _iface_avail: dict[str, Availability] = field(default_factory=dict)
 
   @property
   def name(self) -> str: return self.spec.name
 
-  def availability(self) -> Availability:
-    """Run the probe once (isolated: a raising probe means unavailable); refused devices are never available."""
+  def availability(self, iface: str | None = None) -> Availability:
+    """Run the probe once (isolated: a raising probe means unavailable); refused devices are never available.
+
+    With `iface` (the `IFACE+` part of a device string) the probe of that interface answers, when the spec lists any."""
     if self.refused: return Availability.no(self.refused)
-    if self._avail is None:
-      try:
-        res = self.spec.probe()
-        self._avail = res if isinstance(res, Availability) else Availability.no(f"probe returned {res!r}, expected Availability")
-      except Exception as e:
-        self._avail = Availability.no(f"probe raised {type(e).__name__}: {e}")
+    if iface is not None and self.spec.interfaces:
+      if (probe := self.spec.interfaces.get(iface.upper())) is None:
+        return Availability.no(f"{self.name} has no interface {iface.upper()} (it has {', '.join(sorted(self.spec.interfaces))} "
+                               "and the default one)")
+      if iface.upper() not in self._iface_avail: self._iface_avail[iface.upper()] = _run_probe(probe)
+      return self._iface_avail[iface.upper()]
+    if self._avail is None: self._avail = _run_probe(self.spec.probe)
     return self._avail
+
+def _run_probe(probe: Callable[[], Availability]) -> Availability:
+  try:
+    res = probe()
+    return res if isinstance(res, Availability) else Availability.no(f"probe returned {res!r}, expected Availability")
+  except Exception as e:
+    return Availability.no(f"probe raised {type(e).__name__}: {e}")
 
 @dataclass
 class TensorMethod:

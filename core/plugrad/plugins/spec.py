@@ -34,6 +34,9 @@ class DeviceSpec:
   api_version: the PLUGIN_API_VERSION the plugin was written against. probe: cheap, import-free availability check.
   factory: "module:Class" (imported on first open) or a callable; called with the canonical device name ("CPU:1").
   renderers: names of the renderers the device offers, first is the default (informational, shown by plugrad-devices).
+  interfaces: probes of the `IFACE+` interfaces the device offers besides its default one (`MOCK+AMD`), by upper-case name;
+  a device string with an interface is checked with that probe (an interface not listed is unavailable, naming the ones
+  there are). Devices that list none ignore the interface part, as before.
   distribution: filled in by the loader with the name of the distribution that registered the spec.
   """
   name: str
@@ -44,6 +47,7 @@ class DeviceSpec:
   renderers: tuple[str, ...] = ()
   description: str = ""
   distribution: str = field(default="", compare=False)
+  interfaces: dict[str, Callable[[], Availability]] = field(default_factory=dict, compare=False)
 
   def __post_init__(self) -> None:
     if not isinstance(self.name, str) or not DEVICE_NAME_RE.match(self.name):
