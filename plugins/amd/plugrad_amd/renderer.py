@@ -22,6 +22,7 @@ from typing import Any, Union
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad_amd import f64math
 
 Expr = Union[int, str, list]
 LAUNCH_TAG = "plugrad-launch"
@@ -120,6 +121,27 @@ def mtype(dt: DType) -> str:
 def is_float(dt: DType) -> bool: return dtypes.is_float(dt) and dt.scalar() not in FP8
 
 
+def fp8_value(code: int, dt: DType) -> float:
+  """The float an fp8 byte encodes (e4m3: the 'fn' variant, no infinities, 0x7f/0xff NaN; e5m2: IEEE-like)."""
+  ebits, mbits, bias = (4, 3, 7) if dt == dtypes.fp8e4m3 else (5, 2, 15)
+  sign, e, m = -1.0 if code & 0x80 else 1.0, (code >> mbits) & ((1 << ebits) - 1), code & ((1 << mbits) - 1)
+  if dt == dtypes.fp8e4m3 and e == 15 and m == 7: return math.nan
+  if dt == dtypes.fp8e5m2 and e == 31: return sign * math.inf if m == 0 else math.nan
+  return sign * (m * 2.0 ** (1 - bias - mbits) if e == 0 else (1 + m / (1 << mbits)) * 2.0 ** (e - bias))
+
+
+def fp8_bits(v: float, dt: DType) -> int:
+  """The fp8 byte nearest to `v` (ties to the even code); out of range: e5m2 gives inf, e4m3 (no inf) NaN."""
+  f = float(v)
+  if math.isnan(f): return 0x7F if dt == dtypes.fp8e4m3 else 0x7E
+  finite = [(c, fp8_value(c, dt)) for c in range(256) if math.isfinite(fp8_value(c, dt))]
+  top = max(x for _, x in finite)
+  half_ulp = (top - fp8_value(0x7D if dt == dtypes.fp8e4m3 else 0x7A, dt)) / 2
+  if abs(f) >= top + half_ulp: return (0x7F if dt == dtypes.fp8e4m3 else 0x7C) | (0x80 if f < 0 else 0)
+  best = min(finite, key=lambda cx: (abs(cx[1] - f), cx[0] & 1, (cx[0] & 0x80) != (0x80 if math.copysign(1, f) < 0 else 0)))
+  return best[0]
+
+
 def render_const(v: Any, dt: DType) -> str:
   """An LLVM constant of scalar type `dt` (floats as exact hex: LLVM rejects inexact decimal float literals)."""
   if dt.count > 1: return "<" + ", ".join(f"{ltype(dt.scalar())} {render_const(v, dt.scalar())}" for _ in range(dt.count)) + ">"
@@ -139,8 +161,9 @@ def render_const(v: Any, dt: DType) -> str:
     u = struct.unpack("<I", struct.pack("<f", f))[0] if math.isfinite(f) or math.isinf(f) else 0x7FC00000
     if math.isnan(f): u = 0x7FC00000
     return "0xR%04X" % (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF if not math.isnan(f) else 0x7FC0)
+  if dt in FP8: iv = fp8_bits(v, dt)
+  else: iv = int(v) & ((1 << dt.itemsize * 8) - 1)
   bits = dt.itemsize * 8
-  iv = int(v) & ((1 << bits) - 1)
   return str(iv - (1 << bits) if iv >= 1 << (bits - 1) else iv)
 
 
@@ -193,7 +216,34 @@ class AMDGPURenderer(Renderer):
     if src in FP8 or dst in FP8: return self.fp8_cast(x, src, dst)
     if src in (dtypes.float16, dtypes.bfloat16) and dst in (dtypes.float16, dtypes.bfloat16):
       return self.cast(self.cast(x, src, dtypes.float32), dtypes.float32, dst)
+    if dtypes.bfloat16 in (src, dst):  # bf16 <-> float32 as bit operations (the backend can't select every bf16 conversion)
+      if src == dtypes.bfloat16: return self.cast(self.bf16_to_f32(x), dtypes.float32, dst)
+      return self.f32_to_bf16(self.cast(x, src, dtypes.float32))
     return self._cast_ins(x, src, dst, ltype(src), ltype(dst))
+
+  def bf16_to_f32(self, x: str) -> str:
+    b, w, sh, out = self._new(), self._new(), self._new(), self._new()
+    self.emit(f"{b} = bitcast bfloat {x} to i16")
+    self.emit(f"{w} = zext i16 {b} to i32")
+    self.emit(f"{sh} = shl i32 {w}, 16")
+    self.emit(f"{out} = bitcast i32 {sh} to float")
+    return out
+
+  def f32_to_bf16(self, x: str) -> str:
+    """Round to nearest even on the bits; NaN stays a (quiet) NaN."""
+    n = [self._new() for _ in range(9)]
+    self.emit(f"{n[0]} = bitcast float {x} to i32")
+    self.emit(f"{n[1]} = lshr i32 {n[0]}, 16")
+    self.emit(f"{n[2]} = and i32 {n[1]}, 1")
+    self.emit(f"{n[3]} = add i32 {n[0]}, 32767")
+    self.emit(f"{n[4]} = add i32 {n[3]}, {n[2]}")
+    self.emit(f"{n[5]} = lshr i32 {n[4]}, 16")
+    self.emit(f"{n[6]} = fcmp uno float {x}, {x}")
+    self.emit(f"{n[7]} = select i1 {n[6]}, i32 32704, i32 {n[5]}")
+    self.emit(f"{n[8]} = trunc i32 {n[7]} to i16")
+    out = self._new()
+    self.emit(f"{out} = bitcast i16 {n[8]} to bfloat")
+    return out
 
   def _cast_ins(self, x: str, src: DType, dst: DType, ls: str, ld: str) -> str:
     out = self._new()
@@ -232,6 +282,21 @@ class AMDGPURenderer(Renderer):
 
   def intrinsic(self, name: str, dt: DType, args: list[str]) -> str:
     lt = ltype(dt)
+    if dt == dtypes.float64 and name in f64math.HELPERS:  # no f64 instruction: our own IR function
+      self.helpers.add(name)
+      out = self._new()
+      self.emit(f"{out} = call double @pg_{name}_f64(double {args[0]})")
+      return out
+    if dt.count > 1 and dt.scalar() == dtypes.float64 and name in f64math.HELPERS:
+      lanes = [self._new() for _ in range(dt.count)]
+      cur = "poison"
+      for i, ln in enumerate(lanes):
+        self.emit(f"{ln} = extractelement {lt} {args[0]}, i32 {i}")
+        r = self.intrinsic(name, dtypes.float64, [ln])
+        nv = self._new()
+        self.emit(f"{nv} = insertelement {lt} {cur}, double {r}, i32 {i}")
+        cur = nv
+      return cur
     suffix = (f"v{dt.count}" if dt.count > 1 else "") + _FSUFFIX[ltype(dt.scalar())]
     self.decls.add(f"declare {lt} @llvm.{name}.{suffix}({', '.join([lt] * len(args))})")
     out = self._new()
@@ -379,6 +444,7 @@ class AMDGPURenderer(Renderer):
     self._n, self._lines, self._block = 0, [], "entry"
     self.r: dict[UOp, str] = {}
     self.decls: set[str] = set()
+    self.helpers: set[str] = set()
     self.globals_: list[str] = []
     allocas: list[str] = []
     params: list[str] = []
@@ -475,7 +541,9 @@ class AMDGPURenderer(Renderer):
     attrs = (f'"amdgpu-flat-work-group-size"="1,{max(threads, 1)}" "uniform-work-group-size"="true" '
              f'"target-cpu"="{self.arch}" "amdgpu-no-implicitarg-ptr"')
     body = ["entry:", *("  " + a for a in allocas), *self._lines, "  ret void"]
-    out = [f"; {self.arch} kernel {name}", 'target triple = "amdgcn-amd-amdhsa"', *self.globals_, *sorted(self.decls), "",
+    if self.helpers: self.decls.update(f64math.DECLS)
+    helpers = [f64math.HELPERS[h]() for h in sorted(self.helpers)]
+    out = [f"; {self.arch} kernel {name}", 'target triple = "amdgcn-amd-amdhsa"', *self.globals_, *sorted(self.decls), *helpers, "",
            f"define amdgpu_kernel void @{name}({', '.join(params)}) #0 {{", *body, "}", f"attributes #0 = {{ nounwind {attrs} }}",
            f"; {LAUNCH_TAG} {json.dumps(meta, separators=(',', ':'))}", ""]
     return "\n".join(out)
