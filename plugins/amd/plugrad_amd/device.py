@@ -201,7 +201,9 @@ class AMDCopyQueue(HWQueue):
             sdma_field("COPY_LINEAR", "HEADER", "sub_op", sdma_gfx11.SDMA_SUBOP_COPY_LINEAR))
       e.put(e.value(n, "m1") if isinstance(n, Var) else n - 1, 0)
       for a in (src, dest):
-        if isinstance(a, Var): e.put(e.value(a + off, "lo"), e.value(a + off, "hi"))
+        if isinstance(a, Var):
+          e.put(e.value(a + off, "lo"))
+          e.put(e.value(a + off, "hi"))
         else: e.put((a + off) & 0xFFFFFFFF, (a + off) >> 32)
 
   def _sdma_exec(self, e: Encoded, *args: Any) -> None: raise NotImplementedError("kernels go on the compute queue")
@@ -337,7 +339,7 @@ class AMDBatch:
   kernel arguments, and each replay rewrites the argument slots of the JIT's input buffers and submits the queue with
   the new variable values (the timeline value is a Var patched in the packets)."""
   def __init__(self, dev: AMDDevice, items: list) -> None:
-    self.dev, self.items = dev, items
+    self.dev, self.items, self.last = dev, items, 0
     self.states: list[AMDArgsState] = []
     q = AMDComputeQueue().wait(dev.timeline_signal, Var("timeline") - 1).memory_barrier()
     for ei in items:
@@ -355,21 +357,25 @@ class AMDBatch:
   def _fail(self, why: str) -> None: self.queue = None  # type: ignore[assignment]
 
   def __call__(self, var_vals: dict[str, int], slots: list[tuple[int, int]] = ()) -> None:
+    if self.last: self.dev.timeline_signal.wait(self.last, self.dev.timeout_ms)  # the previous replay still reads these kernargs
     for i, ei in enumerate(self.items):
       names = [v.arg[0] for v in ei.runner.spec.vars]
       bufs = [b._buf.va_addr for b in ei.bufs]
       vals = [var_vals[n] for n in names]
       blob = struct.pack(f"<{len(bufs)}Q{len(vals)}i", *bufs, *vals)
       ctypes.memmove(self.states[i].kernarg, blob, len(blob))
-    self.queue.submit(self.dev, {"timeline": self.dev.next_timeline()})
+    self.last = self.dev.next_timeline()
+    self.queue.submit(self.dev, {"timeline": self.last})
 
 
 class AMDDevice(HCQCompiled):
   """An AMD GPU through /dev/kfd (`AMD`, `AMD:1`, `AMD::gfx942`), or the mock KFD (`MOCK+AMD`)."""
-  def __init__(self, device: str) -> None:
+  def __init__(self, device: str, os_iface: Any = None) -> None:
+    """`os_iface` replaces the OS layer (tests pass their own MockKFD); by default the interface part of `device` picks it."""
     from plugrad.device import parse_device
     dn = parse_device(device)
-    if dn.iface == "MOCK": self.os: Any = importlib.import_module("plugrad_amd.mock.kfd").MockKFD.instance()
+    if os_iface is not None: self.os = os_iface
+    elif dn.iface == "MOCK": self.os = importlib.import_module("plugrad_amd.mock.kfd").MockKFD.instance()
     elif dn.iface in (None, "KFD"): self.os = OSInterface()
     else: raise ValueError(f"device {device}: unknown interface {dn.iface} (AMD has KFD, the default, and MOCK)")
     want_arch = dn.arch or (dn.renderer.lower() if dn.renderer and dn.renderer.lower() in ARCHS else None)
@@ -466,5 +472,10 @@ class AMDDevice(HCQCompiled):
     b = AMDBatch(self, items)
     return b if b.queue is not None else None
 
+  def synchronize(self) -> None:
+    super().synchronize()
+    self.check_fault()  # work that signals nothing (or a malformed packet) still faults here
+
   def check_fault(self) -> None:
+    self.os.poll()
     if (f := getattr(self.os, "fault", None)) is not None: raise RuntimeError(f"device {self.device} faulted: {f}")

@@ -78,6 +78,9 @@ class OSInterface:
 
   def munmap(self, addr: int, size: int) -> None: self.libc.munmap(addr, size)
 
+  def poll(self) -> None:
+    """Called while the host waits on the GPU; the hardware needs nothing (the mock runs its stalled queues here)."""
+
   def ring_doorbell(self, addr: int, value: int) -> None:
     """Write the queue's new write pointer to its doorbell (a 64-bit MMIO store)."""
     ctypes.c_uint64.from_address(addr).value = value

@@ -249,6 +249,10 @@ class MockKFD:
   # ---- doorbells and the command processors
   def ring_doorbell(self, addr: int, value: int) -> None:
     ctypes.c_uint64.from_address(addr).value = value
+    self.poll()
+
+  def poll(self) -> None:
+    """Run every queue until none makes progress (a stalled wait is retried on the next doorbell or host poll)."""
     with self._busy:
       progress = True
       while progress and self.fault is None:
