@@ -158,3 +158,59 @@ def test_capabilities_per_arch():
 def test_bad_special_is_a_clear_error():
   bad = UOp(Ops.SPECIAL, dtypes.int32, (UOp.const(dtypes.int32, 4),), "tid")
   with pytest.raises(ValueError, match="SPECIAL 'tid'"): AMDGPURenderer().render("k", [gl(0, 4), bad])
+
+
+class TCRenderer(AMDGPURenderer):
+  """Core has no WMMA op on this branch yet (the GPU-codegen work adds it): a CUSTOM uop stands in for it here, rendered
+  by the same `wmma` method the renderer uses for WMMA."""
+  def alu(self, u: UOp, args: list[str]) -> str: return self.wmma(u) if u.op is Ops.CUSTOM else super().alu(u, args)
+
+
+def tc_program(na: int, nc: int, lanes: int, dt_in) -> list[UOp]:
+  """Each lane loads its a/b fragments (na elements) and c (nc floats), runs one tensor-core op, stores the result."""
+  i32 = dtypes.int32
+  a, b, c, out = gl(1, lanes * na, dt_in), gl(2, lanes * na, dt_in), gl(3, lanes * nc), gl(0, lanes * nc)
+  lane = UOp(Ops.SPECIAL, i32, (UOp.const(i32, lanes),), "lidx0")
+  prog = [out, a, b, c, lane]
+  def frag(buf: UOp, n: int, dt) -> UOp:
+    base = UOp(Ops.MUL, i32, (lane, UOp.const(i32, n)))
+    prog.append(base)
+    vals = []
+    for j in range(n):
+      idx = UOp(Ops.ADD, i32, (base, UOp.const(i32, j)))
+      ix = UOp(Ops.INDEX, buf.dtype, (buf, idx))
+      ld = UOp(Ops.LOAD, dt, (ix,))
+      prog.extend([idx, ix, ld])
+      vals.append(ld)
+    v = UOp(Ops.VECTORIZE, dt.vec(n), tuple(vals))
+    prog.append(v)
+    return v
+  va, vb, vc = frag(a, na, dt_in), frag(b, na, dt_in), frag(c, nc, dtypes.float32)
+  w = UOp(Ops.CUSTOM, dtypes.float32.vec(nc), (va, vb, vc), "WMMA_16_16_16")
+  prog.append(w)
+  base = UOp(Ops.MUL, i32, (lane, UOp.const(i32, nc)))
+  prog.append(base)
+  for j in range(nc):
+    g = UOp(Ops.GEP, dtypes.float32, (w,), (j,))
+    idx = UOp(Ops.ADD, i32, (base, UOp.const(i32, j)))
+    ix = UOp(Ops.INDEX, out.dtype, (out, idx))
+    prog.extend([g, idx, ix, UOp(Ops.STORE, dtypes.void, (ix, g))])
+  return prog
+
+
+TC_CASES = [("gfx1100", 16, 8, 32, "v_wmma_f32_16x16x16_f16", "v_wmma_f32_16x16x16_bf16"),
+            ("gfx1201", 8, 8, 32, "v_wmma_f32_16x16x16_f16", "v_wmma_f32_16x16x16_bf16"),
+            ("gfx942", 4, 4, 64, "v_mfma_f32_16x16x16_f16", "v_mfma_f32_16x16x16_bf16"),
+            ("gfx90a", 4, 4, 64, "v_mfma_f32_16x16x16f16", "v_mfma_f32_16x16x16bf16_1k")]
+
+
+@needs_clang
+@pytest.mark.skipif(shutil.which("llvm-objdump-19") is None, reason="llvm-objdump-19 not installed")
+@pytest.mark.parametrize("arch,na,nc,lanes,f16_ins,bf16_ins", TC_CASES)
+def test_tensor_core_instructions(arch: str, na: int, nc: int, lanes: int, f16_ins: str, bf16_ins: str):
+  c = AMDGPUCompiler(arch)
+  for dt, ins in ((dtypes.float16, f16_ins), (dtypes.bfloat16, bf16_ins)):
+    src = TCRenderer(arch).render("tc", tc_program(na, nc, lanes, dt))
+    asm = c.disassemble(c.compile(src))
+    assert ins in asm, f"{arch} {dt}: {ins} not in\n{asm[:3000]}"
+  with pytest.raises(NotImplementedError, match="no tensor core"): TCRenderer(arch).render("tc", tc_program(na * 2, nc, lanes, dtypes.float16))
