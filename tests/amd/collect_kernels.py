@@ -5,7 +5,7 @@
 Runs the suite on the NULL device (schedules and codegen run, nothing executes, so value checks fail: that is
 expected and ignored) with `get_program` wrapped to also render each kernel AST with the AMDGPU renderer of each
 arch. Writes {"kernels": {arch: [[name, source], ...]}, "errors": {arch: [[name, renderer error], ...]}}.
-tests/amd/test_compile.py runs this in a subprocess and compiles everything it collects with clang-19.
+tests/amd/test_amd_compile.py runs this in a subprocess and compiles everything it collects with clang-19.
 """
 from __future__ import annotations
 

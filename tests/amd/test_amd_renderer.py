@@ -1,6 +1,6 @@
 """AMDGPU renderer: golden LLVM IR for small kernels, hand-built GPU linear programs (SPECIAL ids, DEFINE_LOCAL,
 BARRIER, IF/ENDIF) compiled for every arch and checked in the machine code and kernel descriptor, launch metadata,
-constants. Values are checked in test_semantics.py."""
+constants. Values are checked in test_amd_semantics.py."""
 from __future__ import annotations
 
 import math

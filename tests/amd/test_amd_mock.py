@@ -130,7 +130,7 @@ def test_no_executor_is_a_device_fault():
   try:
     from plugrad.codegen import get_program
     from plugrad_amd.renderer import AMDGPURenderer
-    from test_renderer import elementwise_ast
+    from test_amd_renderer import elementwise_ast
     spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
     prg = d.load(spec.name, d.compiler.compile_cached(spec.src))
     a, b = d.allocator.alloc(64), d.allocator.alloc(64)

@@ -22,7 +22,7 @@ from plugrad.plugins.python import decode, interpret
 from plugrad.uop.ops import Ops
 from plugrad_amd.renderer import AMDGPURenderer
 from amd_helpers import merge
-from test_compile import FP8, sweep_asts
+from test_amd_compile import FP8, sweep_asts
 
 pytestmark = pytest.mark.skipif(shutil.which("clang-19") is None, reason="clang-19 not installed")
 
