@@ -74,7 +74,7 @@ def _scalar_store(ctx: CStyleRenderer, idx: UOp, val: UOp) -> str:
   return st if (g := _gate(ctx, idx)) is None else f"if ({g}) {st}"
 
 
-def _lane_by_lane(ctx: CStyleRenderer, x: UOp) -> str:
+def lane_by_lane(ctx: CStyleRenderer, x: UOp) -> str:
   """A vector op the target has no vector form of: the scalar op rendered on each lane, gathered into a vector."""
   args = [ctx.r[s] for s in x.src]
   holes = tuple(UOp(Ops.NOOP, s.dtype.scalar(), arg=i) for i, s in enumerate(x.src))
@@ -83,7 +83,7 @@ def _lane_by_lane(ctx: CStyleRenderer, x: UOp) -> str:
   for lane in range(x.dtype.count):
     for h, a in zip(holes, args): ctx.r[h] = f"{a}[{lane}]"
     lanes.append(ctx.render_uop(scalar))
-  return f"(({ctx.ctype(x.dtype)}){{{', '.join(lanes)}}})"
+  return ctx.vector_literal(x.dtype, lanes)
 
 
 def _vector_alu(ctx: CStyleRenderer, x: UOp) -> str | None:
@@ -95,7 +95,7 @@ def _vector_alu(ctx: CStyleRenderer, x: UOp) -> str | None:
   if x.op is Ops.NEG: return f"(-{a[0]})"
   if x.op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
   if x.op in _VEC_INFIX: return ctx.code_for_op[x.op](*a)
-  return _lane_by_lane(ctx, x)
+  return lane_by_lane(ctx, x)
 
 
 def _unary_math(ctx: CStyleRenderer, x: UOp) -> str | None:
@@ -158,7 +158,7 @@ base_rewrite = PatternMatcher([
   (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="idx"), UPat.var("val"))), _scalar_store),
   # vectors
   (UPat(Ops.GEP, name="x"), lambda ctx, x: f"{ctx.r[x.src[0]]}[{x.arg[0]}]"),
-  (UPat(Ops.VECTORIZE, name="x"), lambda ctx, x: f"(({ctx.ctype(x.dtype)}){{{', '.join(ctx.r[s] for s in x.src)}}})"),
+  (UPat(Ops.VECTORIZE, name="x"), lambda ctx, x: ctx.vector_literal(x.dtype, [ctx.r[s] for s in x.src])),
   (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), _vector_alu),
   # scalar ALU
   (UPat(Ops.CAST, name="x"), lambda ctx, x: f"(({ctx.ctype(x.dtype)}){ctx.r[x.src[0]]})"),
@@ -221,9 +221,13 @@ class CStyleRenderer(Renderer):
     """The C name of vector type `dt` (renderers with vector types override this and declare it in their prelude)."""
     raise NotImplementedError(f"{type(self).__name__} does not render vector type {dt}")
 
+  def vector_literal(self, dt: DType, lanes: list[str]) -> str:
+    """A vector value of type `dt` from one expression per lane (a C compound literal)."""
+    return f"(({self.ctype(dt)}){{{', '.join(lanes)}}})"
+
   def render_const(self, v, dt: DType) -> str:
     """The C literal of constant `v` of type `dt`."""
-    if dt.count > 1: return f"(({self.ctype(dt)}){{{', '.join([self.render_const(v, dt.scalar())] * dt.count)}}})"
+    if dt.count > 1: return self.vector_literal(dt, [self.render_const(v, dt.scalar())] * dt.count)
     if dt == dtypes.bool: return "1" if v else "0"
     if dtypes.is_float(dt):
       if math.isnan(v): s = "__builtin_nanf(\"\")" if dt != dtypes.float64 else "__builtin_nan(\"\")"

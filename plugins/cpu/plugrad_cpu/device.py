@@ -155,7 +155,7 @@ class ClangRenderer(CStyleRenderer):
   emulated = frozenset({dtypes.fp8e4m3, dtypes.fp8e5m2})  # C has no 8-bit floats; the device adds the 16-bit ones the compiler lacks
   supports_float4, global_max = True, None
   upcast_max = 64  # accumulators per loop iteration for codegen/opt.py (32 AVX-512 or 16 AVX2 vector registers)
-  vectorizes_reductions = False  # set per device when the compiler is clang: see render_range
+  vectorizes_reductions = False  # set per device when the compiler is clang: see _loop
   vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
   vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
   prefetch_bytes = getenv("PREFETCH_BYTES", 1024)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
