@@ -82,13 +82,13 @@ def test_golden_shared_memory_barrier():
 @pytest.mark.parametrize("din,ty", [(dtypes.float16, "f16"), (dtypes.bfloat16, "bf16")])
 def test_golden_wmma(din, ty: str):
   src = CUDARenderer().render("k", wmma_program(din)[0])
-  t = "half" if din == dtypes.float16 else "__nv_bfloat16"
+  t, v = ("half", "float16") if din == dtypes.float16 else ("__nv_bfloat16", "bfloat16")
   tc = f"WMMA_16_8_16_{'half' if din == dtypes.float16 else 'bfloat16'}_float"
   assert f'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, ' in src
-  assert f"__device__ __forceinline__ pg_float4 pg_wmma_{tc}(pg_{t}8 a, pg_{t}4 b, pg_float4 c) {{" in src
-  assert f"struct __align__(16) pg_{t}8 {{ {t} v[8];" in src and f"struct __align__(8) pg_{t}4 {{ {t} v[4];" in src
-  assert f"pg_{t}8 alu51 = pg_{t}8{{val22, val27, val32, val35, val39, val44, val47, val50}};" in src
-  assert f"pg_float4 alu82 = pg_wmma_{tc}(alu51, alu68, alu81);" in src and "float alu83 = alu82[0];" in src
+  assert f"__device__ __forceinline__ pg_float32_4 pg_wmma_{tc}(pg_{v}_8 a, pg_{v}_4 b, pg_float32_4 c) {{" in src
+  assert f"struct __align__(16) pg_{v}_8 {{ {t} v[8];" in src and f"struct __align__(8) pg_{v}_4 {{ {t} v[4];" in src
+  assert f"pg_{v}_8 alu51 = pg_{v}_8{{val22, val27, val32, val35, val39, val44, val47, val50}};" in src
+  assert f"pg_float32_4 alu82 = pg_wmma_{tc}(alu51, alu68, alu81);" in src and "float alu83 = alu82[0];" in src
   assert "__launch_bounds__(32)" in src
 
 
@@ -100,7 +100,8 @@ def test_wmma_shapes_it_cannot_render():
 
 
 def test_bad_special_name():
-  with pytest.raises(ValueError, match="gidx0..2 or lidx0..2"): CUDARenderer().render("k", linear(special("widx0", 4)))
+  for bad in ("widx0", "gidx3", "lidx"):
+    with pytest.raises(ValueError, match=rf"one of gidx0..2, lidx0..2, got '{bad}'"): CUDARenderer().render("k", linear(special(bad, 4)))
 
 
 def test_tensor_core_layout_matches_ptx():

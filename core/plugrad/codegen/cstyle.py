@@ -23,6 +23,7 @@ IEEE/OCP round-to-nearest-even conversions in C (HALF_C, BF16_C, FP8_C).
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, ClassVar
 
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
@@ -125,10 +126,10 @@ def _infix(ctx: CStyleRenderer, x: UOp) -> str | None:
 
 def _special(ctx: CStyleRenderer, x: UOp) -> str | None:
   if (ids := ctx.special_ids) is None: return None
-  kind, dim = x.arg[:-1], int(x.arg[-1])
-  if kind not in ids or not 0 <= dim < 3: raise ValueError(f"SPECIAL name must be gidx0..2 or lidx0..2, got {x.arg!r}")
+  if (m := re.fullmatch(r"([a-z]+)([0-2])", str(x.arg))) is None or m.group(1) not in ids:
+    raise ValueError(f"SPECIAL name must be one of {', '.join(f'{k}0..2' for k in ids)}, got {x.arg!r}")
   t = ctx.ctype(x.dtype)
-  return f"const {t} {ctx.r[x]} = ({t}){ids[kind]}.{'xyz'[dim]};"
+  return f"const {t} {ctx.r[x]} = ({t}){ids[m.group(1)]}.{'xyz'[int(m.group(2))]};"
 
 
 def _define_local(ctx: CStyleRenderer, x: UOp) -> str | None:

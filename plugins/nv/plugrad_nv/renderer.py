@@ -4,7 +4,7 @@ Rules (`pm_cuda`) in front of core's C-style rules: hardware ids (`SPECIAL gidx0
 threadIdx.x/y/z), workgroup memory (`DEFINE_LOCAL` -> `__shared__` arrays), `BARRIER` -> `__syncthreads()`,
 `IF`/`ENDIF` from the base, tensor cores (`WMMA` -> `mma.sync.aligned.m16n8k16` inline PTX, f16/bf16 in, f32
 accumulate), CUDA's types (half, __nv_bfloat16, __nv_fp8_*), math functions and bit-exact NaN/inf constants. Vector
-values (WMMA fragments) are small structs `pg_<type><n>` with `operator[]`.
+values (WMMA fragments) are small structs `pg_<dtype>_<n>` (`pg_float16_8`) with `operator[]`.
 
 The renderer maps nothing to threads itself: codegen's gpudims pass turns ranges into SPECIAL ids and sets
 `ProgramSpec.global_size` (blocks per dim) / `local_size` (threads per block), which the engine passes to every launch.
@@ -132,7 +132,7 @@ class CUDARenderer(CStyleRenderer):
     return super().render_const(v, dt)
 
   def vector_type(self, dt: DType) -> str:
-    name = f"pg_{self.ctype(dt.scalar()).replace(' ', '_')}{dt.count}"
+    name = f"pg_{dt.scalar().name}_{dt.count}"
     self.vtypes[name] = (self.ctype(dt.scalar()), dt.count, dt.itemsize)
     return name
 
