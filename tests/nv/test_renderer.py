@@ -14,6 +14,7 @@ from cuda_emu import CTYPES, EmulatedKernel, gxx
 from gpu_programs import f16, f32, group_sum_program, linear, mma_coords, scale_program, special, wmma_program
 
 from plugrad.codegen import get_program
+from plugrad.codegen.linearize import linearize
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for
 from plugrad.uop.ops import Ops, UOp
@@ -114,8 +115,8 @@ def test_tensor_core_layout_matches_ptx():
 
 
 def test_loop_kernel_without_ids():
-  """A kernel codegen gave no SPECIAL ids runs its loops in one thread; no launch metadata anywhere in the source."""
-  src = get_program(scale_ast(300), CUDARenderer()).src
+  """A linear program without SPECIAL ids runs its loops in one thread; no launch metadata anywhere in the source."""
+  src = CUDARenderer().render("E_300", linearize(scale_ast(300)))
   assert src == (
     'extern "C" __global__ void __launch_bounds__(1) E_300(float* __restrict__ data0, float* __restrict__ data1) {\n'
     "  for (int gidx0 = 0; gidx0 < 300; gidx0++) {\n"
@@ -185,8 +186,10 @@ def emulate(t, renderer: CUDARenderer) -> np.ndarray:
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["guard2d", "reduce4d", "perm5d"])
+@pytest.mark.parametrize("case", ["guard2d", "reduce4d", "perm5d", "sum_full", "matmul_f16"])
 def test_emulated_kernels_match_numpy(case: str):
+  """Tensor kernels as codegen makes them for CUDA (hardware ids, group reductions and tensor cores where the GPU
+  optimizer picks them), launched with their ProgramSpec sizes."""
   from plugrad.tensor import Tensor
   rs = np.random.default_rng(0)
   if case == "guard2d":
@@ -195,11 +198,17 @@ def test_emulated_kernels_match_numpy(case: str):
   elif case == "reduce4d":
     a = rs.standard_normal((3, 5, 6, 7), dtype=np.float32)
     t, want = Tensor(a, device="CPU").realize().sum(axis=3), a.sum(axis=3)
-  else:
+  elif case == "perm5d":
     a = rs.integers(-50, 50, (2, 3, 4, 5, 6)).astype(np.int32)
     t, want = Tensor(a, device="CPU").realize().permute(4, 2, 0, 3, 1) * 3, a.transpose(4, 2, 0, 3, 1) * 3
+  elif case == "sum_full":
+    a = rs.standard_normal(1 << 14, dtype=np.float32)
+    t, want = Tensor(a, device="CPU").realize().sum(), np.array(a.astype(np.float64).sum())
+  else:
+    a, b = rs.integers(-2, 3, (32, 64)).astype(np.float16), rs.integers(-2, 3, (64, 32)).astype(np.float16)
+    t, want = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize(), (a.astype(np.float32) @ b.astype(np.float32))
   got = emulate(t, CUDARenderer())
-  np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got.reshape(want.shape).astype(np.float64), want, rtol=1e-5, atol=1e-4)
 
 
 @needs_gxx
