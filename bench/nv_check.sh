@@ -9,7 +9,10 @@
 #                NVRTC from the nvidia-cuda-nvrtc wheel (cu13 for r580+ drivers, cu12 otherwise) or, offline, from a
 #                CUDA toolkit ($CUDA_HOME, /usr/local/cuda: lib64 goes on LD_LIBRARY_PATH, include gives cuda_fp16.h)
 #   devices      plugrad-devices must list NV as available
-#   nv-tests     tests/nv (GPU execution tests included)
+#   launch-dims  codegen gives NV kernels hardware ids: an elementwise add and a sum get SPECIAL ops and a
+#                ProgramSpec.local_size (the engine passes global_size/local_size to every launch); fails when kernels
+#                would run as one thread (no gpudims pass), so slow figures below are read for what they are
+#   nv-tests     tests/nv (GPU execution tests included: SPECIAL ids, shared memory + barriers, mma.sync f16/bf16)
 #   conformance  DEV=NV pytest --pyargs plugrad.testing (xdist across CPU cores)
 #   jit+symbolic DEV=NV pytest tests/engine
 #   bench        D2D copy GB/s, elementwise GB/s, f32/f16/bf16 matmul TFLOPS at 4096^3 and 8192^3 next to torch (cuBLAS)
@@ -56,6 +59,20 @@ export PLUGRAD_CACHE_DIR=${PLUGRAD_CACHE_DIR:-/tmp/plugrad-nv-cache}
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
 
 stage devices 60 bash -c "\"$PY\" -m plugrad.devices | tee /dev/stderr | grep -E '^ +NV +.*available' | grep -vq UNAVAILABLE"
+cat > /tmp/nv_launch.py <<'PYEOF'
+from plugrad.codegen import get_program
+from plugrad.device import Device
+from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops
+ok = True
+for name, t in (("add", Tensor.ones(1 << 20, device="NV").contiguous() + 1), ("sum", Tensor.ones(4096, 1024, device="NV").contiguous().sum(1))):
+  spec = get_program(t.schedule()[-1].ast, Device["NV"].renderer)
+  ids = sorted({u.arg for u in spec.uops if u.op is Ops.SPECIAL})
+  print(f"{name}: {spec.name} global_size={spec.global_size} local_size={spec.local_size} ids={ids}")
+  ok &= bool(ids) and spec.local_size is not None
+raise SystemExit(0 if ok else 1)
+PYEOF
+stage launch-dims 60 "$PY" /tmp/nv_launch.py
 stage nv-tests 120 "$PY" -m pytest -q -p no:randomly tests/nv
 if [ "${QUICK:-0}" = 1 ]; then CONF_ARGS="-m 'not slow'"; else CONF_ARGS=""; fi
 stage conformance 240 bash -c "DEV=NV \"$PY\" -m pytest -q --tb=short -p no:randomly $XDIST $CONF_ARGS --pyargs plugrad.testing"

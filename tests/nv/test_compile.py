@@ -1,6 +1,7 @@
-"""NVRTC compiles every kernel the conformance suite produces (collected on the NULL device, rendered for sm_90) plus a
-sweep of every ALU op / cast / bitcast over every dtype, to a cubin and through PTX + ptxas. No GPU needed; skipped
-when the NVRTC wheel (plugins/nv[test]) isn't installed."""
+"""NVRTC compiles every kernel the conformance suite produces (collected on the NULL device, rendered for sm_90), a
+sweep of every ALU op / cast / bitcast over every dtype, and the hand-built GPU programs (SPECIAL ids, shared memory,
+barriers, IF, mma.sync f16/bf16 tensor cores: gpu_programs.py), to a cubin and through PTX + ptxas. No GPU needed;
+skipped when the NVRTC wheel (plugins/nv[test]) isn't installed."""
 from __future__ import annotations
 
 import itertools
@@ -19,6 +20,9 @@ from plugrad.dtype import dtypes
 from plugrad.runtime.compiler import CompileError
 from plugrad.uop.ops import Ops, UOp
 from plugrad_nv.renderer import CUDARenderer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_programs import group_sum_program, scale_program, wmma_program
 
 HERE = Path(__file__).parent
 BATCH = 120  # kernels per NVRTC translation unit (one big compile is much faster than many small ones)
@@ -99,7 +103,24 @@ def conformance_sources(tmp_path_factory) -> list[str]:
   assert not data["errors"], f"CUDA renderer failed on conformance kernels: {data['errors'][:3]}"
   assert len(data["kernels"]) > 100, f"only {len(data['kernels'])} kernels collected:\n{p.stdout[-2000:]}"
   ren = CUDARenderer()
-  return [s for _, s in data["kernels"]] + [get_program(a, ren).src for a in sweep_asts()]
+  return [s for _, s in data["kernels"]] + [get_program(a, ren).src for a in sweep_asts()] + gpu_program_sources()
+
+
+def gpu_program_sources() -> list[str]:
+  n = UOp(Ops.DEFINE_VAR, dtypes.int32, arg=("n", 1, 4096))
+  progs = [scale_program(300), scale_program(n), group_sum_program(9), wmma_program(dtypes.float16), wmma_program(dtypes.bfloat16)]
+  return [CUDARenderer().render("gpu_program", uops) for uops, _, _ in progs]
+
+
+def test_gpu_ops_compile_and_use_tensor_cores():
+  """The GPU ops compile for sm_90 one by one; the mma helpers really become HMMA instructions (the PTX shows mma.sync)."""
+  c = nvrtc_compiler(ptx=True)
+  for src in gpu_program_sources():
+    ptx = c.nvrtc_compile(src, ptx=True).decode()
+    if "pg_wmma" in src: assert "mma.sync.aligned.m16n8k16.row.col.f32" in ptx
+    if "__syncthreads" in src: assert "bar.sync" in ptx
+    if "__shared__" in src: assert ".shared" in ptx
+    assert nvrtc_compiler().compile(src)[8:] != b""
 
 
 def test_conformance_kernels_compile_to_cubin(conformance_sources: list[str]):
@@ -131,12 +152,10 @@ def test_ptx_via_nvjitlink():
 
 def test_compile_error_shows_log_and_source():
   c = nvrtc_compiler()
-  bad = ('extern "C" __global__ void __launch_bounds__(1) k(float* data0) { data0[0] = undefined_thing; }\n'
-         '/* plugrad-launch {"grid":[1,1,1],"block":[1,1,1],"vars":[]} */\n')
+  bad = 'extern "C" __global__ void __launch_bounds__(1) k(float* data0) { data0[0] = undefined_thing; }\n'
   with pytest.raises(CompileError) as ei: c.compile(bad)
   msg = str(ei.value)
   assert "NVRTC" in msg and "sm_90" in msg and "undefined_thing" in ei.value.log and "1 | extern" in msg
-  with pytest.raises(CompileError, match="plugrad-launch"): c.compile('extern "C" __global__ void k() {}')
 
 
 def test_compile_cache_and_packing(tmp_path, monkeypatch):
@@ -147,5 +166,5 @@ def test_compile_cache_and_packing(tmp_path, monkeypatch):
   lib = c.compile_cached(src)
   assert c.compile_cached(src) == lib and c.hits == 1 and c.misses == 1
   meta, binary = unpack(lib)
-  assert meta["kind"] == "cubin" and meta["arch"] == "sm_90" and meta["block"] == [64, 1, 1] and binary[:4] == b"\x7fELF"
+  assert meta == {"kind": "cubin", "arch": "sm_90"} and binary[:4] == b"\x7fELF"
   assert "nvrtc=" in c.cachekey and "sm_90" in c.cachekey

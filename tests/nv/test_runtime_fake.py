@@ -79,23 +79,26 @@ def test_lru_reuses_and_frees_through_driver():
   with pytest.raises(CUDAError, match="not a device allocation"): drv.mem_free(a.va_addr)
 
 
-def test_program_launch_geometry_from_vals_and_timing():
+def test_program_launch_dims_passed_and_timing():
+  """Launch sizes come with each call (the engine takes them from ProgramSpec.global_size/local_size)."""
   drv = FakeDriver()
   saxpy(drv)
   dev = make(drv)
-  meta = {"grid": [["cdiv", "n", 256], 1, 1], "block": [256, 1, 1], "vars": ["n"], "kind": "cubin", "arch": "sm_90"}
+  meta = {"kind": "cubin", "arch": "sm_90"}
   prg = dev.load("saxpy", pack(meta, b"FAKEsaxpy"))
   for n in (1, 300, 1000):
     a, out = dev.allocator.alloc(4 * n), dev.allocator.alloc(4 * n)
     x = np.linspace(-1, 1, n, dtype=np.float32)
     dev.allocator.copyin(a, memoryview(x.tobytes()))
-    et = prg(out, a, vals=(n,), wait=True)
+    et = prg(out, a, global_size=(-(-n // 256), 1, 1), local_size=(256, 1, 1), vals=(n,), wait=True)
     assert drv.launches[-1][1:3] == ((-(-n // 256), 1, 1), (256, 1, 1))
     assert et is not None and et > 0
     res = bytearray(4 * n)
     dev.allocator.copyout(memoryview(res), out)
     np.testing.assert_allclose(np.frombuffer(res, np.float32), 2 * x + n)
-  with pytest.raises(ValueError, match=r"takes 1 variable value\(s\) \['n'\], got 0"): prg(out, a)
+  prg(out, a, vals=(1,), wait=True)  # no sizes: one block of one thread (a kernel without SPECIAL ids)
+  assert drv.launches[-1][1:3] == ((1, 1, 1), (1, 1, 1))
+  with pytest.raises(ValueError, match="local_size"): prg(out, a, global_size=(1, 1, 1), local_size=(0, 1, 1), vals=(1,))
   with pytest.raises(TypeError, match="NV buffers"): prg(np.zeros(4), a, vals=(1,))
   with pytest.raises(CUDAError, match="NOT_FOUND"): dev.load("nope", pack(meta, b"FAKEsaxpy"))
   with pytest.raises(ValueError, match="bad magic"): dev.load("saxpy", b"\x7fELF....")
@@ -140,7 +143,7 @@ def test_kernel_fault_surfaces_on_synchronize():
   def bad(grid, block, params): raise MemoryError("simulated illegal address")
   drv.kernels["bad"] = bad
   dev = make(drv)
-  prg = dev.load("bad", pack({"grid": [1, 1, 1], "block": [1, 1, 1], "vars": [], "kind": "cubin"}, b"FAKEbad"))
+  prg = dev.load("bad", pack({"kind": "cubin"}, b"FAKEbad"))
   prg(dev.allocator.alloc(4))
   with pytest.raises(CUDAError, match="simulated illegal address"): dev.synchronize()
 

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program
 from plugrad.helpers import getenv
-from plugrad.codegen.cstyle import CStyleRenderer
+from plugrad.codegen.cstyle import CStyleRenderer, Stmt
 from plugrad.codegen.opt import eval_index
 from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS
 from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad_cpu import find_cc
 from plugrad_cpu.pool import POOL_SRC
 
@@ -108,46 +109,62 @@ def _exp2f_vector_src(v: str, lanes: int) -> str:
     f"  {v} s1 = ({v})((i1 + 127) << 23), s2 = ({v})((i2 + 127) << 23);",
     f"  return PG_SEL_{v}(nan, x, (p * s1) * s2);", "}"])
 
+def _loop(ctx: ClangRenderer, x: UOp) -> str | None:
+  """The outermost global loop runs this core's share [lo, hi); reduce loops with one scalar accumulator get clang's
+  vectorize pragma (clang may then reassociate the accumulator: a vectorized reduction)."""
+  base = CStyleRenderer.string_rewrite.apply(x, ctx)
+  if x in ctx._vec_loops: return Stmt("#pragma clang loop vectorize(enable) interleave_count(4)\n" + base)
+  if x is not ctx._outer: return None
+  t, name, end = ctx.ctype(x.dtype), ctx.r[x], ctx.r[x.src[0]]
+  return Stmt(f"const {t} {name}_lo = ({t})(((long long)({end})*core_id)/core_n), {name}_hi = ({t})(((long long)({end})*(core_id+1))/core_n);\n"
+              f"for ({t} {name} = {name}_lo; {name} < {name}_hi; {name}++) {{")
+
+
+def _prefetched_load(ctx: ClangRenderer, x: UOp, idx: UOp) -> str | None:
+  """Streamed loads (see `ClangRenderer.streamed_loads`) prefetch PREFETCH_BYTES ahead: the hardware prefetcher alone
+  leaves a decode step's weight streams latency-bound. A prefetch past the end of a buffer is harmless (it never faults)."""
+  if x not in ctx._streamed or not ctx.prefetch_bytes: return None
+  return Stmt(CStyleRenderer.string_rewrite.apply(x, ctx) + f"\n__builtin_prefetch(((const char*)&{ctx.r[idx]}) + {ctx.prefetch_bytes});")
+
+
+def _vec(fn):  # a rule for vector values only
+  return lambda ctx, x: fn(ctx, x, [ctx.r[s] for s in x.src]) if x.dtype.count > 1 else None
+
+
+pm_clang = PatternMatcher([
+  (UPat(Ops.RANGE, name="x"), _loop),
+  (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), allow_any_len=True, name="x"), _prefetched_load),
+  # vector helpers of the prelude (_vector_prelude): fused multiply-add, NaN-propagating max, exp2 lane by lane
+  (UPat(Ops.MULACC, name="x"), _vec(lambda ctx, x, a: f"pg_fma_{ctx.ctype(x.dtype)}({a[0]}, {a[1]}, {a[2]})" if dtypes.is_float(x.dtype) else None)),
+  (UPat(Ops.MAX, name="x"), _vec(lambda ctx, x, a: None if x.dtype.scalar() in (dtypes.float16, dtypes.bfloat16) else
+                                 f"pg_max_{ctx.ctype(x.dtype)}({a[0]}, {a[1]})")),
+  (UPat(Ops.EXP2, dtypes.float32, name="x"), _vec(lambda ctx, x, a: f"pg_exp2f_{ctx.ctype(x.dtype)}({a[0]})")),
+  # scalars: FMA builtins, the vectorizable exp2f
+  (UPat(Ops.MULACC, (dtypes.float32, dtypes.float64), name="x"),
+   lambda ctx, x: None if x.dtype.count > 1 else
+   f"__builtin_fma{'f' if x.dtype == dtypes.float32 else ''}({ctx.r[x.src[0]]}, {ctx.r[x.src[1]]}, {ctx.r[x.src[2]]})"),
+  (UPat(Ops.EXP2, dtypes.float32, name="x"), lambda ctx, x: None if x.dtype.count > 1 else f"pg_exp2f({ctx.r[x.src[0]]})"),
+]) + CStyleRenderer.string_rewrite
+
 class ClangRenderer(CStyleRenderer):
   """C for clang/gcc: the shared C-style renderer with host types, FMA for MULACC, the threaded kernel ABI, explicit SIMD
   through the compilers' vector extensions (`vector_size` types, codegen/vectorize.py) and software prefetch of the
-  weight streams of matrix-vector products (`load_hint`)."""
+  weight streams of matrix-vector products. Its rules (`pm_clang`) go in front of the base C rules."""
   name, device, suffix = "CLANG", "CPU", "CLANG"
+  string_rewrite = pm_clang
+  emulated = frozenset({dtypes.fp8e4m3, dtypes.fp8e5m2})  # C has no 8-bit floats; the device adds the 16-bit ones the compiler lacks
   supports_float4, global_max = True, None
   upcast_max = 64  # accumulators per loop iteration for codegen/opt.py (32 AVX-512 or 16 AVX2 vector registers)
-  vectorizes_reductions = False  # set per device when the compiler is clang: see render_range
+  vectorizes_reductions = False  # set per device when the compiler is clang: see _loop
   vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
   vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
-  prefetch_bytes = getenv("PREFETCH_BYTES", 1024)  # software prefetch distance of streamed loads (0: none), see load_hint
+  prefetch_bytes = getenv("PREFETCH_BYTES", 1024)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
 
   def vector_type(self, dt: DType) -> str:
     if dt.itemsize & (dt.itemsize - 1): raise NotImplementedError(f"vector type {dt} is not a power-of-two number of bytes")
     name = f"pg_{self.ctype(dt.scalar()).replace(' ', '_')}{dt.count}"
     self._vtypes[name] = (self.ctype(dt.scalar()), dt.itemsize)
     return name
-
-  def render_vector_alu(self, u: UOp, args: list[str]) -> str:
-    if u.op is Ops.MULACC and dtypes.is_float(u.dtype): return f"pg_fma_{self.ctype(u.dtype)}({args[0]}, {args[1]}, {args[2]})"
-    if u.op is Ops.MAX and u.dtype.scalar() not in (dtypes.float16, dtypes.bfloat16): return f"pg_max_{self.ctype(u.dtype)}({args[0]}, {args[1]})"
-    if u.op is Ops.EXP2 and u.dtype.scalar() == dtypes.float32: return f"pg_exp2f_{self.ctype(u.dtype)}({args[0]})"
-    return super().render_vector_alu(u, args)
-
-  def render_alu(self, u: UOp, args: list[str]) -> str:
-    if u.op is Ops.MULACC and u.dtype in (dtypes.float32, dtypes.float64):
-      return f"__builtin_fma{'f' if u.dtype == dtypes.float32 else ''}({args[0]}, {args[1]}, {args[2]})"
-    return super().render_alu(u, args)
-
-  def render_unary_math(self, op: Ops, a: str, dt: DType) -> str:
-    if op is Ops.EXP2 and dt == dtypes.float32: return f"pg_exp2f({a})"
-    return super().render_unary_math(op, a, dt)
-
-  def render_range(self, u: UOp, name: str, end: str) -> str:
-    if u in self._vec_loops:  # clang may reassociate this loop's single accumulator: a vectorized reduction
-      return "#pragma clang loop vectorize(enable) interleave_count(4)\n  " + super().render_range(u, name, end)
-    if u is not self._outer: return super().render_range(u, name, end)
-    t = self.ctype(u.dtype)  # this core's share [lo, hi) of the outermost global loop
-    return (f"const {t} {name}_lo = ({t})(((long long)({end})*core_id)/core_n), {name}_hi = ({t})(((long long)({end})*(core_id+1))/core_n);\n"
-            f"  for ({t} {name} = {name}_lo; {name} < {name}_hi; {name}++) {{")
 
   def work_expr(self, uops: list[UOp]) -> str:
     """C expression (over the kernel's variables) estimating the ops the kernel executes: each op times its loop trips."""
@@ -171,11 +188,6 @@ class ClangRenderer(CStyleRenderer):
       raise NotImplementedError
     try: return c(total)
     except NotImplementedError: return f"{int(total.vmax)}LL"
-
-  def load_hint(self, u: UOp, addr: str) -> str | None:
-    """Streamed loads (see `streamed_loads`) prefetch PREFETCH_BYTES ahead: the hardware prefetcher alone leaves a
-    decode step's weight streams latency-bound. A prefetch past the end of a buffer is harmless (it never faults)."""
-    return f"__builtin_prefetch(((const char*){addr}) + {self.prefetch_bytes});" if u in self._streamed and self.prefetch_bytes else None
 
   @staticmethod
   def streamed_loads(uops: list[UOp]) -> set[UOp]:
@@ -207,7 +219,7 @@ class ClangRenderer(CStyleRenderer):
     var_decl = "".join(f"  const int {v.arg[0]} = vals[{i}];\n" for i, v in enumerate(vs))
     split = "1LL" if self._outer is None else (f"{self._outer.src[0].arg}LL" if self._outer.src[0].op is Ops.CONST else
                                                f"(long long){self.work_const(self._outer.src[0])}")
-    prelude = ([EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []) + ([self.emulation_prelude("".join(body))] if self.emulated else [])
+    prelude = ([EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []) + ([pre] if (pre := self.emulation_prelude("".join(body))) else [])
     if self._vtypes: prelude.insert(0, _vector_prelude(self._vtypes, "\n".join(body)))
     return "\n".join([*prelude, f"static inline void {name}_k({params}) {{", *guard, *body, "}",
                       f"void {name}(void **bufs, const int *vals, int core_id, int core_n) {{",
@@ -345,7 +357,7 @@ class CPUDevice(Compiled):
       self.renderer.vectorizes_reductions = True
     if isinstance(self.renderer, ClangRenderer): self.renderer.vector_lanes, self.renderer.vector_regs = simd_shape()
     if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
-      self.renderer.emulated = frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
+      self.renderer.emulated = type(self.renderer).emulated | frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
                                          if not self.compiler.supports_type(t))
 
   def _pool_lib(self) -> Any:

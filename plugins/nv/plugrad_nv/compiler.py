@@ -1,8 +1,8 @@
 """NVRTC compiler: CUDA C -> cubin for one sm_XX (or PTX assembled by ptxas / nvJitLink), with core's disk cache.
 
-A compiled library is `pack(meta, binary)`: the launch metadata the renderer put in the source (grid/block
-expressions, variable names) and the binary kind, in front of the cubin/PTX, so the Program knows how to launch it
-(the realize engine hands programs only `vals`). NVRTC and the half/bfloat16 headers come from the PyPI wheels
+A compiled library is `pack(meta, binary)`: the binary kind ("cubin" or "ptx") and arch in front of the cubin/PTX.
+Launch sizes are not part of it: they travel in `ProgramSpec.global_size/local_size` and come with every launch.
+NVRTC and the half/bfloat16 headers come from the PyPI wheels
 (`nvidia-cuda-nvrtc`, `nvidia-cuda-runtime`) or a CUDA toolkit; see docs/nv.md.
 """
 from __future__ import annotations
@@ -19,7 +19,6 @@ import tempfile
 from typing import Any
 
 from plugrad.runtime.compiler import CompileError, Compiler
-from plugrad_nv.renderer import parse_launch
 
 MAGIC = b"PGNV"
 
@@ -118,11 +117,9 @@ class NVRTCCompiler(Compiler):
     except OSError: return "ptx", ptx + b"\0"
 
   def compile(self, src: str) -> bytes:
-    try: meta = parse_launch(src)
-    except ValueError as e: raise CompileError(str(e), "", src) from None
-    if not self.ptx: return pack({**meta, "kind": "cubin", "arch": self.arch}, self.nvrtc_compile(src, ptx=False))
+    if not self.ptx: return pack({"kind": "cubin", "arch": self.arch}, self.nvrtc_compile(src, ptx=False))
     kind, binary = self.assemble(self.nvrtc_compile(src, ptx=True), src)
-    return pack({**meta, "kind": kind, "arch": self.arch}, binary)
+    return pack({"kind": kind, "arch": self.arch}, binary)
 
   def disassemble(self, lib: bytes) -> str:
     meta, binary = unpack(lib)

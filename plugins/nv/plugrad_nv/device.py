@@ -7,8 +7,8 @@
   resolved at submit: exec -> cuLaunchKernel, copy -> cuMemcpyAsync, memory_barrier is implied by stream order.
 - Memory: cuMemAlloc through the LRU cache; host=True buffers are pinned (cuMemHostAlloc) and serve as the staging
   buffers of copyin/copyout; NV<->NV transfers are queue copies (UVA).
-- Programs: cubin/PTX from `NVRTCCompiler` with the launch geometry the renderer computed, evaluated from the
-  kernel's variable values at each launch.
+- Programs: cubin/PTX from `NVRTCCompiler`, launched with the grid (blocks per dim) and block (threads per dim) the
+  caller passes: the engine takes them from `ProgramSpec.global_size/local_size`.
 `NVDevice(name, driver=...)` accepts any object with `plugrad_nv.driver.CUDADriver`'s methods (tests use a fake).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from plugrad.device import BufferOptions
 from plugrad.helpers import getenv
 from plugrad.runtime.hcq import HCQAllocator, HCQArgsState, HCQBuffer, HCQCompiled, HCQProgram, HWQueue, Signal
 from plugrad_nv.compiler import NVRTCCompiler, unpack
-from plugrad_nv.renderer import CUDARenderer, launch_dims
+from plugrad_nv.renderer import CUDARenderer
 
 _DRIVER: Any = None
 _DRIVER_LOCK = threading.Lock()
@@ -111,7 +111,7 @@ class NVArgsState(HCQArgsState):
 
 
 class NVProgram(HCQProgram):
-  """A loaded kernel. Called without global_size/local_size, it launches with the geometry the renderer planned."""
+  """A loaded kernel: `prg(*bufs, global_size=blocks, local_size=threads per block, vals=..., wait=...)`."""
   dev: NVDevice
 
   def __init__(self, dev: NVDevice, name: str, lib: bytes) -> None:
@@ -125,15 +125,6 @@ class NVProgram(HCQProgram):
     if any(not isinstance(b, HCQBuffer) for b in bufs):
       raise TypeError(f"{self.name}: NV kernels take NV buffers, got {[type(b).__name__ for b in bufs]}")
     return NVArgsState(self, bufs, vals)
-
-  def launch_dims(self, vals: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]: return launch_dims(self.meta, vals)
-
-  def __call__(self, *bufs: Any, global_size: tuple[int, ...] | None = None, local_size: tuple[int, ...] | None = None,  # type: ignore[override]
-               vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
-    if global_size is None:
-      if local_size is not None: raise ValueError(f"{self.name}: local_size given without global_size")
-      global_size, local_size = self.launch_dims(tuple(vals))
-    return super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=tuple(vals), wait=wait)
 
   def __del__(self) -> None:
     try: self.dev.driver.module_unload(self.module)

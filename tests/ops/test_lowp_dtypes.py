@@ -1,0 +1,1 @@
+from plugrad.testing.ops.test_lowp_dtypes import *  # noqa: F403
