@@ -110,6 +110,8 @@ class Linearizer:
     topo = self.ast.toposort()
     for n in sorted((n for n in topo if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg): self.emit(n)
     for n in sorted((n for n in topo if n.op is Ops.DEFINE_VAR), key=lambda n: n.arg[0]): self.emit(n)
+    for n in sorted((n for n in topo if n.op is Ops.SPECIAL), key=lambda n: n.arg): self.emit(n)  # GPU ids (codegen/gpudims.py)
+    for n in sorted((n for n in topo if n.op is Ops.DEFINE_LOCAL), key=lambda n: n.arg): self.emit(n)
     globals_ = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda n: n.arg[0])
     for r in globals_: self.emit(r)
     self.open.update(globals_)

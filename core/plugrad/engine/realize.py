@@ -70,7 +70,10 @@ class ExecItem:
     vv = self.var_vals if var_vals is None else var_vals
     vals = tuple(vv[v.arg[0]] if v.arg[0] in vv else _missing(v) for v in self.runner.spec.vars)
     GlobalCounters["kernels"] += 1
-    return self.runner.prg(*[b._buf for b in self.bufs], vals=vals, wait=wait)
+    spec = self.runner.spec
+    if spec.local_size is None: return self.runner.prg(*[b._buf for b in self.bufs], vals=vals, wait=wait)  # loops (CPU): its own mapping
+    glb, lcl = spec.launch_dims({v.arg[0]: x for v, x in zip(spec.vars, vals)})
+    return self.runner.prg(*[b._buf for b in self.bufs], global_size=glb, local_size=lcl, vals=vals, wait=wait)
 
 
 CAPTURING: list[list[ExecItem]] = []  # TinyJit pushes a list here to record the ExecItems that run

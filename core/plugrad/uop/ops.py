@@ -36,6 +36,8 @@ class Ops(Enum):
   RANGE = auto(); END = auto(); IF = auto(); ENDIF = auto(); BARRIER = auto(); SPECIAL = auto()
   # vectors: VECTORIZE(*scalars), GEP(vec, arg=lanes)
   VECTORIZE = auto(); GEP = auto()
+  # tensor cores: WMMA(a, b, c, arg=TensorCore name) is one warp's D = A @ B + C on per-lane fragments (codegen/tc.py)
+  WMMA = auto()
   # type conversion
   CAST = auto(); BITCAST = auto()
   # unary ALU

@@ -1,0 +1,195 @@
+"""GPU optimizations of a kernel AST: workgroup threads (LOCAL), reductions split across a workgroup (GROUP, GROUPTOP)
+and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from the renderer's capabilities.
+
+- `LOCAL` a global range r (size N) by k: `r -> r'*k + l` where `l` is a new RANGE of size k with kind "local" (a thread
+  id inside the workgroup once codegen/gpudims.py runs). When k doesn't divide N, r' has ceil(N/k) iterations and every
+  global memory access of the kernel is gated by `r'*k + l < N`.
+- `GROUP` a reduce range R by k (`GROUPTOP`: the same, each thread taking a contiguous chunk): every REDUCE over R
+  becomes a per-thread partial over `R = r'*k + l` (GROUPTOP: `R = l*ceil(N/k) + r'`), stored to workgroup memory
+  (`DEFINE_LOCAL`), a `BARRIER`, then the k partials are combined: a tree when k is a power of two (step s: threads
+  l < s store `op(local[l], local[l+s])` into `local[l]`, then a BARRIER; every thread reads `local[0]` at the end),
+  else every thread loops over them: `REDUCE(LOAD(INDEX(local, base*k + j), BARRIER), j)`. Only thread `l == 0`
+  stores the kernel's outputs. Elements
+  past N (k not dividing N) contribute the reduce identity and are never loaded. One GROUP per kernel, on a REDUCE
+  that no other REDUCE contains (a barrier inside a loop would need a second one), after all LOCALs.
+The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp_size` and `local_max`.
+"""
+from __future__ import annotations
+
+import math
+
+from plugrad.codegen.gpudims import uses_gpudims
+from plugrad.codegen.linearize import reduce_identity
+from plugrad.codegen.opt import Opt, apply_opt, div_end, pm_opt_symbolic, ranges_of
+from plugrad.dtype import AddrSpace, dtypes
+from plugrad.helpers import getenv
+from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.symbolic import pm_symbolic
+
+GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP")
+
+
+def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
+
+
+def gate_globals(x: UOp, valid: UOp) -> UOp:
+  """`x` with every INDEX into a DEFINE_GLOBAL gated by `valid` too (a gated load yields 0 and touches no memory)."""
+  subs = {n: n.replace(src=(n.src[0], n.src[1], valid if len(n.src) < 3 else n.src[2] & valid))
+          for n in x.toposort() if n.op is Ops.INDEX and n.src[0].op is Ops.DEFINE_GLOBAL}
+  return x.substitute(subs) if subs else x
+
+
+def _padded_outer(rng: UOp, k: int) -> tuple[UOp, bool]:
+  """The range of ceil(N/k) iterations (rng's id and kind) and whether k divides N exactly."""
+  if (n := div_end(rng.src[0], k)) is not None: return UOp(Ops.RANGE, rng.dtype, (n,), rng.arg), True
+  n = graph_rewrite((rng.src[0] + (k - 1)) // k, pm_symbolic, name="ceil size")
+  return UOp(Ops.RANGE, rng.dtype, (n,), rng.arg), False
+
+
+def _local(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
+  if rng.arg[1] != "global" or len(rng.arg) > 2: raise ValueError(f"LOCAL needs a global range, range {rng.arg} isn't one")
+  if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("LOCAL must come before GROUP")
+  outer, exact = _padded_outer(rng, k)
+  new = outer * k + UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
+  ast = ast.substitute({rng: new}, walk=True)
+  return ast if exact else gate_globals(ast, new < rng.src[0])
+
+
+def _nested(ast: UOp) -> set[UOp]:
+  """REDUCEs that sit inside the value of another REDUCE."""
+  out: set[UOp] = set()
+  for n in ast.toposort():
+    if n.op is Ops.REDUCE: out.update(x for x in n.src[0].toposort() if x.op is Ops.REDUCE)
+  return out
+
+
+def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
+  if rng.arg[1] != "reduce" or len(rng.arg) > 2: raise ValueError(f"GROUP needs a reduce range, range {rng.arg} isn't one")
+  if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("only one GROUP per kernel")
+  reds = [n for n in ast.toposort() if n.op is Ops.REDUCE and rng in n.src[1:]]
+  if not reds: raise ValueError(f"no REDUCE uses range {rng.arg}")
+  if any(r in _nested(ast) for r in reds): raise ValueError(f"GROUP of range {rng.arg}: its REDUCE is inside another REDUCE")
+  lcl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "local"), key=lambda r: r.arg[0])
+  base: UOp = _c(0)
+  for r in lcl: base = base * r.src[0] + r  # this thread's slot among the workgroup's other threads
+  nthreads = math.prod(r.src[0].arg for r in lcl) * k
+  lane = UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
+  n = rng.src[0]
+  exact = (q := div_end(n, k)) is not None
+  chunk = q if q is not None else graph_rewrite((n + (k - 1)) // k, pm_symbolic, name="chunk")
+  subs, fresh = {}, nid + 1
+  for i, red in enumerate(sorted(reds, key=lambda r: len(r.toposort()))):
+    inner = UOp(Ops.RANGE, dtypes.index, (chunk,), (fresh, "reduce"))
+    j = UOp(Ops.RANGE, dtypes.index, (_c(k),), (fresh + 1, "reduce"))
+    fresh += 2
+    idx = lane * chunk + inner if top else inner * k + lane
+    body = red.src[0].substitute({**subs, rng: idx}, walk=True)
+    if not exact:
+      valid = idx < n
+      body = valid.where(gate_globals(body, valid), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+    others = tuple(r for r in red.src[1:] if r is not rng)
+    partial = UOp(Ops.REDUCE, red.dtype, (body, inner, *others), red.arg)
+    buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(nthreads, AddrSpace.LOCAL), arg=(f"temp{i}", nthreads))
+    subs[red] = _combine(red, buf, base * k, lane, k, partial, j)
+  ast = ast.substitute(subs, walk=True)
+  # only thread 0 of the group stores (every thread holds the same combined value)
+  first = lane.eq(0)
+  stores = [st.replace(src=(st.src[0].replace(src=(*st.src[0].src[:2], first if len(st.src[0].src) < 3 else st.src[0].src[2] & first)), *st.src[1:]))
+            if lane not in st.src[0].toposort() else st for st in ast.src]
+  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+
+def _combine(red: UOp, buf: UOp, base: UOp, lane: UOp, k: int, partial: UOp, j: UOp) -> UOp:
+  """The k partials of a workgroup combined through local memory: a tree of log2(k) halving steps (thread l < s adds
+  slot l+s into slot l, a BARRIER after each) when k is a power of two, else a serial loop over the k slots."""
+  def ix(i: UOp, gate: UOp | None = None) -> UOp: return UOp(Ops.INDEX, buf.dtype, (buf, base + i) if gate is None else (buf, base + i, gate))
+  bar = UOp(Ops.BARRIER, dtypes.void, (UOp(Ops.STORE, dtypes.void, (ix(lane), partial)),))
+  if k & (k - 1): return UOp(Ops.REDUCE, red.dtype, (UOp(Ops.LOAD, red.dtype, (ix(j), bar)), j), red.arg)
+  s = k // 2
+  while s >= 1:
+    act = lane < s
+    a, b = UOp(Ops.LOAD, red.dtype, (ix(lane, act), bar)), UOp(Ops.LOAD, red.dtype, (ix(lane + s, act), bar))
+    bar = UOp(Ops.BARRIER, dtypes.void, (UOp(Ops.STORE, dtypes.void, (ix(lane, act), UOp(red.arg, red.dtype, (a, b)))),))
+    s //= 2
+  return UOp(Ops.LOAD, red.dtype, (ix(_c(0)), bar))
+
+
+def apply_gpu_opt(ast: UOp, opt: Opt) -> UOp:
+  """`ast` with one optimization applied; LOCAL/GROUP/GROUPTOP here, the others by codegen/opt.py (ValueError if it doesn't fit)."""
+  if opt.kind not in GPU_KINDS: return apply_opt(ast, opt)
+  rngs = ranges_of(ast)
+  if (rng := rngs.get(opt.rid)) is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
+  if opt.amount < 2: raise ValueError(f"{opt}: needs at least 2 threads")
+  nid = max(rngs) + 1
+  ast = _local(ast, rng, opt.amount, nid) if opt.kind == "LOCAL" else _group(ast, rng, opt.amount, opt.kind == "GROUPTOP", nid)
+  return graph_rewrite(ast, pm_opt_symbolic, name=f"simplify after {opt.kind}")
+
+
+def _loads(ast: UOp) -> list[UOp]: return [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD and n.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+
+
+def _contiguous_in(rng: UOp, idx: UOp) -> bool:
+  """Whether consecutive values of `rng` read consecutive elements through `idx`."""
+  if rng not in idx.toposort(): return False
+  d = graph_rewrite(idx.substitute({rng: rng + 1}, walk=True) - idx, pm_symbolic, name="stride")
+  return d.op is Ops.CONST and d.arg == 1
+
+
+def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0].vmax
+
+
+def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
+  """Heuristic GPU optimizations (see the module docstring): a reduction over a long axis is split across a workgroup
+  (GROUP when the reduce axis is contiguous in memory, else threads over the output's contiguous axis and GROUPTOP
+  on small outputs); other kernels get LOCAL threads over their innermost output axes."""
+  max_threads, warp = renderer.local_max_threads, max(renderer.warp_size, 1)
+  lmax = tuple(renderer.local_max or (max_threads,) * 3)
+  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
+  glbl = [r for r in rngs if r.arg[1] == "global"]
+  reds = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+  nested = _nested(ast)
+  top_reds = [r for r in reds if r not in nested]
+  red_rngs = sorted({r for red in top_reds for r in red.src[1:]}, key=lambda r: r.arg[0])
+  out_elems = math.prod(_size(g) for g in glbl)
+  opts: list[Opt] = []
+  threads = 1
+  # reduce across the workgroup: the innermost reduce range of the top-level reduces
+  if red_rngs and (rr := red_rngs[-1]).src[0].vmax >= 64:
+    contiguous = any(_contiguous_in(rr, ix.src[1]) for ix in _loads(ast))
+    n_red = _size(rr)
+    k = min(256 if contiguous or out_elems < 64 else 0, _pow2_at_most(n_red), max_threads)
+    itemsize = max(red.dtype.itemsize for red in top_reds if rr in red.src[1:])
+    if k >= warp and k * itemsize * len(top_reds) <= renderer.shared_max:
+      if not contiguous and glbl and _size(glbl[-1]) >= warp:  # threads on the contiguous output axis, each summing a chunk
+        lk = min(warp, _pow2_at_most(_size(glbl[-1])))
+        opts.append(Opt("LOCAL", glbl[-1].arg[0], lk))
+        k = min(k, max_threads // lk, 16)
+        if k >= 2: opts.append(Opt("GROUPTOP", rr.arg[0], k))
+      else: opts.append(Opt("GROUP", rr.arg[0], k))
+      return opts
+  # threads over the innermost output axes, up to 256 per workgroup
+  budget = min(256, max_threads)
+  for d, g in enumerate(reversed(glbl)):
+    if d >= len(lmax) or budget < 2: break
+    n = _size(g)
+    if n < 2: continue
+    k = next((c for c in (256, 128, 64, 32, 16, 8, 4, 2) if c <= min(budget, lmax[d]) and g.src[0].op is Ops.CONST and n % c == 0), 0)
+    if k < min(n, warp) and d == 0: k = min(budget, lmax[d], -(-n // warp) * warp)  # padded to whole warps
+    if k < 2: continue
+    opts.append(Opt("LOCAL", g.arg[0], k))
+    threads *= k
+    budget //= k
+  return opts
+
+
+def optimize_gpu(ast: UOp, renderer) -> UOp:
+  """Apply the GPU heuristic's optimizations (NOOPT=1: none, one thread per workgroup)."""
+  if getenv("NOOPT", False) or not uses_gpudims(renderer): return ast
+  for opt in choose_gpu_opts(ast, renderer):
+    try: ast = apply_gpu_opt(ast, opt)
+    except ValueError: break  # the heuristic's guess doesn't fit this kernel: keep what applied
+  return ast
