@@ -308,7 +308,8 @@ class _Warp:
         if not active: pc = ins.jump; continue  # no lane takes the branch: skip to the ENDIF (which restores the mask)
       elif op is Ops.ENDIF: active = masks.pop()
       elif op is Ops.BARRIER:
-        if len(active) != W: raise BarrierError(f"BARRIER at uop {pc} reached by {len(active)} of the {W} lanes of a warp (inside a divergent IF)")
+        if len(active) != W:
+          raise BarrierError(f"BARRIER at uop {pc} reached by only part of the workgroup: {len(active)} of the {W} lanes of a warp (a divergent IF)")
         C["barriers"] += 1
         yield pc
       elif op is Ops.SPECIAL: v[pc] = self.specials[ins.arg]
