@@ -280,3 +280,29 @@ def test_wmma_lanes_hold_their_fragments(monkeypatch, target: str):
   got = np.frombuffer(mem[0], np.float32).reshape(m, n)
   np.testing.assert_allclose(got, A.astype(np.float64) @ B.astype(np.float64) + Cm, rtol=1e-5, atol=1e-5)
   assert GPU_COUNTERS["wmma"] == 1
+
+
+@pytest.mark.parametrize("target", ["CUDA", "CUDA_SM80", "AMD", "AMD_RDNA4", "AMD_CDNA3"])
+def test_tc_matmul(monkeypatch, target: str):
+  a, b = RNG.standard_normal((32, 48)).astype(np.float16), RNG.standard_normal((48, 64)).astype(np.float16)
+  out, spec = run_emulated(t_(a) @ t_(b), emu_device(monkeypatch, target))
+  assert Ops.WMMA in ops_of(spec) and spec.local_size == [TARGETS[target].warp_size, 1, 1]
+  np.testing.assert_allclose(out.reshape(32, 64).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
+
+
+def test_tc_bf16_and_non_matching_dtypes(monkeypatch):
+  dev = emu_device(monkeypatch, "CUDA_SM80")
+  a, b = RNG.standard_normal((16, 32)).astype(np.float32), RNG.standard_normal((32, 8)).astype(np.float32)
+  out, spec = run_emulated((t_(a).cast(dtypes.bfloat16) @ t_(b).cast(dtypes.bfloat16)).cast(dtypes.float32), dev)
+  assert "WMMA_16_8_16_bfloat16_float" in {u.arg for u in spec.uops if u.op is Ops.WMMA}
+  ref = a.astype(np.float32) @ b.astype(np.float32)
+  np.testing.assert_allclose(out.astype(np.float32), ref.reshape(-1), rtol=3e-2, atol=0.15)
+  out, spec = run_emulated(t_(a) @ t_(b), dev)  # float32 inputs: no tensor core on these targets
+  assert Ops.WMMA not in ops_of(spec)
+  np.testing.assert_allclose(out.reshape(16, 8), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_acceptance_f16_matmul_256_uses_wmma(monkeypatch):
+  a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
+  spec = get_program((a @ a).schedule()[-1].ast, emu_device(monkeypatch).renderer)
+  assert sum(u.op is Ops.WMMA for u in spec.uops) == 1 and spec.global_size == [32, 16, 1]

@@ -21,13 +21,14 @@ import math
 from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.linearize import reduce_identity
 from plugrad.codegen.opt import Opt, apply_opt, div_end, pm_opt_symbolic, ranges_of
+from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.helpers import getenv
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic
 
-GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP")
+GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP", "TC")
 
 
 def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
@@ -115,10 +116,74 @@ def _combine(red: UOp, buf: UOp, base: UOp, lane: UOp, k: int, partial: UOp, j: 
   return UOp(Ops.LOAD, red.dtype, (ix(_c(0)), bar))
 
 
-def apply_gpu_opt(ast: UOp, opt: Opt) -> UOp:
-  """`ast` with one optimization applied; LOCAL/GROUP/GROUPTOP here, the others by codegen/opt.py (ValueError if it doesn't fit)."""
+def _strip_cast(x: UOp) -> UOp: return x.src[0] if x.op is Ops.CAST else x
+
+
+def tc_match(ast: UOp, tc: TensorCore) -> tuple[UOp, UOp, UOp, UOp, UOp, UOp] | None:
+  """(reduce, A operand, B operand, i, j, k) when `ast` has a top-level ADD reduce of a product A*B in `tc`'s dtypes where
+  A uses output range i (not j), B uses j (not i), both the reduce range k, and the tile divides every size."""
+  n, m, kk = tc.dims
+  nested = _nested(ast)
+  for red in (x for x in ast.toposort() if x.op is Ops.REDUCE and x not in nested):
+    if red.arg is not Ops.ADD or red.dtype != tc.dtype_out or len(red.src) != 2: continue
+    mul = _strip_cast(red.src[0])
+    if mul.op is not Ops.MUL: continue
+    a, b = (x if x.dtype == tc.dtype_in else _strip_cast(x) for x in mul.src)
+    if a.dtype != tc.dtype_in or b.dtype != tc.dtype_in: continue
+    k = red.src[1]
+    ra = {x for x in a.toposort() if x.op is Ops.RANGE}
+    rb = {x for x in b.toposort() if x.op is Ops.RANGE}
+    for a_, b_, ra_, rb_ in ((a, b, ra, rb), (b, a, rb, ra)):
+      i = [r for r in ra_ - rb_ if r.arg[1] == "global"]
+      j = [r for r in rb_ - ra_ if r.arg[1] == "global"]
+      if len(i) == 1 and len(j) == 1 and k in ra_ and k in rb_ and \
+         all(r.src[0].op is Ops.CONST and r.src[0].arg % d == 0 for r, d in ((i[0], m), (j[0], n), (k, kk))):
+        return red, a_, b_, i[0], j[0], k
+  return None
+
+
+def _coord(lay, lane: UOp, e: int, which: int) -> UOp:
+  """Row (which=0) or column (1) of element e of `lane`'s fragment as index math over the lane id (the layout's bit strides)."""
+  x: UOp = _c(sum(d[which] for b, d in enumerate(lay.elem) if e >> b & 1))
+  for b, d in enumerate(lay.lane):
+    if d[which]: x = x + (lane // (1 << b)) % 2 * d[which]
+  return x
+
+
+def _tc(ast: UOp, tc: TensorCore, nid: int) -> UOp:
+  if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
+  red, a, b, i, j, k = mt
+  n, m, kk = tc.dims
+  if any(r.arg[1] == "local" for r in ranges_of(ast).values()): raise ValueError("TC must come before LOCAL")
+  lane = UOp(Ops.RANGE, dtypes.index, (_c(tc.threads),), (nid, "local"))
+  i2, j2, k2 = (UOp(Ops.RANGE, dtypes.index, (_c(r.src[0].arg // d),), r.arg) for r, d in ((i, m), (j, n), (k, kk)))
+  def frag(op: str, x: UOp, rows: tuple[UOp, UOp, int], cols: tuple[UOp, UOp, int]) -> UOp:
+    lay, ept = tc.layout(op), tc.elements_per_thread["abc".index(op)]
+    els = [x.substitute({rows[0]: rows[1] * rows[2] + _coord(lay, lane, e, 0), cols[0]: cols[1] * cols[2] + _coord(lay, lane, e, 1)}, walk=True)
+           for e in range(ept)]
+    return UOp(Ops.VECTORIZE, x.dtype.vec(ept), tuple(els))
+  fa, fb = frag("a", a, (i, i2, m), (k, k2, kk)), frag("b", b, (k, k2, kk), (j, j2, n))
+  ec = tc.elements_per_thread[2]
+  zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(ec), (UOp.const(tc.dtype_out, 0.0),) * ec)
+  acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa, fb, zero), tc.name), k2), Ops.ADD)
+  stores = []
+  for st in ast.src:
+    if red not in st.toposort(): raise ValueError(f"TC {tc.name}: a store of the kernel doesn't use the matmul")
+    for e in range(ec):
+      sub = {red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: i2 * m + _coord(tc.c, lane, e, 0), j: j2 * n + _coord(tc.c, lane, e, 1)}
+      stores.append(st.substitute(sub, walk=True))
+  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+
+def apply_gpu_opt(ast: UOp, opt: Opt, renderer=None) -> UOp:
+  """`ast` with one optimization applied; LOCAL/GROUP/GROUPTOP/TC here, the others by codegen/opt.py (ValueError if it
+  doesn't fit). TC's amount is the index of the tensor core in `renderer.tensor_cores`."""
   if opt.kind not in GPU_KINDS: return apply_opt(ast, opt)
   rngs = ranges_of(ast)
+  if opt.kind == "TC":
+    tcs = getattr(renderer, "tensor_cores", [])
+    if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
+    return graph_rewrite(_tc(ast, tcs[opt.amount], max(rngs) + 1), pm_opt_symbolic, name="simplify after TC")
   if (rng := rngs.get(opt.rid)) is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
   if opt.amount < 2: raise ValueError(f"{opt}: needs at least 2 threads")
   nid = max(rngs) + 1
@@ -157,6 +222,8 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
   out_elems = math.prod(_size(g) for g in glbl)
   opts: list[Opt] = []
   threads = 1
+  if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(renderer.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
+    return [Opt("TC", -1, tci)]  # one warp per workgroup computes an M x N tile with tensor cores
   # reduce across the workgroup: the innermost reduce range of the top-level reduces
   if red_rngs and (rr := red_rngs[-1]).src[0].vmax >= 64:
     contiguous = any(_contiguous_in(rr, ix.src[1]) for ix in _loads(ast))
@@ -190,6 +257,6 @@ def optimize_gpu(ast: UOp, renderer) -> UOp:
   """Apply the GPU heuristic's optimizations (NOOPT=1: none, one thread per workgroup)."""
   if getenv("NOOPT", False) or not uses_gpudims(renderer): return ast
   for opt in choose_gpu_opts(ast, renderer):
-    try: ast = apply_gpu_opt(ast, opt)
+    try: ast = apply_gpu_opt(ast, opt, renderer)
     except ValueError: break  # the heuristic's guess doesn't fit this kernel: keep what applied
   return ast

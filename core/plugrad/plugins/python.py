@@ -21,10 +21,13 @@ loaded/stored per warp instruction, barriers, warp instructions and active lanes
 from __future__ import annotations
 
 import base64
+import functools
 import pickle
 import struct
 import time
 from typing import Any, Callable, NamedTuple
+
+import numpy as np
 
 from plugrad.codegen.targets import GPUTarget, get_target
 from plugrad.device import BufferOptions, Compiled, CompileError, Compiler, LRUAllocator, Program, Renderer
@@ -242,26 +245,33 @@ def _sectors(mem: TypedView, idxs: list[int], lanes: list[int]) -> int:
   return len({(idxs[ln] * isz) >> 5 for ln in lanes})
 
 
+@functools.cache
+def _coords(tc: Any, op: str, lanes: int, ept: int) -> tuple[np.ndarray, np.ndarray]:
+  """(rows, cols) of element j of lane l, as [lanes, ept] arrays (the tensor core's layout table)."""
+  lay = tc.layout(op)
+  rc = np.array([[lay.coord(ln, j) for j in range(ept)] for ln in range(lanes)], dtype=np.int64).reshape(lanes, ept, 2)
+  return rc[..., 0], rc[..., 1]
+
+
 def _wmma(tc: Any, a: list, b: list, c: list) -> list:
   """D = A @ B + C for one warp: each lane's fragments placed through the tensor core's layout (lanes holding the same
-  element must agree), the result handed back in the layout of C."""
+  element must agree), products summed exactly (float64) and rounded once to the output dtype, the result handed back
+  in the layout of C."""
   n, m, k = tc.dims
   mats = {}
-  for name, vals, (rows, cols) in (("a", a, (m, k)), ("b", b, (k, n)), ("c", c, (m, n))):
-    mat: list[list] = [[None] * cols for _ in range(rows)]
-    lay = tc.layout(name)
-    for ln, frag in enumerate(vals):
-      for j, x in enumerate(frag):
-        r, col = lay.coord(ln, j)
-        if mat[r][col] is not None and mat[r][col] != x and not (x != x and mat[r][col] != mat[r][col]):
-          raise RuntimeError(f"WMMA {tc.name}: lanes hold different values for {name}[{r}][{col}] ({mat[r][col]} and {x})")
-        mat[r][col] = x
-    if any(x is None for row in mat for x in row): raise RuntimeError(f"WMMA {tc.name}: the lanes' fragments don't cover {name}")
+  for name, vals, shape in (("a", a, (m, k)), ("b", b, (k, n)), ("c", c, (m, n))):
+    v = np.array(vals, dtype=np.float64)
+    rows, cols = _coords(tc, name, *v.shape)
+    mat = np.full(shape, np.nan)
+    mat[rows, cols] = v
+    if not np.array_equal(mat[rows, cols], v, equal_nan=True):
+      raise RuntimeError(f"WMMA {tc.name}: lanes hold different values for the same element of {name}")
+    if np.isnan(mat).any() and not np.isnan(v).any(): raise RuntimeError(f"WMMA {tc.name}: the lanes' fragments don't cover {name}")
     mats[name] = mat
+  with np.errstate(all="ignore"): d = mats["a"] @ mats["b"] + mats["c"]
+  rows, cols = _coords(tc, "c", len(c), len(c[0]))
   trunc = truncate(tc.dtype_out)
-  d = [[trunc(sum(mats["a"][i][kk] * mats["b"][kk][j] for kk in range(k)) + mats["c"][i][j]) for j in range(n)] for i in range(m)]
-  lay_c = tc.layout("c")
-  return [tuple(d[r][col] for r, col in (lay_c.coord(ln, j) for j in range(len(c[ln])))) for ln in range(len(c))]
+  return [tuple(trunc(float(x)) for x in row) for row in d[rows, cols]]
 
 
 class _Warp:
@@ -336,11 +346,11 @@ class _Warp:
     lanes = active if gates is None else [ln for ln in active if gates[ln]]
     zero = _zero(ins.dtype)
     out = [zero] * self.n
-    if ins.dtype.count > 1: raise NotImplementedError(f"PYTHON GPU emulation can't load {ins.dtype} vectors")
     mem0 = mems[0]
     if isinstance(mem0, list):  # registers: per lane
       for ln in lanes: out[ln] = mems[ln][idxs[ln]]
       return out
+    if ins.dtype.count > 1: raise NotImplementedError(f"PYTHON GPU emulation can't load {ins.dtype} vectors from memory")
     for ln in lanes: out[ln] = mem0[idxs[ln]]
     self.count(mem0, idxs, lanes, "load")
     return out
