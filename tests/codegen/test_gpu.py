@@ -306,3 +306,38 @@ def test_acceptance_f16_matmul_256_uses_wmma(monkeypatch):
   a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
   spec = get_program((a @ a).schedule()[-1].ast, emu_device(monkeypatch).renderer)
   assert sum(u.op is Ops.WMMA for u in spec.uops) == 1 and spec.global_size == [32, 16, 1]
+
+
+TWO_REDUCES = {"sum+max": (lambda t: t.sum(1) + t.max(1), lambda x: x.sum(1) + x.max(1)),
+               "mean+square": (lambda t: t.mean(1) * 2 + (t * t).sum(1), lambda x: x.mean(1) * 2 + (x * x).sum(1))}
+
+
+@pytest.mark.parametrize("name", list(TWO_REDUCES))
+def test_two_reduces_in_one_kernel_share_group_threads(monkeypatch, name: str):
+  fn, ref = TWO_REDUCES[name]
+  x = RNG.standard_normal((4, 512)).astype(np.float32)
+  dev = emu_device(monkeypatch)
+  items = [it for it in fn(t_(x)).schedule() if it.ast.op is not Ops.COPY]
+  spec = get_program(items[-1].ast, dev.renderer)
+  assert sum(u.op is Ops.DEFINE_LOCAL for u in spec.uops) == 2 and spec.local_size == [256, 1, 1]
+  out, _ = run_emulated(fn(t_(x)), dev)
+  np.testing.assert_allclose(out, ref(x.astype(np.float64)), rtol=1e-5)
+
+
+def test_float32_matmul_register_tiles(monkeypatch):
+  a, b = RNG.standard_normal((64, 24)).astype(np.float32), RNG.standard_normal((24, 128)).astype(np.float32)
+  dev = emu_device(monkeypatch)
+  ast = (t_(a) @ t_(b)).schedule()[-1].ast
+  assert [o.kind for o in choose_gpu_opts(ast, dev.renderer)].count("UPCAST") == 2
+  out, spec = run_emulated(t_(a) @ t_(b), dev)
+  np.testing.assert_allclose(out.reshape(64, 128), a @ b, rtol=1e-5, atol=1e-5)
+  assert spec.local_size is not None
+
+
+def test_tiny_reduce_is_unrolled(monkeypatch):
+  x = RNG.standard_normal((40, 3)).astype(np.float32)
+  dev = emu_device(monkeypatch)
+  assert [o.kind for o in choose_gpu_opts(t_(x).sum(1).schedule()[-1].ast, dev.renderer)][0] == "UNROLL"
+  out, spec = run_emulated(t_(x).sum(1), dev)
+  np.testing.assert_allclose(out, x.sum(1), rtol=1e-6)
+  assert not any(u.op is Ops.RANGE for u in spec.uops)

@@ -10,8 +10,9 @@ and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from 
   l < s store `op(local[l], local[l+s])` into `local[l]`, then a BARRIER; every thread reads `local[0]` at the end),
   else every thread loops over them: `REDUCE(LOAD(INDEX(local, base*k + j), BARRIER), j)`. Only thread `l == 0`
   stores the kernel's outputs. Elements
-  past N (k not dividing N) contribute the reduce identity and are never loaded. One GROUP per kernel, on a REDUCE
-  that no other REDUCE contains (a barrier inside a loop would need a second one), after all LOCALs.
+  past N (k not dividing N) contribute the reduce identity and are never loaded. GROUP applies to every REDUCE
+  that runs in no other reduce's loop (a barrier inside a loop would need a second one), after all LOCALs; a second
+  GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
 The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp_size` and `local_max`.
 """
 from __future__ import annotations
@@ -65,17 +66,31 @@ def _nested(ast: UOp) -> set[UOp]:
   return out
 
 
+def in_loop(ast: UOp) -> set[UOp]:
+  """REDUCEs whose value uses a reduce range they don't close: they run inside another reduce's loop."""
+  free: dict[UOp, frozenset[UOp]] = {}
+  for n in ast.toposort():
+    f = frozenset().union(*(free[s] for s in n.src)) if n.src else frozenset()
+    if n.op is Ops.RANGE: f = f | {n}
+    if n.op is Ops.REDUCE: f = f - set(n.src[1:])
+    free[n] = f
+  return {n for n in free if n.op is Ops.REDUCE and any(r.arg[1] == "reduce" for r in free[n])}
+
+
 def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
   if rng.arg[1] != "reduce" or len(rng.arg) > 2: raise ValueError(f"GROUP needs a reduce range, range {rng.arg} isn't one")
-  if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("only one GROUP per kernel")
   reds = [n for n in ast.toposort() if n.op is Ops.REDUCE and rng in n.src[1:]]
   if not reds: raise ValueError(f"no REDUCE uses range {rng.arg}")
-  if any(r in _nested(ast) for r in reds): raise ValueError(f"GROUP of range {rng.arg}: its REDUCE is inside another REDUCE")
+  if any(r in in_loop(ast) for r in reds): raise ValueError(f"GROUP of range {rng.arg}: its REDUCE runs inside another reduce's loop")
   lcl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "local"), key=lambda r: r.arg[0])
+  grp = [r for r in lcl if r.arg[2:] == ("group",)]  # a second GROUP reuses the workgroup's reduce threads
+  if grp and grp[0].src[0].arg != k: raise ValueError(f"GROUP by {k}: the kernel already reduces across {grp[0].src[0].arg} threads")
+  lcl = [r for r in lcl if r not in grp]
   base: UOp = _c(0)
   for r in lcl: base = base * r.src[0] + r  # this thread's slot among the workgroup's other threads
   nthreads = math.prod(r.src[0].arg for r in lcl) * k
-  lane = UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
+  lane = grp[0] if grp else UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local", "group"))
+  n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL])
   n = rng.src[0]
   exact = (q := div_end(n, k)) is not None
   chunk = q if q is not None else graph_rewrite((n + (k - 1)) // k, pm_symbolic, name="chunk")
@@ -91,7 +106,7 @@ def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
       body = valid.where(gate_globals(body, valid), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
     others = tuple(r for r in red.src[1:] if r is not rng)
     partial = UOp(Ops.REDUCE, red.dtype, (body, inner, *others), red.arg)
-    buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(nthreads, AddrSpace.LOCAL), arg=(f"temp{i}", nthreads))
+    buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(nthreads, AddrSpace.LOCAL), arg=(f"temp{n_bufs + i}", nthreads))
     subs[red] = _combine(red, buf, base * k, lane, k, partial, j)
   ast = ast.substitute(subs, walk=True)
   # only thread 0 of the group stores (every thread holds the same combined value)
@@ -208,47 +223,55 @@ def _size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else r
 
 
 def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
-  """Heuristic GPU optimizations (see the module docstring): a reduction over a long axis is split across a workgroup
-  (GROUP when the reduce axis is contiguous in memory, else threads over the output's contiguous axis and GROUPTOP
-  on small outputs); other kernels get LOCAL threads over their innermost output axes."""
+  """Heuristic GPU optimizations (see the module docstring): TC when a tensor core fits; a reduction over a long axis
+  split across a workgroup (GROUP on every top-level reduce when the reduce axis is contiguous in memory or the output
+  is small, else threads over the output's contiguous axis and GROUPTOP); other kernels get UPCAST register tiles
+  where loads are shared (matmul-like), UNROLL of tiny reduce loops, and LOCAL threads over their innermost output axes."""
   max_threads, warp = renderer.local_max_threads, max(renderer.warp_size, 1)
-  lmax = tuple(renderer.local_max or (max_threads,) * 3)
-  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
-  glbl = [r for r in rngs if r.arg[1] == "global"]
-  reds = [n for n in ast.toposort() if n.op is Ops.REDUCE]
-  nested = _nested(ast)
-  top_reds = [r for r in reds if r not in nested]
-  red_rngs = sorted({r for red in top_reds for r in red.src[1:]}, key=lambda r: r.arg[0])
-  out_elems = math.prod(_size(g) for g in glbl)
-  opts: list[Opt] = []
-  threads = 1
   if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(renderer.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
     return [Opt("TC", -1, tci)]  # one warp per workgroup computes an M x N tile with tensor cores
-  # reduce across the workgroup: the innermost reduce range of the top-level reduces
-  if red_rngs and (rr := red_rngs[-1]).src[0].vmax >= 64:
-    contiguous = any(_contiguous_in(rr, ix.src[1]) for ix in _loads(ast))
-    n_red = _size(rr)
-    k = min(256 if contiguous or out_elems < 64 else 0, _pow2_at_most(n_red), max_threads)
-    itemsize = max(red.dtype.itemsize for red in top_reds if rr in red.src[1:])
+  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
+  glbl = [r for r in rngs if r.arg[1] == "global"]
+  looped = in_loop(ast)
+  top_reds = [n for n in ast.toposort() if n.op is Ops.REDUCE and n not in looped]
+  cands = sorted({red.src[-1] for red in top_reds}, key=lambda r: r.arg[0])  # the innermost range of each top-level reduce
+  out_elems = math.prod(_size(g) for g in glbl)
+  if cands and all(_size(r) >= 64 for r in cands):
+    contiguous = any(_contiguous_in(cands[-1], ix.src[1]) for ix in _loads(ast))
+    k = min(256 if contiguous or out_elems < 64 else 0, min(_pow2_at_most(_size(r)) for r in cands), max_threads)
+    itemsize = max(red.dtype.itemsize for red in top_reds)
     if k >= warp and k * itemsize * len(top_reds) <= renderer.shared_max:
       if not contiguous and glbl and _size(glbl[-1]) >= warp:  # threads on the contiguous output axis, each summing a chunk
         lk = min(warp, _pow2_at_most(_size(glbl[-1])))
-        opts.append(Opt("LOCAL", glbl[-1].arg[0], lk))
         k = min(k, max_threads // lk, 16)
-        if k >= 2: opts.append(Opt("GROUPTOP", rr.arg[0], k))
-      else: opts.append(Opt("GROUP", rr.arg[0], k))
-      return opts
-  # threads over the innermost output axes, up to 256 per workgroup
-  budget = min(256, max_threads)
+        return [Opt("LOCAL", glbl[-1].arg[0], lk)] + [Opt("GROUPTOP", r.arg[0], k) for r in cands]
+      return [Opt("GROUP", r.arg[0], k) for r in cands]
+  opts: list[Opt] = []
+  red_rngs = {r for red in top_reds for r in red.src[1:]}
+  for r in sorted(red_rngs, key=lambda r: r.arg[0]):  # tiny reduce loops (a 3x3 window) unrolled
+    if r.src[0].op is Ops.CONST and r.src[0].arg <= 4: opts.append(Opt("UNROLL", r.arg[0], r.src[0].arg))
+  sizes = {g.arg[0]: _size(g) for g in glbl}
+  loads = [ix.src[1] for ix in _loads(ast) if any(r in ix.toposort() for r in red_rngs)]
+  for g in reversed(glbl):  # register tiles: outputs along an axis some reduce-loop load doesn't use share that load
+    if loads and any(g not in ld.toposort() for ld in loads) and g.src[0].op is Ops.CONST and sizes[g.arg[0]] % 4 == 0 \
+       and sizes[g.arg[0]] >= 64 and sum(o.kind == "UPCAST" for o in opts) < 2:
+      opts.append(Opt("UPCAST", g.arg[0], 4))
+      sizes[g.arg[0]] //= 4
+  return opts + _local_opts(glbl, sizes, renderer)
+
+
+def _local_opts(glbl: list[UOp], sizes: dict[int, int], renderer) -> list[Opt]:
+  """LOCAL threads over the innermost output axes, up to 256 per workgroup (padded to whole warps on dim 0)."""
+  warp, lmax = max(renderer.warp_size, 1), tuple(renderer.local_max or (renderer.local_max_threads,) * 3)
+  budget, opts = min(256, renderer.local_max_threads), []
   for d, g in enumerate(reversed(glbl)):
     if d >= len(lmax) or budget < 2: break
-    n = _size(g)
+    n = sizes[g.arg[0]]
     if n < 2: continue
     k = next((c for c in (256, 128, 64, 32, 16, 8, 4, 2) if c <= min(budget, lmax[d]) and g.src[0].op is Ops.CONST and n % c == 0), 0)
-    if k < min(n, warp) and d == 0: k = min(budget, lmax[d], -(-n // warp) * warp)  # padded to whole warps
+    if k < min(n, warp) and d == 0: k = min(budget, lmax[d], -(-n // warp) * warp)
     if k < 2: continue
     opts.append(Opt("LOCAL", g.arg[0], k))
-    threads *= k
     budget //= k
   return opts
 
