@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plugrad.codegen.gpudims import gpudims, uses_gpudims
-from plugrad.codegen.gpuopt import optimize_gpu
+from plugrad.codegen.gpuopt import apply_gpu_opt, optimize_gpu
 from plugrad.codegen.linearize import linearize
-from plugrad.codegen.opt import optimize
+from plugrad.codegen.opt import Opt, optimize
 from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS, vectorize
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
@@ -57,10 +57,18 @@ def estimate_flops(uops: list[UOp]) -> sint:
   return flops
 
 
-def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
-  """Optimize (codegen/opt.py, as far as `renderer` supports it; vector lanes become vector types with
-  codegen/vectorize.py where the renderer has them), linearize and render a kernel AST for `renderer`."""
-  opt = optimize_gpu(ast, renderer) if uses_gpudims(renderer) else optimize(ast, renderer)
+def apply_opts(ast: UOp, opts: list[Opt], renderer: Renderer) -> UOp:
+  """`ast` with the given optimizations (LOCAL/GROUP/GROUPTOP/TC for GPU renderers, the CPU ones for any)."""
+  for o in opts: ast = apply_gpu_opt(ast, o, renderer)
+  return ast
+
+
+def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> ProgramSpec:
+  """Optimize (codegen/opt.py, or codegen/gpuopt.py for GPU renderers; `opts` replaces the heuristic's choice; vector
+  lanes become vector types with codegen/vectorize.py where the renderer has them), map ranges to hardware ids
+  (codegen/gpudims.py), linearize and render a kernel AST for `renderer`."""
+  if opts is not None: opt = apply_opts(ast, opts, renderer)
+  else: opt = optimize_gpu(ast, renderer) if uses_gpudims(renderer) else optimize(ast, renderer)
   if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS))
   dims = gpudims(opt, renderer)
   uops = linearize(dims.ast)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from plugrad.codegen import ProgramSpec, get_program
 from plugrad.device import Buffer, Device, Program
+from plugrad.engine.search import beam_opts
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import ScheduleItem
 from plugrad.uop.ops import Ops, UOp, pretty
@@ -45,7 +46,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per process, and cached on disk by the compiler)."""
   if (r := _RUNNERS.get((device, ast))) is not None: return r
   dev = Device[device]
-  spec = get_program(ast, dev.renderer)
+  spec = get_program(ast, dev.renderer, beam_opts(ast, device))
   if (debug := getenv("DEBUG", 0)) >= 5:
     print(f"kernel {spec.name} AST:\n{pretty(ast, max_lines=1 << 30)}")
     if debug >= 6: print("linearized:\n" + "\n".join(f"  {i:4d} {u.op.name:14s} {u.dtype!r:40s} {u.arg!r}" for i, u in enumerate(spec.uops)))
