@@ -4,7 +4,8 @@ With `BEAM=n` (n >= 1) the engine asks `beam_opts(ast, device)` for each new ker
 and from the heuristic's choice, each round extends every kept candidate by one optimization (UPCAST/UNROLL/SPLIT on
 any renderer, LOCAL/GROUP/GROUPTOP on GPU renderers, with the amounts in `AMOUNTS` that fit), compiles and times them
 on the device with scratch buffers, and keeps the n fastest; it stops when a round improves nothing (at most
-`BEAM_ROUNDS`, default 3; at most `BEAM_CANDIDATES`, default 48, timed per round). The winner is stored as JSON under `$PLUGRAD_CACHE_DIR/beam/` keyed by sha256 of the
+`BEAM_ROUNDS`, default 3; at most `BEAM_CANDIDATES`, default 48, timed per round). The winner is stored as JSON
+under `$PLUGRAD_CACHE_DIR/beam/` keyed by sha256 of the
 kernel AST, the device name and the renderer's arch, so a later process reuses it without timing. Kernels with
 symbolic sizes keep the heuristic (their timing would depend on the variables). Works on every device, CPU included.
 """
