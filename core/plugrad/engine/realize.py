@@ -46,7 +46,8 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per process, and cached on disk by the compiler)."""
   if (r := _RUNNERS.get((device, ast))) is not None: return r
   dev = Device[device]
-  spec = get_program(ast, dev.renderer, beam_opts(ast, device))
+  opts = beam_opts(ast, device)  # None unless BEAM is set
+  spec = get_program(ast, dev.renderer) if opts is None else get_program(ast, dev.renderer, opts)
   if (debug := getenv("DEBUG", 0)) >= 5:
     print(f"kernel {spec.name} AST:\n{pretty(ast, max_lines=1 << 30)}")
     if debug >= 6: print("linearized:\n" + "\n".join(f"  {i:4d} {u.op.name:14s} {u.dtype!r:40s} {u.arg!r}" for i, u in enumerate(spec.uops)))
