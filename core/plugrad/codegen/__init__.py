@@ -3,17 +3,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from plugrad.codegen.gpudims import gpudims, uses_gpudims
+from plugrad.codegen.gpuopt import apply_gpu_opt, optimize_gpu
 from plugrad.codegen.linearize import linearize
-from plugrad.codegen.opt import optimize
+from plugrad.codegen.opt import Opt, optimize
 from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS, vectorize
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
-from plugrad.uop.symbolic import prod, sint
+from plugrad.uop.symbolic import prod, sint, sym_infer
 
 
 @dataclass
 class ProgramSpec:
-  """A rendered kernel: its name, source, linear uops, parameters and cost estimates."""
+  """A rendered kernel: its name, source, linear uops, parameters, launch dimensions and cost estimates.
+
+  `global_size` is the number of workgroups per hardware dim (ints, or index expressions over the kernel's variables),
+  `local_size` the threads per workgroup (None for renderers that run loops instead of hardware ids: the CPU)."""
   name: str
   src: str
   uops: list[UOp]
@@ -23,6 +28,13 @@ class ProgramSpec:
   local_size: list[int] | None = None
   flops: sint = 0
   mem_bytes: int = 0
+
+  def launch_dims(self, var_vals: dict | None = None) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """(global_size, local_size) as ints, symbolic sizes evaluated with the bound variables (name or DEFINE_VAR -> int)."""
+    vv = var_vals or {}
+    try: glb = tuple(int(sym_infer(g, vv)) for g in self.global_size)
+    except KeyError as e: raise RuntimeError(f"kernel {self.name}: launch size needs {e.args[0]}") from None
+    return glb, None if self.local_size is None else tuple(self.local_size)
 
 
 def kernel_name(ast: UOp) -> str:
@@ -45,14 +57,28 @@ def estimate_flops(uops: list[UOp]) -> sint:
   return flops
 
 
-def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
-  """Optimize (codegen/opt.py, as far as `renderer` supports it; vector lanes become vector types with
-  codegen/vectorize.py where the renderer has them), linearize and render a kernel AST for `renderer`."""
-  opt = optimize(ast, renderer)
+def apply_opts(ast: UOp, opts: list[Opt], renderer: Renderer) -> UOp:
+  """`ast` with the given optimizations (LOCAL/GROUP/GROUPTOP/TC for GPU renderers, the CPU ones for any)."""
+  for o in opts: ast = apply_gpu_opt(ast, o, renderer)
+  return ast
+
+
+def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> ProgramSpec:
+  """Optimize (codegen/opt.py, or codegen/gpuopt.py for GPU renderers; `opts` replaces the heuristic's choice; vector
+  lanes become vector types with codegen/vectorize.py where the renderer has them), map ranges to hardware ids
+  (codegen/gpudims.py), linearize and render a kernel AST for `renderer`."""
+  if opts is not None: opt = apply_opts(ast, opts, renderer)
+  else: opt = optimize_gpu(ast, renderer) if uses_gpudims(renderer) else optimize(ast, renderer)
   if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS))
-  uops = linearize(opt)
+  dims = gpudims(opt, renderer)
+  uops = linearize(dims.ast)
   name = kernel_name(ast)
   glbls = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
   mem = sum(g.dtype.size * g.dtype.base.itemsize for g in glbls if isinstance(g.dtype.size, int) and g.dtype.size > 0)
   return ProgramSpec(name, renderer.render(name, uops), uops, glbls, [u for u in uops if u.op is Ops.DEFINE_VAR],
-                     flops=estimate_flops(uops), mem_bytes=mem)
+                     global_size=dims.global_size, local_size=dims.local_size, flops=estimate_flops(uops) * _threads(dims), mem_bytes=mem)
+
+
+def _threads(dims) -> sint:
+  """Threads a launch runs (each executes the linear program once)."""
+  return prod(dims.global_size) * prod(dims.local_size) if dims.local_size is not None else 1

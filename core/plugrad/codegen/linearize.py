@@ -51,6 +51,11 @@ class Linearizer:
       self.rsets[x] = r
     return self.rsets[n]
 
+  def identity(self, op: Ops, dt: DType) -> UOp:
+    """The reduce identity of `op` as a value of `dt` (a VECTORIZE of scalar constants for a vector accumulator)."""
+    if dt.count == 1: return UOp.const(dt, reduce_identity(op, dt))
+    return UOp(Ops.VECTORIZE, dt, (UOp.const(dt.scalar(), reduce_identity(op, dt.scalar())),) * dt.count)
+
   def dt(self, d: DType) -> DType: return self.idx_dtype if d == dtypes.index else d
 
   def push(self, n: UOp) -> UOp:
@@ -88,15 +93,16 @@ class Linearizer:
       acc = self.push(UOp(Ops.DEFINE_REG, dt.ptr(1, AddrSpace.REG), arg=self.n_acc))
       self.n_acc += 1
       slot = self.push(UOp(Ops.INDEX, acc.dtype, (acc, zero)))
-      accs.append((r, dt, acc, slot, self.push(UOp(Ops.STORE, dtypes.void, (slot, self.emit(UOp.const(dt, reduce_identity(r.arg, dt))))))))
+      accs.append((r, dt, acc, slot, self.push(UOp(Ops.STORE, dtypes.void, (slot, self.emit(self.identity(r.arg, dt)))))))
     opened = [self.emit(UOp(Ops.RANGE, r.dtype, r.src, r.arg)) for r in ranges]
     self.open.update(ranges)
     for r, dt, acc, slot, init in accs:
       body = r.src[0]
       fma = r.arg is Ops.ADD and body.op is Ops.MUL and dtypes.is_float(dt)  # acc + a*b -> MULACC(a, b, acc)
-      val = tuple(self.emit(s) for s in body.src) if fma else self.emit(body)
+      wmma = r.arg is Ops.ADD and body.op is Ops.WMMA  # acc + A@B (+0) -> WMMA(a, b, acc)
+      val = tuple(self.emit(s) for s in body.src[:2 if wmma else 3]) if fma or wmma else self.emit(body)
       cur = self.push(UOp(Ops.LOAD, dt, (slot, init)))  # the init source orders this load after the reset
-      new = UOp(Ops.MULACC, dt, (*val, cur)) if fma else UOp(r.arg, dt, (cur, val))
+      new = UOp(Ops.MULACC, dt, (*val, cur)) if fma else UOp(Ops.WMMA, dt, (*val, cur), body.arg) if wmma else UOp(r.arg, dt, (cur, val))
       self.push(UOp(Ops.STORE, dtypes.void, (slot, self.push(new))))
     end = None
     for r in reversed(opened): end = self.push(UOp(Ops.END, dtypes.void, (r,) if end is None else (r, end)))
@@ -110,6 +116,8 @@ class Linearizer:
     topo = self.ast.toposort()
     for n in sorted((n for n in topo if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg): self.emit(n)
     for n in sorted((n for n in topo if n.op is Ops.DEFINE_VAR), key=lambda n: n.arg[0]): self.emit(n)
+    for n in sorted((n for n in topo if n.op is Ops.SPECIAL), key=lambda n: n.arg): self.emit(n)  # GPU ids (codegen/gpudims.py)
+    for n in sorted((n for n in topo if n.op is Ops.DEFINE_LOCAL), key=lambda n: n.arg): self.emit(n)
     globals_ = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda n: n.arg[0])
     for r in globals_: self.emit(r)
     self.open.update(globals_)

@@ -325,13 +325,19 @@ def local_opts(ast: UOp, renderer) -> list[Opt]:
   return []
 
 
-def optimize(ast: UOp, renderer) -> UOp:
-  """Apply the optimizations `renderer` asks for (see the module docstring)."""
+def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
+  """The optimizations the CPU heuristic picks for `ast` on `renderer` (none without `upcast_max`)."""
   upcast_max = getattr(renderer, "upcast_max", 0)
-  if getenv("NOOPT", False) or not upcast_max: return ast
+  if not upcast_max: return []
   split = not getattr(renderer, "vectorizes_reductions", False)
   lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
-  opts = choose_opts(ast, upcast_max, split, lanes, regs) + local_opts(ast, renderer)
+  return choose_opts(ast, upcast_max, split, lanes, regs) + local_opts(ast, renderer)
+
+
+def optimize(ast: UOp, renderer) -> UOp:
+  """Apply the optimizations `renderer` asks for (see the module docstring)."""
+  if getenv("NOOPT", False): return ast
+  opts = heuristic_opts(ast, renderer)
   capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
   for opt in opts: ast = apply_opt(ast, opt)
   return ast

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from plugrad.codegen import ProgramSpec, get_program, kernel_name
 from plugrad.device import Buffer, Device, Program
+from plugrad.engine.search import beam_opts
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import ScheduleItem
 from plugrad.uop.ops import Ops, UOp, pretty
@@ -47,7 +48,8 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   if (r := _RUNNERS.get((device, ast))) is not None: return r
   dev = Device[device]
   with capture.group("kernel", lambda: f"{kernel_name(ast)} {device}") as g:  # VIZ=1: codegen passes grouped per kernel
-    spec = get_program(ast, dev.renderer)
+    opts = beam_opts(ast, device)  # None unless BEAM is set
+    spec = get_program(ast, dev.renderer) if opts is None else get_program(ast, dev.renderer, opts)
     if g is not None: g.info.update(name=spec.name, device=device, ast=ast, spec=spec)
   if (debug := getenv("DEBUG", 0)) >= 5:
     print(f"kernel {spec.name} AST:\n{pretty(ast, max_lines=1 << 30)}")
@@ -77,7 +79,10 @@ class ExecItem:
     vv = self.var_vals if var_vals is None else var_vals
     vals = tuple(vv[v.arg[0]] if v.arg[0] in vv else _missing(v) for v in self.runner.spec.vars)
     GlobalCounters["kernels"] += 1
-    return self.runner.prg(*[b._buf for b in self.bufs], vals=vals, wait=wait)
+    spec = self.runner.spec
+    if spec.local_size is None: return self.runner.prg(*[b._buf for b in self.bufs], vals=vals, wait=wait)  # loops (CPU): its own mapping
+    glb, lcl = spec.launch_dims({v.arg[0]: x for v, x in zip(spec.vars, vals)})
+    return self.runner.prg(*[b._buf for b in self.bufs], global_size=glb, local_size=lcl, vals=vals, wait=wait)
 
 
 CAPTURING: list[list[ExecItem]] = []  # TinyJit pushes a list here to record the ExecItems that run

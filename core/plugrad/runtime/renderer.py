@@ -14,10 +14,12 @@ class Renderer:
   supports_float4: bool = False          # vector loads/stores of 4 floats
   has_local: bool = False                # workgroup (local) dimensions exist
   has_shared: bool = False               # workgroup shared memory exists
-  global_max: tuple[int, ...] | None = None   # max global size per dimension (None: unlimited / loops)
-  local_max: tuple[int, ...] | None = None    # max local size per dimension
+  global_max: tuple[int, ...] | None = None   # max workgroups per grid dimension (None: unlimited / loops)
+  local_max: tuple[int, ...] | None = None    # max threads per workgroup dimension
+  local_max_threads: int = 0             # max threads per workgroup; > 0 (with has_local) makes codegen emit SPECIAL ids
   shared_max: int = 0                    # bytes of shared memory per workgroup
-  tensor_cores: list[Any] = []           # TensorCore descriptions (defined by codegen)
+  warp_size: int = 1                     # lanes that execute in lockstep (32 on CUDA and RDNA, 64 on CDNA)
+  tensor_cores: list[Any] = []           # codegen.tc.TensorCore shapes the target has (WMMA)
 
   def __init__(self, arch: str | None = None) -> None:
     self.arch = arch

@@ -1,0 +1,26 @@
+"""BEAM search (engine/search.py): the winner is timed on the device, correct, and cached on disk keyed by AST+device+arch."""
+from __future__ import annotations
+
+import numpy as np
+
+from plugrad import Tensor
+from plugrad.codegen.opt import Opt
+from plugrad.engine import search
+
+
+def test_beam_on_cpu_finds_correct_opts_and_caches_them(monkeypatch, tmp_path):
+  monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("BEAM", "1")
+  monkeypatch.setenv("BEAM_ROUNDS", "1")
+  monkeypatch.setenv("BEAM_CANDIDATES", "6")
+  a = np.random.default_rng(0).standard_normal((12, 80)).astype(np.float32)
+  np.testing.assert_allclose((Tensor(a, device="CPU") * 3).sum(1).numpy(), (a * 3).sum(1), rtol=1e-5)
+  files = list((tmp_path / "beam").iterdir())
+  assert len(files) == 1
+  ast = (Tensor(a, device="CPU") * 3).sum(1).schedule()[-1].ast
+  calls = []
+  monkeypatch.setattr(search, "beam_search", lambda *args: calls.append(args) or [])
+  opts = search.beam_opts(ast, "CPU")  # from the disk cache: no search
+  assert not calls and all(isinstance(o, Opt) for o in opts)
+  monkeypatch.delenv("BEAM")
+  assert search.beam_opts(ast, "CPU") is None
