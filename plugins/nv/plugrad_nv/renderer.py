@@ -16,6 +16,7 @@ import math
 import re
 
 from plugrad.codegen.cstyle import UNARY_MATH, CStyleRenderer, lane_by_lane
+from plugrad.codegen.targets import CUDA
 from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
@@ -107,6 +108,7 @@ class CUDARenderer(CStyleRenderer):
   has_local, has_shared = True, True
   global_max, local_max, local_max_threads = (GRID_X_MAX, GRID_YZ_MAX, GRID_YZ_MAX), (1024, 1024, 64), 1024
   shared_max, warp_size = 48 * 1024, 32
+  tensor_cores = list(CUDA.tensor_cores)  # mma.sync shapes and lane layouts as data (codegen/tc.py)
   upcast_max = 16       # outputs/accumulators per thread for codegen/opt.py (register blocking)
   default_arch = "sm_90"  # NVDevice makes a subclass with the GPU's own arch
   type_map = {**CStyleRenderer.type_map, dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16",
