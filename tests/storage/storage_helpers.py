@@ -1,5 +1,8 @@
 """Shared helpers for the storage tests: random valid quantized blocks for every ggml type."""
 from __future__ import annotations
+import select
+import subprocess
+import sys
 import numpy as np
 
 # ggml type name -> (ggml id, block elements, block bytes, byte offsets of its float16 fields)
@@ -17,9 +20,6 @@ def random_blocks(qtype: str, n_blocks: int, seed: int = 0) -> np.ndarray:
 
 def start_tinyfs(root, preexec_fn=None):
   """A tinyfs server process on a free loopback port: (Popen, "HOST:PORT")."""
-  import select
-  import subprocess
-  import sys
   p = subprocess.Popen([sys.executable, "-m", "plugrad_tinyfs.server", "--host", "127.0.0.1", "--port", "0", "--root", str(root)],
                        stdout=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
   if not select.select([p.stdout], [], [], 20)[0]:

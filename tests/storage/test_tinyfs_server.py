@@ -1,10 +1,8 @@
 """tinyfs server + client against a real server process on a free loopback port; the hashlib reference is the oracle."""
 from __future__ import annotations
 import os
-import select
 import socket
 import subprocess
-import sys
 import threading
 import numpy as np
 import pytest
@@ -13,16 +11,7 @@ from plugrad.tensor import Tensor
 from plugrad_tinyfs.client import Connection, TinyFSError, fs_load, fs_store, load_bytes, store_bytes
 from plugrad_tinyfs.hashing import CHUNK_SIZE, chunk_hash_ref, root_hash_ref
 from plugrad_tinyfs.protocol import BAD_REQUEST, INFO, STORE, U32
-
-def start_server(root) -> tuple[subprocess.Popen, str]:
-  p = subprocess.Popen([sys.executable, "-m", "plugrad_tinyfs.server", "--host", "127.0.0.1", "--port", "0", "--root", str(root)],
-                       stdout=subprocess.PIPE, text=True)
-  if not select.select([p.stdout], [], [], 20)[0]:
-    p.kill()
-    raise RuntimeError("tinyfs server did not start within 20 s")
-  line = p.stdout.readline().strip()
-  assert line.startswith("tinyfs listening on "), line
-  return p, line.rsplit(" ", 1)[1]
+from storage_helpers import start_tinyfs as start_server
 
 def stop_server(p: subprocess.Popen) -> None:
   p.terminate()
