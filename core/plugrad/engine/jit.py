@@ -52,6 +52,11 @@ def _bound_vars(args: list, tensors: list) -> dict[str, int]:
   return out
 
 
+def _input_buffers(inputs: list) -> list:
+  """The base Buffers of the (realized) input tensors; a multi-device tensor gives one per device."""
+  return [buffer_for(buffer_of(u)).base for t in inputs for u in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
+
+
 class TinyJit(Generic[R]):
   """Decorate a function of Tensors (or call TinyJit(fn)); see the module docstring."""
 
@@ -100,7 +105,7 @@ class TinyJit(Generic[R]):
       ret = self.fn(*args, **kwargs)
       Tensor.realize_all(*_tensors_in(ret))
     finally: items = CAPTURING.pop()
-    in_bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
+    in_bufs = _input_buffers(inputs)
     self.input_slots = [(i, j, k) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) for k, ib in enumerate(in_bufs) if b is ib]
     for i, ei in enumerate(items):
       for j, b in enumerate(ei.bufs):
@@ -135,7 +140,7 @@ class TinyJit(Generic[R]):
     for i, (now, was) in enumerate(zip(sig, self.signature)):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     st = capture.now() if capture.PROFILE else 0
-    bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
+    bufs = _input_buffers(inputs)
     for i, j, k in self.input_slots: self.captured[i].bufs[j] = bufs[k]
     if self.plan:
       for batch, its, slots in self.plan:

@@ -29,7 +29,7 @@ def new_buffer(device: str, size: int, dtype) -> UOp:
 
 def device_of(u: UOp) -> str:
   """The device a tensor-level node lives on (from its DEVICE source, searched through its first sources); cached on
-  the node, since Tensor.device asks for it on every operation."""
+  the node, since Tensor.device asks for it on every operation. A MULTI node's device is the tuple of its shards'."""
   if (c := u._cache) is not None and "device" in c: return c["device"]
   x = u
   while True:
@@ -37,6 +37,7 @@ def device_of(u: UOp) -> str:
     elif x.op is Ops.BUFFER: dev = x.src[1].arg
     elif x.op is Ops.PARAM and isinstance(x.arg, tuple) and len(x.arg) == 4: dev = x.arg[3]
     elif x.op is Ops.COPY: dev = x.src[1].arg
+    elif x.op is Ops.MULTI: dev = tuple(device_of(s) for s in x.src)  # a multi-device tensor: one device per shard
     elif not x.src: raise RuntimeError(f"{u.op} has no device")
     else:
       x = next((s for s in x.src if s.op is not Ops.DEFINE_VAR and s.op is not Ops.BIND), x.src[0])

@@ -24,6 +24,9 @@ def shape_of(u: UOp) -> tuple:
   if op is Ops.PARAM and isinstance(arg, tuple) and len(arg) == 4: return (arg[2],)  # scheduler buffer placeholder
   if op is Ops.BUFFER_VIEW: return (arg[0],)
   if op in (Ops.RESHAPE, Ops.EXPAND): return tuple(arg)
+  if op is Ops.MULTI:  # the logical shape: the shards' sizes along the shard axis add up (replicas all have the shape)
+    first = u.src[0].shape
+    return first if arg is None else tuple(sum(s.shape[arg] for s in u.src) if i == arg else d for i, d in enumerate(first))
   src = u.src[0].shape if u.src else ()
   if op is Ops.PERMUTE: return tuple(src[i] for i in arg)
   if op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(src, arg))
