@@ -63,13 +63,12 @@ def bounds_of(m: UOp) -> tuple[tuple[int, int], ...] | None:
 
 
 def even_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:
-  """k shards of n rows: ceil(n/k) each, the last ones smaller (tinygrad's split); an empty shard is an error."""
-  sz = -(-n // k)
-  out = tuple((min(i * sz, n), min((i + 1) * sz, n)) for i in range(k))
-  if any(b >= e for b, e in out):
+  """k shards of n rows as equal as can be: n // k each, the first n % k one row more; an empty shard is an error."""
+  if n < k:
     raise MultiDeviceError(f"can't shard an axis of size {n} over {k} devices: some device would get no rows "
-                           f"(pass splits= with a positive size per device, or shard another axis)")
-  return out
+                           f"(shard another axis, or use fewer devices)")
+  sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
+  return tuple((sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(k))
 
 
 def splits_to_bounds(splits: Sequence[int], n: int, k: int) -> tuple[tuple[int, int], ...]:
