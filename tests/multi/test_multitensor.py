@@ -254,3 +254,19 @@ def test_disk_to_shard_copies_only_its_rows(tmp_path):
   assert len(copies) == 2 and all(it.bufs[1].dtype.itemsize * (it.bufs[1].arg[0] if it.bufs[1].op is Ops.BUFFER_VIEW else it.bufs[1].arg)
                                   == a.nbytes // 2 for it in copies)
   assert np.array_equal(t.numpy(), a)
+
+
+def test_jit_replays_views_of_input_buffers():
+  """A capture whose copies read views of an input (the ring allreduce sends chunks of its inputs) replays them as the
+  same views of the new inputs (it used to refuse such captures)."""
+  n = M.RING_ALLREDUCE_BYTES // 4 * 2
+  @TinyJit
+  def ar(a: Tensor, b: Tensor) -> Tensor: return Tensor(M.allreduce([a.uop, b.uop], Ops.ADD)).realize()
+  @TinyJit
+  def mid(x: Tensor) -> Tensor: return x.reshape(4, -1)[1:3].to("CPU:1").realize()
+  for i in range(4):
+    a, b = rand(n), rand(n)
+    out = ar(Tensor(a, device="CPU:0").realize(), Tensor(b, device="CPU:1").realize())
+    for s in out.shards: assert np.allclose(s.numpy(), a + b, atol=1e-6), i
+    assert np.array_equal(mid(Tensor(a).realize()).numpy(), a.reshape(4, -1)[1:3]), i
+  assert ar.cnt == 2 and ar._views and mid._views

@@ -64,6 +64,7 @@ class TinyJit(Generic[R]):
     if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
     self.fn, self.cnt = fn, 0
     self.captured: list[ExecItem] = []
+    self._views: dict[tuple[int, int], tuple] = {}
     self.input_slots: list[tuple[int, int, int]] = []
     self.signature: list[tuple] = []
     self.ret: Any = None
@@ -75,7 +76,7 @@ class TinyJit(Generic[R]):
 
   def reset(self) -> None:
     """Forget the capture: the next call runs normally again."""
-    self.cnt, self.captured, self.input_slots, self.signature, self.ret, self.plan = 0, [], [], [], None, []
+    self.cnt, self.captured, self.input_slots, self.signature, self.ret, self.plan, self._views = 0, [], [], [], None, [], {}
 
   def __call__(self, *args, **kwargs) -> R:
     from plugrad.tensor import Tensor
@@ -106,11 +107,10 @@ class TinyJit(Generic[R]):
       Tensor.realize_all(*_tensors_in(ret))
     finally: items = CAPTURING.pop()
     in_bufs = _input_buffers(inputs)
-    self.input_slots = [(i, j, k) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) for k, ib in enumerate(in_bufs) if b is ib]
-    for i, ei in enumerate(items):
-      for j, b in enumerate(ei.bufs):
-        if b.base in in_bufs and b is not b.base:
-          raise JitError(f"kernel {i} of the capture reads a view of an input buffer; pass the whole tensor to the jitted function")
+    # a kernel or copy may read an input's whole buffer or a view of it (e.g. a chunk a ring allreduce sends): replay
+    # swaps in the new input's buffer, or the same view of it
+    self.input_slots = [(i, j, k) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) for k, ib in enumerate(in_bufs) if b.base is ib]
+    self._views = {(i, j): (b.size, b.dtype, b.offset) for i, j, _ in self.input_slots if (b := items[i].bufs[j]) is not b.base}
     self.captured, self.signature, self.ret, self.cnt = items, self._signature(inputs), ret, 2
     self.plan = self._plan(items) if getenv("JIT_BATCH", 1) else []
     return ret
@@ -141,7 +141,9 @@ class TinyJit(Generic[R]):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     st = capture.now() if capture.PROFILE else 0
     bufs = _input_buffers(inputs)
-    for i, j, k in self.input_slots: self.captured[i].bufs[j] = bufs[k]
+    for i, j, k in self.input_slots:
+      v = self._views.get((i, j)) if self._views else None
+      self.captured[i].bufs[j] = bufs[k] if v is None else bufs[k].view(*v).ensure_allocated()
     if self.plan:
       for batch, its, slots in self.plan:
         if batch is None: its[0].run(var_vals if its[0].runner is not None and its[0].runner.spec.vars else None)

@@ -193,9 +193,9 @@ def allreduce(parts: Sequence[UOp], op: Ops) -> UOp:
     new = [row[:] for row in acc]
     for c, d in sends:
       nd = (d + 1) % k
-      new[nd][c] = _reduce2(op, acc[nd][c], copy_to(UOp(Ops.CONTIGUOUS, acc[d][c].dtype, (acc[d][c],)), devs[nd]))
+      new[nd][c] = _reduce2(op, acc[nd][c], copy_to(acc[d][c], devs[nd]))  # a COPY realizes what it sends first
     acc = new
-  owned = [UOp(Ops.CONTIGUOUS, acc[(c - 1) % k][c].dtype, (acc[(c - 1) % k][c],)) for c in range(k)]
+  owned = [acc[(c - 1) % k][c] for c in range(k)]
   out = []
   for d, dev in enumerate(devs):
     full = _concat([(cb[c][0], copy_to(owned[c], dev)) for c in range(k)], 0, n)
