@@ -20,6 +20,11 @@ if mode == "hang":  # rank 1 stops taking part: rank 0 must time out with a clea
     print(f"timed out: {e}", flush=True)
     os._exit(3)
   sys.exit(0)
+if mode == "die":  # rank 1 dies before the collective: mpirun must end the job (no rank left waiting forever)
+  if rank == 1: os._exit(7)
+  distributed.allreduce_(Tensor(np.ones(4, np.float32)).realize())
+  print("rank 0 finished an allreduce without rank 1", flush=True)
+  sys.exit(0)
 
 def contrib(r: int, shape=(5, 7)) -> np.ndarray: return np.random.default_rng(r).standard_normal(shape).astype(np.float32)
 everyone = [contrib(r) for r in range(world)]

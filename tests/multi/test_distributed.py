@@ -50,6 +50,12 @@ def test_a_rank_that_stops_makes_the_other_time_out():
 
 
 @needs_mpi
+def test_a_rank_that_dies_ends_the_job():
+  r = mpirun(str(ROOT / "tests/multi/mpi_collectives.py"), "die", env={"PLUGRAD_MPI_TIMEOUT": "20"}, timeout=120)
+  assert r.returncode != 0 and "without rank 1" not in r.stdout, r.stdout + r.stderr
+
+
+@needs_mpi
 def test_distributed_training_matches_one_process(tmp_path):
   common = ["--no-bn", "--steps", "4", "--batch", "16", "--seed", "3"]
   r = mpirun(str(ROOT / "examples/train_digits.py"), "--distributed", *common, "--save", str(tmp_path / "dist.npz"))
