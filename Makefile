@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
+.PHONY: setup test test-python test-emulate test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
 
 sysdeps:
 	@command -v clang >/dev/null 2>&1 && command -v clang-19 >/dev/null 2>&1 && command -v ld.lld-19 >/dev/null 2>&1 && \
@@ -50,6 +50,10 @@ test: setup lint
 test-emulate: setup
 	EMULATE=CUDA DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	EMULATE=AMD DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+
+# tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s)
+test-long: setup
+	PLUGRAD_LONG_TESTS=1 $(PY) -m pytest -q tests/llm/test_tensor_parallel.py
 
 test-python: setup
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"

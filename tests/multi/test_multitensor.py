@@ -270,3 +270,18 @@ def test_jit_replays_views_of_input_buffers():
     for s in out.shards: assert np.allclose(s.numpy(), a + b, atol=1e-6), i
     assert np.array_equal(mid(Tensor(a).realize()).numpy(), a.reshape(4, -1)[1:3]), i
   assert ar.cnt == 2 and ar._views and mid._views
+
+
+def test_symbolic_slice_of_a_shard_stays_a_view():
+  """Regression: a reshape with symbolic sizes used to allgather the shards, so assigning into a KV-cache slice at a
+  symbolic position wrote into a temporary copy instead of the cache."""
+  from plugrad.uop.ops import UOp
+  cache = Tensor.zeros(1, 3, 4, 10).contiguous().realize().shard(D2, 1, [2, 1]).realize()
+  x = rand(1, 3, 4, 2)
+  st = UOp.variable("start", 0, 8).bind(3)
+  view = cache[:, :, :, st:st + 2]
+  assert all(u.op is not Ops.COPY for s in view.uop.src for u in s.toposort())
+  view.assign(Tensor(x).to(D2)).realize()
+  ref = np.zeros((1, 3, 4, 10), np.float32)
+  ref[..., 3:5] = x
+  assert np.array_equal(cache.numpy(), ref)

@@ -31,7 +31,7 @@ from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import device_of, new_buffer
 from plugrad.uop.ops import GroupOp, Ops, UOp
-from plugrad.uop.symbolic import prod
+from plugrad.uop.symbolic import prod, ssimplify
 from plugrad.uop.upat import PatternMatcher, UPat
 
 
@@ -246,8 +246,19 @@ def _reshape(x: UOp, m: UOp) -> UOp:
       nb = [(b * suf // q, e * suf // q) for b, e in bounds_of(m) or ()]
       return multi([UOp(Ops.RESHAPE, s.dtype, (s,), tuple(e - b if i == na else v for i, v in enumerate(new)))
                     for s, (b, e) in zip(m.src, nb)], na)
+  else:  # symbolic sizes: keep the shards when the shard axis survives whole, with equal sizes before and after it
+    pre, suf = prod(old[:a]), prod(old[a + 1:])
+    for na in range(len(new)):
+      if _same(new[na], old[a]) and _same(prod(new[:na]), pre) and _same(prod(new[na + 1:]), suf):
+        return multi([UOp(Ops.RESHAPE, s.dtype, (s,), tuple(s.shape[a] if i == na else v for i, v in enumerate(new))) for s in m.src], na)
   # the shard axis would be split across devices: allgather, then reshape each replica
   return _reshape(x, _replicated(m))
+
+
+def _same(x, y) -> bool:
+  """x == y for sizes that may be symbolic (decided by simplifying their difference)."""
+  if isinstance(x, int) and isinstance(y, int): return x == y
+  return ssimplify(x - y) == 0 if isinstance(x, UOp) else ssimplify(-(y - x)) == 0
 
 
 def _expand(x: UOp, m: UOp) -> UOp:
