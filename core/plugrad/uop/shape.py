@@ -30,7 +30,7 @@ def shape_of(u: UOp) -> tuple:
   src = u.src[0].shape if u.src else ()
   if op is Ops.PERMUTE: return tuple(src[i] for i in arg)
   if op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(src, arg))
-  if op is Ops.SHRINK: return tuple(e if isinstance(b, int) and b == 0 else e - b for b, e in arg)  # (0, e): e itself (symbolic e stays the same node)
+  if op is Ops.SHRINK: return tuple(e if isinstance(b, int) and b == 0 else e - b for b, e in arg)  # (0, e): e itself, the same node
   if op is Ops.FLIP: return src
   if op is Ops.REDUCE_AXIS: return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
   if op in GroupOp.ALU:  # the widest source: a WHERE may mix a tensor with scalar constants
