@@ -309,7 +309,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return self.numpy().reshape(()).item()
 
   def to(self, device: str | None) -> Tensor:
-    """This tensor on `device` (itself if it is there already)."""
+    """This tensor on `device` (itself if it is there already); a tuple of devices replicates it on each (see shard)."""
     device = _canon_device(device)
     if device == self.device: return self
     return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, UOp(Ops.DEVICE, arg=device))))

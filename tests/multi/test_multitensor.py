@@ -285,3 +285,28 @@ def test_symbolic_slice_of_a_shard_stays_a_view():
   ref = np.zeros((1, 3, 4, 10), np.float32)
   ref[..., 3:5] = x
   assert np.array_equal(cache.numpy(), ref)
+
+
+def test_gguf_into_sharded_weights(tmp_path):
+  """Plain and Q8_0 GGUF tensors loaded into sharded weights: each device ends up with its rows (dequantized for Q8_0),
+  compared with the gguf package's own dequantization."""
+  gguf = pytest.importorskip("gguf")
+  from gguf.quants import dequantize as gg_dequantize, quantize as gg_quantize
+  from plugrad.nn.serialize import gguf_load
+  w, q = rand(6, 4), rand(4, 64)
+  qraw = gg_quantize(q, gguf.GGMLQuantizationType.Q8_0)
+  path = tmp_path / "m.gguf"
+  wr = gguf.GGUFWriter(str(path), "test")
+  wr.add_tensor("w", w)
+  wr.add_tensor("q", qraw, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+  wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()
+  _, ts = gguf_load(str(path))
+  class Model:
+    def __init__(self):
+      self.w = Tensor.zeros(6, 4).shard(D2, axis=0, splits=[4, 2])
+      self.q = Tensor.zeros(4, 64).shard(D2, axis=1)
+  m = Model()
+  load_state_dict(m, ts)
+  assert np.array_equal(m.w.numpy(), w) and np.array_equal(m.w.shards[1].numpy(), w[4:])
+  ref = gg_dequantize(qraw, gguf.GGMLQuantizationType.Q8_0).reshape(q.shape)
+  assert m.q.shard_axis == 1 and np.array_equal(m.q.numpy(), ref) and np.array_equal(m.q.shards[1].numpy(), ref[:, 32:])

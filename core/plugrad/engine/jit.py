@@ -5,6 +5,9 @@ copy it executes (ExecItems). From call 3 on, the function is not called at all:
 new inputs' buffers swapped in and the new values of bound Variables, and the returned tensors are the same
 objects as the capture's (their buffers hold the new results). JIT=0 turns capturing off.
 
+Inputs may be multi-device tensors (each device's buffer is an input slot), and captured kernels and copies may read
+views of input buffers (the same view of the new input is swapped in).
+
 Replay runs each maximal stretch of compiled kernels on one device through that device's `batch_runner(items)` when
 it offers one (e.g. CPU: one C call for the stretch, no Python per kernel); copies and the rest run item by item.
 JIT_BATCH=0 turns batching off.
