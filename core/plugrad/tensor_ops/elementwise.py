@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from plugrad.tensor_ops import TensorError
+from plugrad.errors import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float
 from plugrad.uop.ops import Ops
 
