@@ -1,8 +1,9 @@
 """Tensor: the lazy user-facing array. Every operation builds UOps; `realize()` schedules, compiles and runs them.
 
-This module holds the Tensor class with its construction, the primitive operations every other op is written
-in (elementwise ALU with broadcasting and promotion, the six movement ops, reductions, casts) and realization.
-Composite ops live in mixin modules (see plugrad/tensor_ops/) and only call these primitives.
+This module holds the Tensor class with its construction, realization, autograd entry points and the primitives the
+shared op mixins need (`_mop`, `_alu`, `_operands` with broadcasting and dtype promotion, `_rop`, `_full`, `cast`).
+The movement ops, arithmetic and `_reduce` are written once in `plugrad.mixin` (shared with UOp); composite ops live in
+the mixin modules of plugrad/tensor_ops/ and only call these primitives.
 """
 from __future__ import annotations
 
