@@ -11,11 +11,11 @@ from plugrad import Device, Tensor, TinyJit
 from plugrad.engine.function import function
 from plugrad.engine.realize import CAPTURING
 from plugrad.nn import optim
-from plugrad.nn.serialize import safe_load, safe_save
+from plugrad.nn.serialize import gguf_load, safe_load, safe_save
 from plugrad.nn.state import load_state_dict
 from plugrad.schedule import multi as M
 from plugrad.schedule.multi import MultiDeviceError
-from plugrad.uop.ops import Ops
+from plugrad.uop.ops import Ops, UOp
 
 D2 = ("CPU:0", "CPU:1")
 D3 = ("CPU:0", "CPU:1", "CPU:2")
@@ -275,7 +275,6 @@ def test_jit_replays_views_of_input_buffers():
 def test_symbolic_slice_of_a_shard_stays_a_view():
   """Regression: a reshape with symbolic sizes used to allgather the shards, so assigning into a KV-cache slice at a
   symbolic position wrote into a temporary copy instead of the cache."""
-  from plugrad.uop.ops import UOp
   cache = Tensor.zeros(1, 3, 4, 10).contiguous().realize().shard(D2, 1, [2, 1]).realize()
   x = rand(1, 3, 4, 2)
   st = UOp.variable("start", 0, 8).bind(3)
@@ -292,7 +291,6 @@ def test_gguf_into_sharded_weights(tmp_path):
   compared with the gguf package's own dequantization."""
   gguf = pytest.importorskip("gguf")
   from gguf.quants import dequantize as gg_dequantize, quantize as gg_quantize
-  from plugrad.nn.serialize import gguf_load
   w, q = rand(6, 4), rand(4, 64)
   qraw = gg_quantize(q, gguf.GGMLQuantizationType.Q8_0)
   path = tmp_path / "m.gguf"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from plugrad.schedule.kernelize import device_of
+from plugrad.engine.inline import inline_calls, pm_inline  # noqa: F401  (re-exported: their historical home)
+from plugrad.tensor import Tensor
+from plugrad.uop.shape import device_of
 from plugrad.uop.ops import Ops, UOp
-from plugrad.uop.rewrite import graph_rewrite
-from plugrad.uop.upat import PatternMatcher, UPat
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,26 +27,7 @@ def _param(i: int, u: UOp) -> UOp:
 def _per_device(u: UOp) -> tuple[UOp, ...]: return u.src if u.op is Ops.MULTI else (u,)
 
 
-def _inline(call: UOp) -> UOp:
-  """The body of a CALL with its PARAMs replaced by the call's inputs."""
-  body, args = call.src[0], call.src[1:]
-  # PARAM nodes are hash-consed, so a nested call's placeholder may be the very node of ours: mapping it is harmless,
-  # because substitute does not enter the bodies of nested CALLs (only their inputs)
-  params = {n: args[n.arg[1]] for n in body.toposort() if n.op is Ops.PARAM and n.arg[0] == "fn" and n.arg[1] < len(args)}
-  return body.substitute(params, walk=True)
-
-
-pm_inline = PatternMatcher([(UPat(Ops.CALL, name="call"), _inline)])
-
-
-def inline_calls(u: UOp) -> UOp:
-  """`u` with every (nested) CALL replaced by its inlined body."""
-  if not any(n.op is Ops.CALL for n in u.toposort()): return u
-  return graph_rewrite(u, pm_inline, name="inline calls")
-
-
 def _tensor_args(args: tuple, kwargs: dict) -> list:
-  from plugrad.tensor import Tensor
   out: list = []
   def walk(x: Any) -> None:
     if isinstance(x, Tensor): out.append(x)
@@ -66,7 +47,6 @@ def function(fn: F) -> F:
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
-    from plugrad.tensor import Tensor
     inputs = _tensor_args(args, kwargs)
     distinct: dict[UOp, int] = {}
     for t in inputs:  # duplicate inputs share one PARAM; a multi-device input has one PARAM per device (its shard)
