@@ -104,9 +104,12 @@ def test_allreduce_naive_and_ring(nbytes, devs):
   parts = [rand(n) for _ in devs]
   p = [Tensor(x, device=d).uop for x, d in zip(parts, devs)]
   out = M.allreduce(p, Ops.ADD)
-  copies = sum(1 for s in out.src for u in s.toposort() if u.op is Ops.COPY)
-  # naive: every device copies every other device's whole partial; ring: k chunks per device (reduce-scatter + allgather)
-  assert copies == (len(devs) * (len(devs) - 1) if nbytes < M.RING_ALLREDUCE_BYTES else None) or nbytes >= M.RING_ALLREDUCE_BYTES
+  copies = [u for u in dict.fromkeys(x for s in out.src for x in s.toposort()) if u.op is Ops.COPY]
+  k = len(devs)
+  # naive: every device copies every other device's whole partial; ring: k-1 chunk sends per device in the
+  # reduce-scatter and k-1 chunk copies per device in the allgather
+  if nbytes < M.RING_ALLREDUCE_BYTES: assert len(copies) == k * (k - 1) and all(c.src[0].numel() == n for c in copies)
+  else: assert len(copies) == 2 * k * (k - 1) and all(c.src[0].numel() <= -(-n // k) for c in copies)
   t = Tensor(out)
   for s in t.shards: assert np.allclose(s.numpy(), sum(parts), rtol=1e-5, atol=1e-5)
   mx = Tensor(M.allreduce(p, Ops.MAX))
