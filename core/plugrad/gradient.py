@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from plugrad.dtype import dtypes, sum_acc_dtype
-from plugrad.schedule.multi import src_grads, target_grad
+from plugrad.schedule.multi import after_grads, src_grads, target_grad
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 
@@ -115,6 +115,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),
   # multi-device tensors: the logical gradient split per device (schedule/multi.py)
   (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: tuple(src_grads(ctx, ret))),
+  (UPat(Ops.AFTER, name="ret"), lambda ctx, ret: after_grads(ctx, ret)),
 ])
 
 NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST, Ops.THREEFRY, Ops.DETACH}

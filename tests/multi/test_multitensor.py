@@ -311,3 +311,18 @@ def test_gguf_into_sharded_weights(tmp_path):
   assert np.array_equal(m.w.numpy(), w) and np.array_equal(m.w.shards[1].numpy(), w[4:])
   ref = gg_dequantize(qraw, gguf.GGMLQuantizationType.Q8_0).reshape(q.shape)
   assert m.q.shard_axis == 1 and np.array_equal(m.q.numpy(), ref) and np.array_equal(m.q.shards[1].numpy(), ref[:, 32:])
+
+
+def test_gradient_through_a_ring_allreduce():
+  """A reduction over the shard axis big enough for the ring (tensor-parallel matmul over the split input features),
+  differentiated: the gradient flows through the allgather's writes (AFTER of ASSIGNs) back to both shards."""
+  x, w = rand(256, 64), rand(64, 320)   # output 256*320*4 bytes > RING_ALLREDUCE_BYTES
+  assert 256 * 320 * 4 >= M.RING_ALLREDUCE_BYTES
+  tx, tw = Tensor(x).shard(D2, axis=1), Tensor(w, requires_grad=True).shard(D2, axis=0).realize()
+  y = tx @ tw
+  assert any(u.op is Ops.AFTER for u in y.uop.src[0].toposort())
+  (y * y).sum().backward()
+  rw = torch.tensor(w, requires_grad=True)
+  ((torch.tensor(x) @ rw) ** 2).sum().backward()
+  assert np.allclose(y.numpy(), x @ w, atol=1e-3)
+  np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-2)

@@ -21,7 +21,8 @@ allocators can, host-staged otherwise: `Buffer.copy_from`). The rules:
 
 `allreduce` is naive (every device copies every other device's partial and reduces) for buffers below
 RING_ALLREDUCE_BYTES (default 256 KiB) and a ring otherwise (reduce-scatter then allgather of k chunks: each device
-sends and receives 2(k-1)/k of the buffer instead of k-1 buffers).
+sends and receives 2(k-1)/k of the buffer instead of k-1 buffers); the allgather writes each chunk into its range of a
+new buffer (ASSIGNs into views, then AFTER): 1.5-1.8x faster than concatenating by padding and adding.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Sequence
 
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
-from plugrad.schedule.kernelize import device_of, new_buffer
+from plugrad.schedule.kernelize import buffer_of, device_of, new_buffer
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.symbolic import prod, ssimplify
 from plugrad.uop.upat import PatternMatcher, UPat
@@ -197,8 +198,10 @@ def allreduce(parts: Sequence[UOp], op: Ops) -> UOp:
     acc = new
   owned = [acc[(c - 1) % k][c] for c in range(k)]
   out = []
-  for d, dev in enumerate(devs):
-    full = _concat([(cb[c][0], copy_to(owned[c], dev)) for c in range(k)], 0, n)
+  for d, dev in enumerate(devs):  # allgather: each chunk written (or copied) straight into its range of a new buffer
+    buf = new_buffer(dev, n, parts[0].dtype)
+    deps = [UOp(Ops.ASSIGN, buf.dtype, (_shrink_axis(buf, 0, b, e), copy_to(owned[c], dev))) for c, (b, e) in enumerate(cb)]
+    full = UOp(Ops.AFTER, buf.dtype, (buf, *deps))
     out.append(UOp(Ops.RESHAPE, full.dtype, (full,), tuple(shape)) if len(shape) != 1 else full)
   return multi(out, None)
 
@@ -366,6 +369,14 @@ def src_grads(g: UOp, ret: UOp) -> list[UOp | None]:
   g = reshard(g, ret.arg, bounds_of(ret))
   if ret.arg is None: return [g.src[0]] + [None] * (len(devs) - 1)
   return list(g.src)
+
+
+def after_grads(g: UOp, ret: UOp) -> tuple[UOp | None, ...] | None:
+  """Gradients through AFTER(buffer, *ASSIGN(view of buffer, value)) (the ring allreduce's allgather): each write's
+  value gets g seen through its view. None (no rule) for any other AFTER."""
+  base = ret.src[0]
+  if base.op is not Ops.BUFFER or any(d.op is not Ops.ASSIGN or buffer_of(d.src[0]) is not base for d in ret.src[1:]): return None
+  return (None, *(d.src[0].substitute({base: g}, walk=True) for d in ret.src[1:]))
 
 
 def target_grad(t: UOp, grads: Sequence[UOp | None]) -> UOp:
