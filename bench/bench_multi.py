@@ -6,9 +6,10 @@ Not a test. Run from the repo root:
 
 1. allreduce over CPU:0 and CPU:1 in one process (ring above RING_ALLREDUCE_BYTES, jitted so only the kernels and
    copies run) vs the host's copy bandwidth (numpy copyto of the same bytes), best of reps, interleaved. Reported:
-   algorithm bandwidth (buffer bytes / time) and the ratio to memcpy; the floor is the ring's memory traffic (about
-   9 buffer-sizes of reads and writes over both devices for k=2: 2 half-buffer copies each way, the add, the gather)
-   divided by the memcpy bandwidth (a memcpy is 2 buffer-sizes of traffic).
+   algorithm bandwidth (buffer bytes / time) and the ratio to memcpy; the floor is the ring's memory traffic (9
+   buffer-sizes of reads and writes over both devices for k=2: per device a half-buffer copy, the add of the halves
+   written into the result, the other half's copy and its write into the result) divided by the memcpy bandwidth
+   (a memcpy is 2 buffer-sizes of traffic).
 2. MPI allreduce of --mb MB float32 on 2 ranks (the script relaunches itself under `mpirun -np 2`): plugrad's
    `distributed.allreduce_` of a CPU tensor vs mpi4py's own `comm.Allreduce(IN_PLACE, ndarray)` on a numpy array,
    interleaved, best of reps; ratio = mpi4py time / plugrad time (1.0: as fast; the target is >= 0.8).
