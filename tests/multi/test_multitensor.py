@@ -326,3 +326,13 @@ def test_gradient_through_a_ring_allreduce():
   ((torch.tensor(x) @ rw) ** 2).sum().backward()
   assert np.allclose(y.numpy(), x @ w, atol=1e-3)
   np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-2)
+
+
+def test_shards_on_different_device_kinds():
+  """CPU + PYTHON: every copy between the shards is host-staged (no device-to-device path), results are the same."""
+  a, w = rand(6, 4), rand(4, 3)
+  t = Tensor(a).shard(("CPU", "PYTHON"), axis=0)
+  assert t.device == ("CPU", "PYTHON")
+  assert np.allclose(t.sum(0).numpy(), a.sum(0), atol=1e-5)
+  assert np.allclose((t @ Tensor(w).to(("CPU", "PYTHON"))).numpy(), a @ w, atol=1e-5)
+  assert np.array_equal(t.to("PYTHON").numpy(), a)
