@@ -58,7 +58,7 @@ def test_config_from_gguf(gemma):
 def test_prefill_and_decode_match_float64_reference(gemma):
   path, cfg, w = gemma
   llm = LLM.load(path, max_context=32)
-  toks = [2, 270, 280, 9, 100, 45, 271, 33, 290, 12, 7]   # 11 tokens: the window (4) matters from the 5th on
+  toks = [2, 270, 275, 9, 100, 45, 271, 33, 278, 12, 7]   # 11 tokens: the window (4) matters from the 5th on
   ref = np_forward(cfg, w, toks + [5, 61, 200])
   g = llm.gen
   np.testing.assert_allclose(g.forward(toks, 0), ref[len(toks) - 1], rtol=2e-4, atol=2e-4)
@@ -73,7 +73,7 @@ def test_batched_decode_with_sliding_window(gemma):
   path, cfg, w = gemma
   llm = LLM.load(path, max_context=32, batch=2)
   b = BatchGenerator(llm.model)
-  seqs = {0: [2, 270, 280, 9, 100, 45], 1: [2, 33, 290]}
+  seqs = {0: [2, 270, 275, 9, 100, 45], 1: [2, 33, 278]}
   nxt = {s: int(b.prefill(s, t, 0).argmax()) for s, t in seqs.items()}
   for step in range(6):   # steps 3 and 4: slot 1 alone (the batch-1 graph on its cache row)
     active = {s: (nxt[s], len(seqs[s])) for s in seqs if step not in (3, 4) or s == 1}
@@ -89,7 +89,8 @@ def test_sentencepiece_vocabulary(gemma):
   tok = llm.tok
   ids = tok.encode("hello world", add_bos=True)
   assert [tok.id_to_token(i) for i in ids] == ["<bos>", "hello", "▁world"]   # no space prefix (gemma's add_space_prefix=false)
-  assert tok.decode(ids, skip_special=True) == "hello world" and tok.eos_ids == {1}
+  assert tok.decode(ids, skip_special=True) == "hello world"
+  assert tok.eos_ids == {1, 5}   # <eos> and <end_of_turn> (the end of a chat turn) both end a generation
   assert tok.encode("hé") == [tok.token_to_id("h"), 6 + 0xC3, 6 + 0xA9]   # byte fallback
 
 

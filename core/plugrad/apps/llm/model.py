@@ -276,7 +276,8 @@ def repack(u: UOp) -> UOp:
   are returned unchanged."""
   if (found := _blocks_of(u)) is None or (qtype := _REPACKABLE.get(found[1:])) is None: return u
   b, elems, tsize = found
-  return _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype, u.shape[-1] // elems).reshape(u.shape).uop
+  with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
+    return _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype, u.shape[-1] // elems).reshape(u.shape).uop
 
 
 def _read_all(uops: dict[str, UOp], progress: Callable[[Iterable], Iterable] | None) -> dict[str, UOp]:
