@@ -34,7 +34,10 @@ class Ours:
 
   def __init__(self, path: str, prompt: list[int], name: str):
     from plugrad.apps.llm.generate import LLM
-    rss0 = rss_mb()
+    from plugrad.device import Device
+    gc.collect()
+    Device[Device.DEFAULT].allocator.free_cache()   # what earlier measurements left cached must not count against us
+    self.rss_before = rss_mb()
     t0 = time.perf_counter()
     self.llm = LLM.load(path, max_context=1024, name=name)
     self.load_s = time.perf_counter() - t0
@@ -45,7 +48,8 @@ class Ours:
     self.g.forward(prompt[:7], 0)                      # second prefill call: JIT capture
     for i in (7, 8, 9): self.g.forward([prompt[i]], i)   # decode: run, capture, replay
     self.run(4)
-    self.rss = rss_mb() - rss0
+    self.rss_after = rss_mb()
+    self.rss = self.rss_after - self.rss_before
 
   def run(self, n_decode: int) -> tuple[float, float]:
     """(prefill tok/s, decode tok/s) of the prompt from position 0 and n_decode greedy tokens after it."""
@@ -75,7 +79,8 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   wb, kv, fsize = weight_bytes(m), kv_bytes(m), os.path.getsize(path)
   print(f"\n== {name}: {path} ({fsize / 1e6:.1f} MB)")
   print(f"plugrad: load {ours.load_s:.2f} s, cold time to first token {ours.ttft_cold:.1f} s; resident {ours.rss:.0f} MB = "
-        f"{ours.rss * 1e6 / (fsize + kv):.2f}x (file {fsize / 1e6:.0f} MB + KV cache {kv / 1e6:.0f} MB)")
+        f"{ours.rss * 1e6 / (fsize + kv):.2f}x (file {fsize / 1e6:.0f} MB + KV cache {kv / 1e6:.0f} MB) after the prompt and decode "
+        f"ran (process: {ours.rss_before:.0f} MB before loading, {ours.rss_after:.0f} MB after)")
   flops = 2 * m.param_count() * len(prompt)   # matmul FLOPs of the prompt (attention's ~2*T^2*dim*layers not counted)
   print(f"decode floor: {wb / 1e6:.1f} MB of weights per token / {bw:.1f} GB/s = {wb / bw / 1e6:.2f} ms ({bw * 1e9 / wb:.0f} tok/s)")
   ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads)

@@ -254,9 +254,9 @@ def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Tensor:
     hi = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16)
     scale = (((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)).astype(np.float32)
     dl = T(f16(108) * scale).reshape(n, 16, 1)
-    ql = _fields(raw[:, 32:96], 2, 2, 4).cast(dtypes.int8)
-    qh = ((_fields(raw[:, :32], 1, 1, 8) ^ 1) << 2).cast(dtypes.int8)
-    return (dl * (ql - qh).cast(dtypes.float32).reshape(n, 16, 16)).reshape(n, 256)
+    ql = _fields(raw[:, 32:96], 2, 2, 4)
+    qh = (_fields(raw[:, :32], 1, 1, 8) ^ 1) << 2
+    return (dl * (ql - qh).cast(dtypes.float32).reshape(n, 16, 16)).reshape(n, 256)   # small ints: exact in int32 and float
   if qtype in ("Q4_K", "Q5_K"):   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j]
     sc, mn = _k_scale_min(raw)
     d, dm = T(f16(0) * sc).reshape(n, 8, 1), T(f16(2) * mn).reshape(n, 8, 1)
@@ -266,7 +266,7 @@ def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Tensor:
   if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
     d = T(f16(208) * raw[:, 192:208].view(np.int8).astype(np.float32)).reshape(n, 16, 1)
     q = _fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)
-    return (d * (q.cast(dtypes.int8) - 32).cast(dtypes.float32).reshape(n, 16, 16)).reshape(n, 256)
+    return (d * (q.cast(dtypes.float32) - 32.0).reshape(n, 16, 16)).reshape(n, 256)
   raise ValueError(f"no repacked layout for {qtype}")
 
 
