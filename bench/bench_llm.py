@@ -7,7 +7,7 @@ bandwidth, the decode floor (weight bytes read per token / bandwidth), plugrad's
 size plus the KV cache.
 
   .venv/bin/python bench/bench_llm.py [--model smollm2|qwen2|both] [--tokens 450] [--decode 64] [--threads 2]
-                                      [--rounds 3] [--skip-llamacpp]
+                                      [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P]
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
         f"ran (process: {ours.rss_before:.0f} MB before loading, {ours.rss_after:.0f} MB after)")
   flops = 2 * m.param_count() * len(prompt)   # matmul FLOPs of the prompt (attention's ~2*T^2*dim*layers not counted)
   print(f"decode floor: {wb / 1e6:.1f} MB of weights per token / {bw:.1f} GB/s = {wb / bw / 1e6:.2f} ms ({bw * 1e9 / wb:.0f} tok/s)")
-  ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads)
+  ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads, poll=args.llamacpp_poll)
   if ref is not None: ref.rates(prompt, 4)   # warm-up
   best: dict[str, float] = {}
   for r in range(args.rounds):
@@ -111,6 +111,7 @@ def main() -> None:
   ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--skip-llamacpp", action="store_true")
+  ap.add_argument("--llamacpp-poll", type=int, default=None, help="llama.cpp's thread polling level 0-100 (default: its own, 50)")
   args = ap.parse_args()
   from plugrad.apps.llm.registry import resolve_model
   np_bw, pg_bw = read_bandwidth()

@@ -94,11 +94,13 @@ def synthetic_qwen2(path: Path | None = None) -> Path:
 
 class LlamaCpp:
   """A llama.cpp server engine in this process (`xllamacpp.Server`) with `threads` threads and `n_parallel` slots of
-  `ctx` positions each; `complete` runs one greedy completion of token ids and returns its result (with `timings`)."""
+  `ctx` positions each (`poll`: how much its idle threads spin, 0-100); `complete` runs one greedy completion of token
+  ids and returns its result (with `timings`)."""
 
-  def __init__(self, path: str | Path, threads: int, ctx: int = 1024, n_parallel: int = 1):
+  def __init__(self, path: str | Path, threads: int, ctx: int = 1024, n_parallel: int = 1, poll: int | None = None):
     import xllamacpp as xl
     p = xl.CommonParams()
+    if poll is not None: p.cpuparams.poll = p.cpuparams_batch.poll = poll   # llama.cpp's default: 50 (its threads spin-wait)
     p.model.path = str(path)
     p.n_parallel = n_parallel
     p.n_ctx = ctx * n_parallel
