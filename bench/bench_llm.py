@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import sys
 import time
@@ -61,6 +62,12 @@ class Ours:
     return pre, n_decode / (time.perf_counter() - t0)
 
 
+def peak_gflops(threads: int) -> float:
+  """f32 FMA peak of `threads` cores: clock (/proc/cpuinfo) x 2 FMA units x 16 lanes (AVX-512) x 2 FLOPs."""
+  mhz = max((float(line.split(":")[1]) for line in open("/proc/cpuinfo") if line.startswith("cpu MHz")), default=2000.0)
+  return threads * mhz / 1e3 * 2 * 16 * 2
+
+
 def kv_bytes(m) -> int:
   return sum(c.nbytes() for layer in m.layers for c in (layer.cache_k, layer.cache_v))
 
@@ -81,8 +88,14 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   print(f"plugrad: load {ours.load_s:.2f} s, cold time to first token {ours.ttft_cold:.1f} s; resident {ours.rss:.0f} MB = "
         f"{ours.rss * 1e6 / (fsize + kv):.2f}x (file {fsize / 1e6:.0f} MB + KV cache {kv / 1e6:.0f} MB) after the prompt and decode "
         f"ran (process: {ours.rss_before:.0f} MB before loading, {ours.rss_after:.0f} MB after)")
-  flops = 2 * m.param_count() * len(prompt)   # matmul FLOPs of the prompt (attention's ~2*T^2*dim*layers not counted)
-  print(f"decode floor: {wb / 1e6:.1f} MB of weights per token / {bw:.1f} GB/s = {wb / bw / 1e6:.2f} ms ({bw * 1e9 / wb:.0f} tok/s)")
+  c, T = m.cfg, len(prompt)
+  block_params = m.param_count() - math.prod(m.tok_embd.shape) - (0 if m.output is m.tok_embd else math.prod(m.output.shape))
+  # the blocks' matmuls for every token, causal attention (q.k and p.v), the output layer for the last token
+  flops = 2 * block_params * T + 2 * c.n_layers * c.n_heads * c.head_dim * T * T + 2 * c.vocab_size * c.dim
+  peak = peak_gflops(args.threads)
+  print(f"decode floor: {wb / 1e6:.1f} MB of weights per token / {bw:.1f} GB/s = {wb / bw / 1e6:.2f} ms ({bw * 1e9 / wb:.0f} tok/s); "
+        f"prefill floor: {flops / 1e9:.1f} GFLOP / {peak:.0f} GFLOP/s f32 peak = {flops / peak / 1e9 * 1e3:.0f} ms "
+        f"({T * peak * 1e9 / flops:.0f} tok/s)")
   ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads, poll=args.llamacpp_poll)
   if ref is not None: ref.rates(prompt, 4)   # warm-up
   best: dict[str, float] = {}
@@ -92,7 +105,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
     print(f"round {r + 1} (load {load_avg()}): " + "; ".join(f"{k} prefill {p:.1f} tok/s, decode {d:.1f} tok/s" for k, (p, d) in row.items()))
     for k, (p, d) in row.items():
       best[k + " prefill"], best[k + " decode"] = max(best.get(k + " prefill", 0), p), max(best.get(k + " decode", 0), d)
-  print(f"best of {args.rounds}: plugrad prefill {best['ours prefill']:.1f} tok/s ({flops * best['ours prefill'] / len(prompt) / 1e9:.1f} GFLOP/s), "
+  print(f"best of {args.rounds}: plugrad prefill {best['ours prefill']:.1f} tok/s ({flops * best['ours prefill'] / T / 1e9:.1f} GFLOP/s), "
         f"decode {best['ours decode']:.1f} tok/s ({wb * best['ours decode'] / 1e9:.2f} GB/s = "
         f"{wb * best['ours decode'] / 1e9 / bw:.0%} of the read bandwidth)")
   if ref is not None:
