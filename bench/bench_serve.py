@@ -81,7 +81,9 @@ def prefix_ttft(llm) -> dict:
       if isinstance(item, Finished): return time.perf_counter() - t0, item.cached_tokens, len(ids)
     raise RuntimeError("no result")
   async def run() -> list:
-    await ttft("warm-up", "a different system prompt " * 40)   # the prefill graph is compiled and captured here
+    await ttft("warm-up", "a different system prompt " * 40)   # the prefill graphs are compiled and captured here:
+    await ttft("warm-up 2", "a different system prompt " * 40)  # a cached prefix, then a short prefill twice
+    await ttft("warm-up 3", "a different system prompt " * 40)
     for s in engine.slots: s.cached = []                        # forget every cached prefix: the next request is cold
     return [await ttft(QUESTIONS[0]), await ttft(QUESTIONS[1])]
   (t1, _, n1), (t2, c2, n2) = asyncio.run(run())

@@ -357,7 +357,8 @@ class BatchGenerator:
       return {b: self.decode1_jit(self.v_start.bind(p), self.v_keys.bind(-(-(p + 1) // m)), self.v_slot.bind(b)).numpy()[0]}
     pos = [self.scratch] * B
     emb = np.zeros((B, self.model.cfg.dim), np.float32)
-    for b, (tok, p) in steps.items(): pos[b], emb[b] = p, self.model.embed([tok])[0]
+    rows = self.model.embed([tok for tok, _ in steps.values()])   # one gather for all rows
+    for (b, (_, p)), e in zip(steps.items(), rows): pos[b], emb[b] = p, e
     keys = -(-(max(p for _, p in steps.values()) + 1) // m)
     mask = np.full((B, self.mask_b.shape[-1]), -np.inf, np.float32)
     for b in range(B): mask[b, :pos[b] + 1 if b in steps else 1] = 0.0   # idle rows: one (garbage) key keeps them finite
