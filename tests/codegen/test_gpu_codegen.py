@@ -41,7 +41,7 @@ def _run_item(it, dev: PythonDevice, opts: list[Opt] | None, var_vals: dict | No
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
   ast = it.ast
   if opts is not None:
-    for o in opts: ast = apply_gpu_opt(ast, o)
+    for o in opts: ast = apply_gpu_opt(ast, o, dev.renderer)
   spec = get_program(ast, dev.renderer) if opts is None else _program_noopt(ast, dev.renderer)
   prg = PythonProgram(dev, spec.name, dev.compiler.compile(spec.src))
   vv = {v.arg[0]: x for v, x in it.var_vals.items()} if var_vals is None else var_vals
@@ -284,28 +284,98 @@ def test_wmma_lanes_hold_their_fragments(monkeypatch, target: str):
 
 @pytest.mark.parametrize("target", ["CUDA", "CUDA_SM80", "AMD", "AMD_RDNA4", "AMD_CDNA3"])
 def test_tc_matmul(monkeypatch, target: str):
+  """The heuristic's tensor-core kernel: several warps per workgroup, A/B tiles staged in shared memory."""
   a, b = RNG.standard_normal((32, 48)).astype(np.float16), RNG.standard_normal((48, 64)).astype(np.float16)
   out, spec = run_emulated(t_(a) @ t_(b), emu_device(monkeypatch, target))
-  assert Ops.WMMA in ops_of(spec) and spec.local_size == [TARGETS[target].warp_size, 1, 1]
+  assert {Ops.WMMA, Ops.DEFINE_LOCAL, Ops.BARRIER} <= ops_of(spec) and spec.local_size[0] == TARGETS[target].warp_size
+  assert spec.local_size[1] * spec.local_size[2] > 1, "one warp per workgroup: the tile isn't shared"
   np.testing.assert_allclose(out.reshape(32, 64).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
 
 
-def test_tc_bf16_and_non_matching_dtypes(monkeypatch):
-  dev = emu_device(monkeypatch, "CUDA_SM80")
-  a, b = RNG.standard_normal((16, 32)).astype(np.float32), RNG.standard_normal((32, 8)).astype(np.float32)
-  out, spec = run_emulated((t_(a).cast(dtypes.bfloat16) @ t_(b).cast(dtypes.bfloat16)).cast(dtypes.float32), dev)
-  assert "WMMA_16_8_16_bfloat16_float" in {u.arg for u in spec.uops if u.op is Ops.WMMA}
-  ref = a.astype(np.float32) @ b.astype(np.float32)
-  np.testing.assert_allclose(out.astype(np.float32), ref.reshape(-1), rtol=3e-2, atol=0.15)
-  out, spec = run_emulated(t_(a) @ t_(b), dev)  # float32 inputs: no tensor core on these targets
-  assert Ops.WMMA not in ops_of(spec)
-  np.testing.assert_allclose(out.reshape(16, 8), ref, rtol=1e-5, atol=1e-5)
+TILES = [(), (2, 1), (1, 2, 2, 1), (1, 1, 1, 1, 1), (2, 2, 2, 2, 1), (1, 4, 1, 2, 1)]
+
+
+@pytest.mark.parametrize("target", ["CUDA", "AMD"])
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)) or "plain")
+def test_tc_tiles(monkeypatch, target: str, tile: tuple):
+  """Every TC tile (um, un, wm, wn, stage): um*un accumulators per warp sharing fragments, wm x wn warps, staging."""
+  a, b = RNG.standard_normal((64, 32)).astype(np.float16), RNG.standard_normal((32, 128)).astype(np.float16)
+  dev = emu_device(monkeypatch, target)
+  reset_gpu_counters()
+  out, spec = run_emulated(t_(a) @ t_(b), dev, [Opt("TC", -1, 0, tile)])
+  um, un, wm, wn, stage = tile + (1, 1, 1, 1, 0)[len(tile):]
+  np.testing.assert_allclose(out.reshape(64, 128).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
+  assert sum(u.op is Ops.WMMA for u in spec.uops) == um * un
+  assert spec.local_size == ([TARGETS[target].warp_size] + [w for w in (wn, wm) if w > 1] + [1, 1])[:3]
+  assert (Ops.BARRIER in ops_of(spec)) == bool(stage) and sum(u.op is Ops.DEFINE_LOCAL for u in spec.uops) == 2 * stage
+  n, m, kk = TARGETS[target].tensor_cores[0].dims
+  assert GPU_COUNTERS["wmma"] == 64 * 128 * 32 // (n * m * kk)
+  if stage:  # 16-byte loads of A rows (and of B rows when the tile is a whole 32-byte sector wide): no byte moved is wasted
+    assert any(u.op is Ops.LOAD and u.dtype.count == 8 and u.src[0].src[0].op is Ops.DEFINE_GLOBAL for u in spec.uops)
+    if n * un * wn * 2 >= 32: assert GPU_COUNTERS["global_load_sectors"] * 32 == GPU_COUNTERS["global_load_bytes"]
+
+
+def test_tc_staging_reads_each_tile_once(monkeypatch):
+  """Staged: each workgroup reads its A rows and B columns once (2 * 128*128*128 * 2 bytes / 64 per tile side);
+  unstaged: every warp gathers its own fragments, 2-byte loads that waste most of each sector."""
+  a, b = (RNG.standard_normal((128, 128)).astype(np.float16) for _ in range(2))
+  moved = {}
+  for tile in ((2, 4, 2, 2, 0), (2, 4, 2, 2, 1)):
+    reset_gpu_counters()
+    out, spec = run_emulated(t_(a) @ t_(b), emu_device(monkeypatch, "CUDA"), [Opt("TC", -1, 0, tile)])
+    np.testing.assert_allclose(out.reshape(128, 128).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=5e-2)
+    moved[tile[-1]] = GPU_COUNTERS["global_load_sectors"] * 32
+  assert moved[1] == 2 * 128 * 128 * 2 * (128 // 64) and moved[0] > 4 * moved[1]
+
+
+def test_tc_tile_errors(monkeypatch):
+  dev = emu_device(monkeypatch, "CUDA")
+  ast = (t_(np.ones((32, 32), np.float16)) @ t_(np.ones((32, 32), np.float16))).schedule()[-1].ast
+  for tile, msg in (((4, 1, 2, 1), "doesn't divide"), ((1, 1, 1, 1, 2), "stage 0 or 1"), ((1, 0), ">= 1"), ((1,) * 6, "up to 5")):
+    with pytest.raises(ValueError, match=msg): apply_gpu_opt(ast, Opt("TC", -1, 0, tile), dev.renderer)
+
+
+def test_tc_heuristic_tile_from_target_data(monkeypatch):
+  """128 x 128 workgroup tiles of 2 x 2 warps when the output allows; the accumulators and shared memory fit the target."""
+  a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
+  ast = (a @ a).schedule()[-1].ast
+  cuda, amd = (choose_gpu_opts(ast, emu_device(monkeypatch, t).renderer) for t in ("CUDA", "AMD"))
+  assert cuda == [Opt("TC", -1, 0, (4, 8, 2, 2, 1))] and amd == [Opt("TC", -1, 0, (4, 4, 2, 2, 1))]
+  small = emu_device(monkeypatch, "CUDA", shared_max=4096)  # the double-buffered tiles must fit in shared memory
+  um, un, wm, wn, _ = choose_gpu_opts(ast, small.renderer)[0].arg
+  assert 2 * (16 * um * wm + 8 * un * wn) * 16 * 2 <= 4096
+
+
+def test_vector_access_must_be_aligned(monkeypatch):
+  """A 16-byte load at an address that isn't a multiple of 16 faults on hardware: the emulator raises."""
+  buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float16.ptr(64), arg=0)
+  out = UOp(Ops.DEFINE_GLOBAL, dtypes.float16.ptr(64), arg=1)
+  lane = UOp(Ops.SPECIAL, dtypes.int32, (_i(4),), "lidx0")
+  def prog(off: int):
+    v = UOp(Ops.LOAD, dtypes.float16.vec(8), (UOp(Ops.INDEX, buf.dtype, (buf, lane * _i(8) + _i(off))),))
+    st = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, lane * _i(8))), v))
+    return [buf, out, *[u for u in st.toposort() if u.op not in (Ops.DEFINE_GLOBAL,)]]
+  dev = emu_device(monkeypatch)
+  x = np.arange(64, dtype=np.float16)
+  for off in (0, 4):
+    uops = prog(off)
+    prg = PythonProgram(dev, "k", dev.compiler.compile(PythonRenderer.render(dev.renderer, "k", uops)))
+    mem = [memoryview(bytearray(64 * 2)), memoryview(bytearray(x.tobytes()))]
+    mem = [mem[1], mem[0]]
+    reset_gpu_counters()
+    if off:
+      with pytest.raises(RuntimeError, match="misaligned"): prg(*mem, global_size=(1, 1, 1), local_size=(4, 1, 1))
+      continue
+    prg(*mem, global_size=(1, 1, 1), local_size=(4, 1, 1))
+    np.testing.assert_array_equal(np.frombuffer(mem[1], np.float16)[:32], x[:32])
+    assert GPU_COUNTERS["global_load_sectors"] == 2 and GPU_COUNTERS["global_store_sectors"] == 2
 
 
 def test_acceptance_f16_matmul_256_uses_wmma(monkeypatch):
   a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
   spec = get_program((a @ a).schedule()[-1].ast, emu_device(monkeypatch).renderer)
-  assert sum(u.op is Ops.WMMA for u in spec.uops) == 1 and spec.global_size == [32, 16, 1]
+  assert sum(u.op is Ops.WMMA for u in spec.uops) == 4 * 8 and spec.global_size == [2, 2, 1] and spec.local_size == [32, 2, 2]
+  assert {Ops.DEFINE_LOCAL, Ops.BARRIER} <= ops_of(spec)
 
 
 TWO_REDUCES = {"sum+max": (lambda t: t.sum(1) + t.max(1), lambda x: x.sum(1) + x.max(1)),

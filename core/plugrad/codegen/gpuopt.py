@@ -165,28 +165,121 @@ def _coord(lay, lane: UOp, e: int, which: int) -> UOp:
   return x
 
 
-def _tc(ast: UOp, tc: TensorCore, nid: int) -> UOp:
+TC_TILE_DEFAULT = (1, 1, 1, 1, 0)
+
+
+def _aligned(idx: UOp, v: int) -> bool:
+  """Whether the symbolic engine proves `idx % v == 0` for every value of its ranges and variables."""
+  r = graph_rewrite(idx % v, pm_opt_symbolic, name="alignment")
+  return r.op is Ops.CONST and r.arg == 0
+
+
+def _stage(x: UOp, rows: tuple[UOp, UOp, int], cols: tuple[UOp, UOp, int], tid: UOp, nthreads: int, k2: UOp, name: str):
+  """Stage operand `x` (a function of ranges rows[0], cols[0]) through workgroup memory: the TR x TC tile at
+  (rows[1], cols[1]) is loaded cooperatively by the `nthreads` threads (thread id `tid`), with vector loads of up to
+  16 bytes along the axis `x` is contiguous in when the symbolic engine proves them aligned, into one of two buffers
+  (k2 % 2: the next tile's stores never overwrite the one other warps still read, so one BARRIER per step suffices).
+  Returns (the STOREs, a function (r, c, barrier) -> the LOAD of tile element (r, c))."""
+  (ri, rbase, tr), (ci, cbase, tcc) = rows, cols
+  ld = x if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX and len(x.src[0].src) == 2 and x.src[0].src[0].op is Ops.DEFINE_GLOBAL else None
+  along_rows = ld is not None and not _contiguous_in(ci, ld.src[0].src[1]) and _contiguous_in(ri, ld.src[0].src[1])
+  inner = tr if along_rows else tcc  # the tile dim that is contiguous in memory (and in the local layout)
+  def flat(r: UOp, c: UOp) -> UOp: return c * tr + r if along_rows else r * tcc + c
+  def rc(f: UOp) -> tuple[UOp, UOp]: return (f % tr, f // tr) if along_rows else (f // tcc, f % tcc)
+  size = tr * tcc
+  if size % nthreads: raise ValueError(f"TC staging: a {tr}x{tcc} tile doesn't split over {nthreads} threads")
+  vec = 1
+  if ld is not None and (along_rows or _contiguous_in(ci, ld.src[0].src[1])):
+    for v in (16 // x.dtype.itemsize, 8, 4, 2):
+      if v * x.dtype.itemsize > 16 or inner % v or size % (v * nthreads): continue
+      r0, c0 = rc(tid * v)
+      if _aligned(ld.src[0].src[1].substitute({ri: rbase + r0, ci: cbase + c0}, walk=True), v): vec = v; break
+  per = size // (vec * nthreads)
+  buf = UOp(Ops.DEFINE_LOCAL, x.dtype.ptr(2 * size, AddrSpace.LOCAL), arg=(name, 2 * size))
+  half = (k2 % 2) * size
+  stores = []
+  for p in range(per):
+    f = (tid + p * nthreads) * vec
+    r, c = rc(f)
+    val = x.substitute({ri: rbase + r, ci: cbase + c}, walk=True)
+    if vec > 1: val = UOp(Ops.LOAD, x.dtype.vec(vec), val.src)
+    stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, half + f)), val)))
+  def elem(r: UOp, c: UOp, bar: UOp) -> UOp: return UOp(Ops.LOAD, x.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, half + flat(r, c))), bar))
+  return stores, elem
+
+
+def _vector_stores(stores: list[UOp]) -> list[UOp]:
+  """Pairs (or quads) of scalar stores to consecutive, provably aligned elements of one buffer as one vector store."""
+  out, i = [], 0
+  while i < len(stores):
+    for v in (4, 2):
+      grp = stores[i:i + v]
+      if len(grp) < v or any(st.src[0].op is not Ops.INDEX or len(st.src[0].src) != 2 or st.src[0].src[0] is not grp[0].src[0].src[0]
+                             or st.src[1].dtype.count != 1 for st in grp): continue
+      base = grp[0].src[0].src[1]
+      if v * grp[0].src[1].dtype.itemsize > 16 or not _aligned(base, v): continue
+      if not all((d := graph_rewrite(st.src[0].src[1] - base, pm_opt_symbolic, name="offset")).op is Ops.CONST and d.arg == e
+                 for e, st in enumerate(grp)): continue
+      val = UOp(Ops.VECTORIZE, grp[0].src[1].dtype.vec(v), tuple(st.src[1] for st in grp))
+      out.append(UOp(Ops.STORE, dtypes.void, (grp[0].src[0], val)))
+      i += v
+      break
+    else:
+      out.append(stores[i])
+      i += 1
+  return out
+
+
+def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
+  """The matmul of `ast` on tensor core `tc` with tile (um, un, wm, wn, stage): each warp computes um x un tensor-core
+  tiles (um*un accumulators sharing its A and B fragments), wm x wn warps per workgroup (LOCAL), and with stage=1 the
+  workgroup's A and B tiles of each K step pass through workgroup memory (DEFINE_LOCAL + BARRIER) so that its warps
+  share one coalesced, vectorized load of them."""
+  if len(tile) > 5 or any(not isinstance(t, int) or t < 0 for t in tile): raise ValueError(f"TC tile {tile}: expected up to 5 non-negative ints")
+  um, un, wm, wn, stage = tuple(tile) + TC_TILE_DEFAULT[len(tile):]
+  if min(um, un, wm, wn) < 1 or stage not in (0, 1): raise ValueError(f"TC tile {tile}: sizes must be >= 1 and stage 0 or 1")
   if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
   red, a, b, i, j, k = mt
   n, m, kk = tc.dims
+  bm, bn = m * um * wm, n * un * wn
+  if i.src[0].arg % bm or j.src[0].arg % bn: raise ValueError(f"TC tile {tile}: {bm}x{bn} doesn't divide the {i.src[0].arg}x{j.src[0].arg} output")
   if any(r.arg[1] == "local" for r in ranges_of(ast).values()): raise ValueError("TC must come before LOCAL")
-  lane = UOp(Ops.RANGE, dtypes.index, (_c(tc.threads),), (nid, "local"))
-  i2, j2, k2 = (UOp(Ops.RANGE, dtypes.index, (_c(r.src[0].arg // d),), r.arg) for r, d in ((i, m), (j, n), (k, kk)))
-  def frag(op: str, x: UOp, rows: tuple[UOp, UOp, int], cols: tuple[UOp, UOp, int]) -> UOp:
+  if wm * wn * tc.threads > 1024: raise ValueError(f"TC tile {tile}: {wm * wn} warps of {tc.threads} lanes is too many threads")
+  gi, gj, k2 = (UOp(Ops.RANGE, dtypes.index, (_c(r.src[0].arg // d),), r.arg) for r, d in ((i, bm), (j, bn), (k, kk)))
+  wi = UOp(Ops.RANGE, dtypes.index, (_c(wm),), (nid, "local")) if wm > 1 else _c(0)
+  wj = UOp(Ops.RANGE, dtypes.index, (_c(wn),), (nid + 1, "local")) if wn > 1 else _c(0)
+  lane = UOp(Ops.RANGE, dtypes.index, (_c(tc.threads),), (nid + 2, "local"))  # the highest id: lidx0, so a warp is 32 consecutive threads
+  i0, j0 = wi * (um * m), wj * (un * n)  # this warp's corner inside the workgroup's tile
+  if stage:
+    tid = (wi * wn + wj) * tc.threads + lane
+    n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL])
+    st_a, el_a = _stage(a, (i, gi * bm, bm), (k, k2 * kk, kk), tid, wm * wn * tc.threads, k2, f"temp{n_bufs}")
+    st_b, el_b = _stage(b, (k, k2 * kk, kk), (j, gj * bn, bn), tid, wm * wn * tc.threads, k2, f"temp{n_bufs + 1}")
+    bar = UOp(Ops.BARRIER, dtypes.void, tuple(st_a + st_b))
+    def ea(r: UOp, c: UOp) -> UOp: return el_a(r, c, bar)
+    def eb(r: UOp, c: UOp) -> UOp: return el_b(r, c, bar)
+  else:
+    def ea(r: UOp, c: UOp) -> UOp: return a.substitute({i: gi * bm + r, k: k2 * kk + c}, walk=True)
+    def eb(r: UOp, c: UOp) -> UOp: return b.substitute({k: k2 * kk + r, j: gj * bn + c}, walk=True)
+  def frag(op: str, el, r0: UOp, c0: UOp, dt) -> UOp:
     lay, ept = tc.layout(op), tc.elements_per_thread["abc".index(op)]
-    els = [x.substitute({rows[0]: rows[1] * rows[2] + _coord(lay, lane, e, 0), cols[0]: cols[1] * cols[2] + _coord(lay, lane, e, 1)}, walk=True)
-           for e in range(ept)]
-    return UOp(Ops.VECTORIZE, x.dtype.vec(ept), tuple(els))
-  fa, fb = frag("a", a, (i, i2, m), (k, k2, kk)), frag("b", b, (k, k2, kk), (j, j2, n))
+    return UOp(Ops.VECTORIZE, dt.vec(ept), tuple(el(r0 + _coord(lay, lane, e, 0), c0 + _coord(lay, lane, e, 1)) for e in range(ept)))
+  fa = [frag("a", ea, i0 + u * m, _c(0), a.dtype) for u in range(um)]
+  fb = [frag("b", eb, _c(0), j0 + v * n, b.dtype) for v in range(un)]
   ec = tc.elements_per_thread[2]
   zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(ec), (UOp.const(tc.dtype_out, 0.0),) * ec)
-  acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa, fb, zero), tc.name), k2), Ops.ADD)
   stores = []
   for st in ast.src:
     if red not in st.toposort(): raise ValueError(f"TC {tc.name}: a store of the kernel doesn't use the matmul")
-    for e in range(ec):
-      sub = {red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: i2 * m + _coord(tc.c, lane, e, 0), j: j2 * n + _coord(tc.c, lane, e, 1)}
-      stores.append(st.substitute(sub, walk=True))
+    for u in range(um):
+      for v in range(un):
+        acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa[u], fb[v], zero), tc.name), k2), Ops.ADD)
+        sts = []
+        for e in range(ec):
+          sub = {red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: gi * bm + i0 + u * m + _coord(tc.c, lane, e, 0),
+                 j: gj * bn + j0 + v * n + _coord(tc.c, lane, e, 1)}
+          sts.append(st.substitute(sub, walk=True))
+        stores += _vector_stores([graph_rewrite(x, pm_opt_symbolic, name="simplify TC store") for x in sts]) if stage else sts
   return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
@@ -198,7 +291,7 @@ def apply_gpu_opt(ast: UOp, opt: Opt, renderer=None) -> UOp:
   if opt.kind == "TC":
     tcs = getattr(renderer, "tensor_cores", [])
     if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
-    return graph_rewrite(_tc(ast, tcs[opt.amount], max(rngs) + 1), pm_opt_symbolic, name="simplify after TC")
+    return graph_rewrite(_tc(ast, tcs[opt.amount], max(rngs) + 1, opt.arg), pm_opt_symbolic, name="simplify after TC")
   if (rng := rngs.get(opt.rid)) is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
   if opt.amount < 2: raise ValueError(f"{opt}: needs at least 2 threads")
   nid = max(rngs) + 1
@@ -222,6 +315,27 @@ def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
 def _size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0].vmax
 
 
+def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: int = 128) -> tuple[int, ...]:
+  """The TC tile (um, un, wm, wn, stage) for `ast`: the workgroup tile BM x BN (at most `max_tile` a side, dividing
+  the output) that reads the least global memory per output (largest BM*BN/(BM+BN)), then the most warps (up to
+  2 x 2) sharing it; the warps' accumulators fit in `acc_regs` 32-bit registers per lane, the double-buffered A/B
+  tiles in the renderer's `shared_max`, and each tile splits evenly over the workgroup's threads (TC_STAGE=0: no
+  staging through workgroup memory)."""
+  red, a, b, i, j, k = tc_match(ast, tc)
+  n, m, kk = tc.dims
+  stage = 1 if getenv("TC_STAGE", 1) and getattr(renderer, "has_shared", False) else 0
+  best, key = (1, 1, 1, 1, stage), (-1.0, 0, 0)
+  for wm in (1, 2):
+    for wn in (1, 2):
+      for um in (1, 2, 4, 8):
+        for un in (1, 2, 4, 8, 16):
+          bm, bn, nt = m * um * wm, n * un * wn, tc.threads * wm * wn
+          if bm > max_tile or bn > max_tile or i.src[0].arg % bm or j.src[0].arg % bn or um * un * tc.elements_per_thread[2] > acc_regs: continue
+          if stage and (2 * (bm + bn) * kk * a.dtype.itemsize > renderer.shared_max or (bm * kk) % nt or (bn * kk) % nt): continue
+          if (kk_ := (bm * bn / (bm + bn), wm * wn, -abs(wm - wn))) > key: best, key = (um, un, wm, wn, stage), kk_
+  return best
+
+
 def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
   """Heuristic GPU optimizations (see the module docstring): TC when a tensor core fits; a reduction over a long axis
   split across a workgroup (GROUP on every top-level reduce when the reduce axis is contiguous in memory or the output
@@ -229,7 +343,7 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
   where loads are shared (matmul-like), UNROLL of tiny reduce loops, and LOCAL threads over their innermost output axes."""
   max_threads, warp = renderer.local_max_threads, max(renderer.warp_size, 1)
   if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(renderer.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
-    return [Opt("TC", -1, tci)]  # one warp per workgroup computes an M x N tile with tensor cores
+    return [Opt("TC", -1, tci, tc_tile(ast, renderer.tensor_cores[tci], renderer))]
   rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
   glbl = [r for r in rngs if r.arg[1] == "global"]
   looped = in_loop(ast)
