@@ -254,9 +254,11 @@ def _sectors(mem: TypedView, idxs: list[int], lanes: list[int], cnt: int = 1) ->
 def _check_vector(mem: TypedView, idx: int, cnt: int) -> None:
   """A vector access must be aligned to its size in bytes (hardware faults otherwise) and lie inside the buffer."""
   nbytes = cnt * mem.dtype.itemsize
-  if nbytes & (nbytes - 1) or nbytes > 16: raise RuntimeError(f"{mem.name}: a {cnt}-element {mem.dtype.name} vector access ({nbytes} bytes) has no hardware form")
+  if nbytes & (nbytes - 1) or nbytes > 16:
+    raise RuntimeError(f"{mem.name}: a {cnt}-element {mem.dtype.name} vector access ({nbytes} bytes) has no hardware form")
   if (mem.address + idx * mem.dtype.itemsize) % nbytes:
-    raise RuntimeError(f"{mem.name}[{idx}]: {nbytes}-byte vector access at a misaligned address (offset {mem.address % 64} mod 64 + {idx} elements)")
+    raise RuntimeError(f"{mem.name}[{idx}]: {nbytes}-byte vector access at a misaligned address "
+                       f"(buffer at {mem.address % 64} mod 64, + {idx} elements)")
   mem.check(idx + cnt - 1)
 
 
