@@ -128,9 +128,13 @@ def test_loop_kernel_without_ids():
 
 
 def test_no_comments_in_kernels():
-  for uops in (scale_program(300)[0], group_sum_program(3)[0], wmma_program()[0], wmma_program(dtypes.bfloat16)[0]):
-    src = CUDARenderer().render("k", uops)
-    assert "/*" not in src and "//" not in src
+  """No metadata rides in kernel sources: hand-built GPU programs and what codegen makes (group sums, tiled tensor cores)."""
+  from plugrad.tensor import Tensor
+  srcs = [CUDARenderer().render("k", uops) for uops in (scale_program(300)[0], group_sum_program(3)[0], wmma_program()[0],
+                                                          wmma_program(dtypes.bfloat16)[0])]
+  a, h = Tensor.empty(4096, 1024, device="CPU"), Tensor.empty(256, 256, dtype=dtypes.float16, device="CPU")
+  srcs += [get_program(t.schedule()[-1].ast, CUDARenderer()).src for t in (a.sum(1), a.sum(), h @ h)]
+  for src in srcs: assert "/*" not in src and "//" not in src
 
 
 def test_arch_and_types():
@@ -186,7 +190,7 @@ def emulate(t, renderer: CUDARenderer) -> np.ndarray:
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["guard2d", "reduce4d", "perm5d", "sum_full", "matmul_f16"])
+@pytest.mark.parametrize("case", ["guard2d", "reduce4d", "perm5d", "sum_full", "matmul_f16", "matmul_f16_tiles"])
 def test_emulated_kernels_match_numpy(case: str):
   """Tensor kernels as codegen makes them for CUDA (hardware ids, group reductions and tensor cores where the GPU
   optimizer picks them), launched with their ProgramSpec sizes."""
@@ -204,6 +208,9 @@ def test_emulated_kernels_match_numpy(case: str):
   elif case == "sum_full":
     a = rs.standard_normal(1 << 14, dtype=np.float32)
     t, want = Tensor(a, device="CPU").realize().sum(), np.array(a.astype(np.float64).sum())
+  elif case == "matmul_f16_tiles":  # 2 x 2 workgroups of 2 x 2 warps, A/B tiles through shared memory over 4 K steps
+    a, b = rs.integers(-2, 3, (128, 64)).astype(np.float16), rs.integers(-2, 3, (64, 64)).astype(np.float16)
+    t, want = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize(), (a.astype(np.float32) @ b.astype(np.float32))
   else:
     a, b = rs.integers(-2, 3, (32, 64)).astype(np.float16), rs.integers(-2, 3, (64, 32)).astype(np.float16)
     t, want = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize(), (a.astype(np.float32) @ b.astype(np.float32))
