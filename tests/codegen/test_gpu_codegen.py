@@ -3,6 +3,9 @@ symbolic sizes), each GPU optimization (kernel AST and values against numpy), th
 and the tensor-core lane layouts."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -372,10 +375,25 @@ def test_vector_access_must_be_aligned(monkeypatch):
 
 
 def test_acceptance_f16_matmul_256_uses_wmma(monkeypatch):
-  a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
-  spec = get_program((a @ a).schedule()[-1].ast, emu_device(monkeypatch).renderer)
+  """Issue 13's acceptance line: a 256 x 256 float16 matmul on EMULATE=CUDA runs on tensor cores and matches numpy."""
+  a, b = RNG.standard_normal((256, 256)).astype(np.float16), RNG.standard_normal((256, 256)).astype(np.float16)
+  reset_gpu_counters()
+  out, spec = run_emulated(t_(a) @ t_(b), emu_device(monkeypatch))
   assert sum(u.op is Ops.WMMA for u in spec.uops) == 4 * 8 and spec.global_size == [2, 2, 1] and spec.local_size == [32, 2, 2]
-  assert {Ops.DEFINE_LOCAL, Ops.BARRIER} <= ops_of(spec)
+  assert {Ops.DEFINE_LOCAL, Ops.BARRIER} <= ops_of(spec) and GPU_COUNTERS["wmma"] == 256**3 // (16 * 8 * 16)
+  ref = a.astype(np.float64) @ b.astype(np.float64)
+  np.testing.assert_allclose(out.reshape(256, 256).astype(np.float64), ref, rtol=2e-3, atol=3e-2)
+
+
+def test_backends_doc_lists_exactly_the_capabilities_codegen_reads():
+  """docs/backends.md's capability table names every renderer attribute core's codegen reads, and nothing else."""
+  root = Path(__file__).resolve().parents[2]
+  doc = (root / "docs" / "backends.md").read_text().split("**Capabilities codegen reads**", 1)[1]
+  table = doc[:doc.index("\n\n", doc.index("|---"))]
+  listed = {a for row in table.splitlines()[3:] for a in re.findall(r"`(\w+)`", row.split("|")[1])}
+  src = "\n".join(p.read_text() for p in (root / "core" / "plugrad" / "codegen").glob("*.py"))
+  read = set(re.findall(r'getattr\(renderer, "(\w+)"', src)) | set(re.findall(r"\brenderer\.(\w+)", src)) - {"render"}
+  assert listed == read, f"documented but not read: {sorted(listed - read)}; read but not documented: {sorted(read - listed)}"
 
 
 TWO_REDUCES = {"sum+max": (lambda t: t.sum(1) + t.max(1), lambda x: x.sum(1) + x.max(1)),

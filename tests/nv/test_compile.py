@@ -18,6 +18,7 @@ import pytest
 from plugrad.codegen import get_program
 from plugrad.dtype import dtypes
 from plugrad.runtime.compiler import CompileError
+from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 from plugrad_nv.renderer import CUDARenderer
 
@@ -127,7 +128,6 @@ def test_gpu_ops_compile_and_use_tensor_cores():
 def test_tiled_tensor_core_matmul_compiles(dt):
   """The GPU heuristic's matmul (2 x 2 warps, 4 x 8 mma tiles each, A/B staged in shared memory) for sm_90: 16-byte
   global loads, 16-byte shared stores, one bar.sync per K step and 32 mma.sync per warp and step in the PTX."""
-  from plugrad.tensor import Tensor
   a = Tensor.empty(256, 256, dtype=dt, device="CPU")
   spec = get_program((a @ a).schedule()[-1].ast, CUDARenderer())
   assert spec.global_size == [2, 2, 1] and spec.local_size == [32, 2, 2]

@@ -17,6 +17,7 @@ from plugrad.codegen import get_program
 from plugrad.codegen.linearize import linearize
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for
+from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import sym_infer
 from plugrad_nv.renderer import CUDARenderer
@@ -129,7 +130,6 @@ def test_loop_kernel_without_ids():
 
 def test_no_comments_in_kernels():
   """No metadata rides in kernel sources: hand-built GPU programs and what codegen makes (group sums, tiled tensor cores)."""
-  from plugrad.tensor import Tensor
   srcs = [CUDARenderer().render("k", uops) for uops in (scale_program(300)[0], group_sum_program(3)[0], wmma_program()[0],
                                                           wmma_program(dtypes.bfloat16)[0])]
   a, h = Tensor.empty(4096, 1024, device="CPU"), Tensor.empty(256, 256, dtype=dtypes.float16, device="CPU")
@@ -194,7 +194,6 @@ def emulate(t, renderer: CUDARenderer) -> np.ndarray:
 def test_emulated_kernels_match_numpy(case: str):
   """Tensor kernels as codegen makes them for CUDA (hardware ids, group reductions and tensor cores where the GPU
   optimizer picks them), launched with their ProgramSpec sizes."""
-  from plugrad.tensor import Tensor
   rs = np.random.default_rng(0)
   if case == "guard2d":
     a, b = rs.standard_normal((5, 300), dtype=np.float32), rs.standard_normal((1, 300), dtype=np.float32)
