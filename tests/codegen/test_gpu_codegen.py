@@ -318,6 +318,22 @@ def test_tc_tiles(monkeypatch, target: str, tile: tuple):
     if n * un * wn * 2 >= 32: assert GPU_COUNTERS["global_load_sectors"] * 32 == GPU_COUNTERS["global_load_bytes"]
 
 
+TC_SHAPES = {  # operands contiguous along the other axis (staged with vectors along rows), a batch range, a fused epilogue
+  "transA": (lambda a, b: a.T @ b, ((32, 48), (32, 64))), "transB": (lambda a, b: a @ b.T, ((48, 32), (64, 32))),
+  "batch": (lambda a, b: a @ b, ((3, 32, 16), (3, 16, 32))), "bias_relu": (lambda a, b: (a @ b + 1).relu(), ((32, 32), (32, 64)))}
+
+
+@pytest.mark.parametrize("target", ["CUDA", "AMD"])
+@pytest.mark.parametrize("name", list(TC_SHAPES))
+def test_tc_matmul_shapes(monkeypatch, name: str, target: str):
+  fn, shapes = TC_SHAPES[name]
+  a, b = (RNG.standard_normal(sh).astype(np.float16) for sh in shapes)
+  out, spec = run_emulated(fn(t_(a), t_(b)), emu_device(monkeypatch, target))
+  assert {Ops.WMMA, Ops.BARRIER} <= ops_of(spec)
+  want = fn(a.astype(np.float32), b.astype(np.float32)) if name != "bias_relu" else np.maximum(a.astype(np.float32) @ b.astype(np.float32) + 1, 0)
+  np.testing.assert_allclose(out.reshape(want.shape).astype(np.float32), want, rtol=2e-3, atol=2e-2)
+
+
 def test_tc_staging_reads_each_tile_once(monkeypatch):
   """Staged: each workgroup reads its A rows and B columns once (2 * 128*128*128 * 2 bytes / 64 per tile side);
   unstaged: every warp gathers its own fragments, 2-byte loads that waste most of each sector."""
