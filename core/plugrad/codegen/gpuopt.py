@@ -17,6 +17,7 @@ The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from plugrad.codegen.gpudims import uses_gpudims
@@ -29,16 +30,17 @@ from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic
 
-GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP", "TC")
+GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP", "GROUPOUT", "TC")
 
 
 def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
 
 
-def gate_globals(x: UOp, valid: UOp) -> UOp:
-  """`x` with every INDEX into a DEFINE_GLOBAL gated by `valid` too (a gated load yields 0 and touches no memory)."""
+def gate_globals(x: UOp, valid: UOp, using: UOp | None = None) -> UOp:
+  """`x` with every INDEX into a DEFINE_GLOBAL (whose index uses `using`, when given) gated by `valid` too (a gated
+  load yields 0 and touches no memory)."""
   subs = {n: n.replace(src=(n.src[0], n.src[1], valid if len(n.src) < 3 else n.src[2] & valid))
-          for n in x.toposort() if n.op is Ops.INDEX and n.src[0].op is Ops.DEFINE_GLOBAL}
+          for n in x.toposort() if n.op is Ops.INDEX and n.src[0].op is Ops.DEFINE_GLOBAL and (using is None or using in n.src[1].toposort())}
   return x.substitute(subs) if subs else x
 
 
@@ -56,6 +58,28 @@ def _local(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
   new = outer * k + UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
   ast = ast.substitute({rng: new}, walk=True)
   return ast if exact else gate_globals(ast, new < rng.src[0])
+
+
+def _group_out(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
+  """GROUPOUT: global range `rng` (size N) computed by the k threads of the workgroup's group instead of by more
+  workgroups: every store using it becomes ceil(N/k) stores at `j*k + l` (j = 0, 1, ...; l the group thread, shared
+  with later GROUPs), those past N gated off. A row kernel (softmax: reduce the row, then write it) then has one
+  workgroup per row whose threads write the row from the values they reduced."""
+  if rng.arg[1] != "global" or len(rng.arg) > 2 or rng.src[0].op is not Ops.CONST:
+    raise ValueError(f"GROUPOUT needs a global range of constant size, range {rng.arg} isn't one")
+  if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("GROUPOUT must come before GROUP")
+  lcl = [r for r in ranges_of(ast).values() if r.arg[1] == "local"]
+  if lcl: raise ValueError(f"GROUPOUT of range {rng.arg}: the kernel already has thread ranges {[r.arg for r in lcl]}")
+  n = rng.src[0].arg
+  lane = UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local", "group"))
+  stores = []
+  for st in ast.src:
+    if rng not in st.toposort(): stores.append(st); continue
+    for j in range(-(-n // k)):
+      at = lane + j * k if j else lane
+      # past N: this copy's own accesses gated (not the reductions' loads it reads, which don't use the thread id yet)
+      stores.append(st.substitute({rng: at}, walk=True) if (j + 1) * k <= n else gate_globals(st.substitute({rng: at}, walk=True), at < n, lane))
+  return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
 def _nested(ast: UOp) -> set[UOp]:
@@ -103,7 +127,8 @@ def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
     body = red.src[0].substitute({**subs, rng: idx}, walk=True)
     if not exact:
       valid = idx < n
-      body = valid.where(gate_globals(body, valid), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+      # only this reduce's own loads: a GROUPed reduce used inside this one (softmax's max in its sum) keeps its gates
+      body = valid.where(gate_globals(body, valid, inner), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
     others = tuple(r for r in red.src[1:] if r is not rng)
     partial = UOp(Ops.REDUCE, red.dtype, (body, inner, *others), red.arg)
     buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(nthreads, AddrSpace.LOCAL), arg=(f"temp{n_bufs + i}", nthreads))
@@ -295,7 +320,9 @@ def apply_gpu_opt(ast: UOp, opt: Opt, renderer=None) -> UOp:
   if (rng := rngs.get(opt.rid)) is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
   if opt.amount < 2: raise ValueError(f"{opt}: needs at least 2 threads")
   nid = max(rngs) + 1
-  ast = _local(ast, rng, opt.amount, nid) if opt.kind == "LOCAL" else _group(ast, rng, opt.amount, opt.kind == "GROUPTOP", nid)
+  if opt.kind == "LOCAL": ast = _local(ast, rng, opt.amount, nid)
+  elif opt.kind == "GROUPOUT": ast = _group_out(ast, rng, opt.amount, nid)
+  else: ast = _group(ast, rng, opt.amount, opt.kind == "GROUPTOP", nid)
   return graph_rewrite(ast, pm_opt_symbolic, name=f"simplify after {opt.kind}")
 
 
@@ -359,7 +386,8 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
         lk = min(warp, _pow2_at_most(_size(glbl[-1])))
         k = min(k, max_threads // lk, 16)
         return [Opt("LOCAL", glbl[-1].arg[0], lk)] + [Opt("GROUPTOP", r.arg[0], k) for r in cands]
-      return [Opt("GROUP", r.arg[0], k) for r in cands]
+      opts = [Opt("GROUP", r.arg[0], k) for r in cands]
+      return _row_opts(ast, glbl, top_reds, k, opts, renderer) if contiguous else opts
   opts: list[Opt] = []
   red_rngs = {r for red in top_reds for r in red.src[1:]}
   for r in sorted(red_rngs, key=lambda r: r.arg[0]):  # tiny reduce loops (a 3x3 window) unrolled
@@ -372,6 +400,23 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
       opts.append(Opt("UPCAST", g.arg[0], 4))
       sizes[g.arg[0]] //= 4
   return opts + _local_opts(glbl, sizes, renderer)
+
+
+def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[Opt], renderer) -> list[Opt]:
+  """A row kernel (a global axis the reductions don't use, e.g. softmax's output column: without more, every
+  workgroup along it would redo the row's reductions): that axis goes to the group's threads (GROUPOUT) when it
+  needs at most 16 stores per thread, and the group's per-thread partial loops of at most 16 steps are unrolled, so
+  a thread's loads of its row elements are the same values in every reduction and in its outputs (read once)."""
+  used = {x for red in reds for x in red.toposort() if x.op is Ops.RANGE}
+  free = [g for g in glbl if g not in used and g.src[0].op is Ops.CONST]
+  if len(free) != 1 or free[0].src[0].arg > 16 * k: return groups
+  opts = [Opt("GROUPOUT", free[0].arg[0], k)] + groups
+  try: cur = functools.reduce(lambda a, o: apply_gpu_opt(a, o, renderer), opts, ast)
+  except ValueError: return groups
+  loops = {r for n in cur.toposort() if n.op is Ops.REDUCE for r in n.src[1:] if r.src[0].op is Ops.CONST and 1 < r.src[0].arg <= 16}
+  # (not the serial combine's loop over the k slots in local memory)
+  loops = {r for r in loops if not any(r in x.src[1].toposort() for x in cur.toposort() if x.op is Ops.INDEX and x.src[0].op is Ops.DEFINE_LOCAL)}
+  return opts + [Opt("UNROLL", r.arg[0], r.src[0].arg) for r in sorted(loops, key=lambda r: r.arg[0])]
 
 
 def _local_opts(glbl: list[UOp], sizes: dict[int, int], renderer) -> list[Opt]:

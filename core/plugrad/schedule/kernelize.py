@@ -87,10 +87,44 @@ def range_view(base: UOp, off: int, n: int, dtype=None) -> UOp:
   return UOp(Ops.BUFFER_VIEW, dtype, (base,), (n, boff))
 
 
+def _device(device: str):
+  from plugrad.device import Device
+  return Device[device]
+
+
 def is_storage(device: str) -> bool:
   """True for devices that hold buffers but run no kernels (DISK): everything on them must become a copy."""
-  from plugrad.device import Device
-  return bool(getattr(Device[device], "storage", False))
+  return bool(getattr(_device(device), "storage", False))
+
+
+ROW_MIN, ROW_MAX = 64, 4096  # row lengths a GPU workgroup reduces and then writes in one kernel
+
+
+def _row_kernel(expand: UOp, red: UOp, users: dict[UOp, list[UOp]], realize: set[UOp]) -> bool:
+  """Whether reduction `red`, broadcast back over its own reduced axis by `expand` (softmax's max and sum, layernorm's
+  mean and variance), stays in the kernel that consumes it: on GPU renderers with shared memory (`has_shared`,
+  `local_max_threads`) one workgroup per row reduces the row across its threads and writes the row's outputs from
+  the same registers, so the row is read once (codegen/gpuopt.py: GROUP, GROUPOUT). Only a trailing (contiguous)
+  reduced axis of a constant length in [ROW_MIN, ROW_MAX], and only when everything between the broadcast and the
+  kernel's output keeps the row: elementwise ops and further reductions over the same axis (another reduction, or a
+  movement op, would run the row's reduction inside its own loop)."""
+  shape, axes = red.src[0].shape, tuple(red.arg[1])
+  if len(axes) != 1 or expand.shape != shape or axes != (len(shape) - 1,): return False
+  if any(a != b and d not in axes for d, (a, b) in enumerate(zip(expand.src[0].shape, shape))): return False
+  if not isinstance(shape[-1], int) or not ROW_MIN <= shape[-1] <= ROW_MAX: return False
+  ren = getattr(_device(device_of(red)), "renderer", None)
+  if not (getattr(ren, "has_shared", False) and getattr(ren, "local_max_threads", 0)): return False
+  todo, seen = list(users.get(expand, [])), set()
+  while todo:
+    u = todo.pop()
+    if u in seen: continue
+    seen.add(u)
+    if u.op is Ops.REDUCE_AXIS: ok = tuple(u.arg[1]) == axes and u.src[0].shape == shape
+    elif u.op is Ops.EXPAND: ok = u.shape == shape
+    else: ok = u.op in GroupOp.ALU or u.op in (Ops.CAST, Ops.DETACH, Ops.CONTIGUOUS)
+    if not ok: return False
+    if u not in realize: todo.extend(users.get(u, []))
+  return True
 
 
 def _storage_error(device: str, what: str) -> RuntimeError:
@@ -124,11 +158,14 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
       if n.src[1].op is Ops.COPY: skip.add(n.src[1])
       if not is_buffer_view(v) or contiguous_range(v)[2] is not v: realize.add(v)
   realize = _expensive_broadcasts(nodes, realize)
+  users: dict[UOp, list[UOp]] = {}
+  for n in nodes:
+    for x in n.src: users.setdefault(x, []).append(n)
   for n in nodes:
     if n.op is Ops.EXPAND:  # reductions broadcast by this expand must be computed once, into a buffer
       # (not through nodes realized anyway: a contiguous() after a matmul keeps the matmul's epilogue in its kernel)
       for x in n.src[0].toposort(gate=lambda y: y.op is not Ops.REDUCE_AXIS and y not in realize and not is_buffer_view(y)):
-        if x.op is Ops.REDUCE_AXIS: realize.add(x)
+        if x.op is Ops.REDUCE_AXIS and not _row_kernel(n, x, users, realize): realize.add(x)
   return _shared_reduces(realize) - skip
 
 
