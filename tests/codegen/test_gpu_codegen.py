@@ -15,7 +15,9 @@ from plugrad.codegen.gpuopt import apply_gpu_opt, choose_gpu_opts
 from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.codegen.targets import TARGETS
 from plugrad.dtype import AddrSpace, dtypes
+from plugrad.device import Device
 from plugrad.engine.realize import buffer_for, run_schedule
+from plugrad.schedule import kernelize
 from plugrad.plugins.python import GPU_COUNTERS, BarrierError, PythonDevice, PythonProgram, PythonRenderer, reset_gpu_counters
 from plugrad.uop.ops import Ops, UOp
 
@@ -445,3 +447,70 @@ def test_tiny_reduce_is_unrolled(monkeypatch):
   out, spec = run_emulated(t_(x).sum(1), dev)
   np.testing.assert_allclose(out, x.sum(1), rtol=1e-6)
   assert not any(u.op is Ops.RANGE for u in spec.uops)
+
+
+# ----- row kernels: softmax in one kernel (scheduler + GROUPOUT)
+def gpu_scheduler(monkeypatch: pytest.MonkeyPatch, target: str = "CUDA") -> None:
+  """Schedule PYTHON tensors as for `target` (the scheduler's row-kernel decision reads the device's renderer)."""
+  ren = Device["PYTHON"].renderer
+  for k, v in TARGETS[target].renderer_attrs().items(): monkeypatch.setattr(ren, k, v, raising=False)
+  monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
+
+
+def kernels(t: Tensor) -> list:
+  return [it for it in t.schedule() if it.ast.op is Ops.SINK]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_row_kernels_scheduled_only_for_gpus(monkeypatch):
+  x = Tensor.empty(8, 1024, device="PYTHON")
+  assert len(kernels(x.softmax(-1))) == 3  # the CPU-style PYTHON renderer: max, sum, divide
+  gpu_scheduler(monkeypatch)
+  assert len(kernels(x.softmax(-1))) == 1 and len(kernels(x.log_softmax(-1))) == 1
+  assert len(kernels(Tensor.empty(8, 5000, device="PYTHON").softmax(-1))) == 3  # rows past ROW_MAX
+  assert len(kernels(Tensor.empty(8, 32, device="PYTHON").softmax(-1))) == 3  # shorter than a useful group
+  assert len(kernels(Tensor.empty(1024, 8, device="PYTHON").softmax(0))) == 3  # not the contiguous axis
+  # the row's max would run inside a reduction over rows: it keeps its own kernel
+  assert len(kernels((x - x.max(1, keepdim=True)).exp().sum(0))) == 2
+
+
+@pytest.mark.parametrize("target", ["CUDA", "AMD"])
+@pytest.mark.parametrize("shape", [(8, 1024), (5, 100), (2, 3, 256)], ids=lambda s: "x".join(map(str, s)))
+def test_softmax_one_kernel_reads_rows_once(monkeypatch, target: str, shape: tuple):
+  gpu_scheduler(monkeypatch, target)
+  x = RNG.standard_normal(shape).astype(np.float32)
+  dev = emu_device(monkeypatch, target)
+  for fn, ref in ((lambda t: t.softmax(-1), _softmax), (lambda t: t.log_softmax(-1), lambda a: np.log(_softmax(a)))):
+    assert len(kernels(fn(t_(x)))) == 1
+    reset_gpu_counters()
+    out, spec = run_emulated(fn(t_(x)), dev)
+    np.testing.assert_allclose(out.reshape(shape), ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+    assert np.prod(spec.global_size) == np.prod(shape[:-1]) and GPU_COUNTERS["launches"] == 1  # one workgroup per row
+    if shape[-1] % 256 == 0: assert GPU_COUNTERS["global_load_bytes"] == x.nbytes  # each row element read once
+
+
+def test_second_group_keeps_the_first_groups_gates(monkeypatch):
+  """Regressions: GROUP of softmax's sum past N (100 over 64 threads) gated the loads of the already-grouped max inside
+  it, and GROUPOUT's gate on the copy past N gated the reductions' loads too (both gave wrong rows)."""
+  gpu_scheduler(monkeypatch)
+  x = RNG.standard_normal((5, 100)).astype(np.float32)
+  ast = kernels(t_(x).softmax(-1))[-1].ast
+  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
+  opts = [Opt("GROUPOUT", rngs[1].arg[0], 64)] + [Opt("GROUP", r.arg[0], 64) for r in rngs if r.arg[1] == "reduce"]
+  out, _ = run_emulated(t_(x).softmax(-1), emu_device(monkeypatch), opts)
+  np.testing.assert_allclose(out.reshape(5, 100), _softmax(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+def test_groupout_errors(monkeypatch):
+  gpu_scheduler(monkeypatch)
+  dev = emu_device(monkeypatch)
+  ast = kernels(t_(np.ones((4, 128), np.float32)).softmax(-1))[-1].ast
+  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
+  red = next(r for r in rngs if r.arg[1] == "reduce")
+  with pytest.raises(ValueError, match="global range"): apply_gpu_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer)
+  grouped = apply_gpu_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer)
+  with pytest.raises(ValueError, match="before GROUP"): apply_gpu_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer)
