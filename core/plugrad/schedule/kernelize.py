@@ -3,7 +3,9 @@
 Everything fuses by default: a kernel computes its output by indexing straight through elementwise and movement
 ops and into reductions (see indexing.py). A node is realized into its own buffer (ends a kernel) only when it
 must be: a tensor being realized, CONTIGUOUS, COPY, ASSIGN, and a REDUCE_AXIS whose result is broadcast by an
-EXPAND (inlining it there would recompute the reduction once per broadcast element).
+EXPAND (inlining it there would recompute the reduction once per broadcast element) -- except, on GPU renderers with
+shared memory, a reduction broadcast back over its own trailing axis into consumers that keep the row (softmax,
+log_softmax): one workgroup per row reduces and writes it (`_row_kernel`).
 """
 from __future__ import annotations
 
