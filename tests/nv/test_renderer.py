@@ -15,8 +15,10 @@ from gpu_programs import f16, f32, group_sum_program, linear, mma_coords, scale_
 
 from plugrad.codegen import get_program
 from plugrad.codegen.linearize import linearize
+from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for
+from plugrad.schedule import kernelize
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import sym_infer
@@ -215,6 +217,20 @@ def test_emulated_kernels_match_numpy(case: str):
     t, want = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize(), (a.astype(np.float32) @ b.astype(np.float32))
   got = emulate(t, CUDARenderer())
   np.testing.assert_allclose(got.reshape(want.shape).astype(np.float64), want, rtol=1e-5, atol=1e-4)
+
+
+@needs_gxx
+def test_emulated_one_kernel_softmax(monkeypatch: pytest.MonkeyPatch):
+  """Softmax as the scheduler makes it for a GPU renderer (one kernel: a workgroup per row, GROUP max and sum, the row
+  written by the group's threads), rendered for CUDA and run with real barriers."""
+  for k in ("has_local", "has_shared", "local_max_threads"):
+    monkeypatch.setattr(Device["CPU"].renderer, k, getattr(CUDARenderer, k), raising=False)
+  monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
+  x = np.random.default_rng(3).standard_normal((6, 300)).astype(np.float32)
+  t = Tensor(x, device="CPU").realize().softmax(-1)
+  assert len([it for it in t.schedule() if it.ast.op is Ops.SINK]) == 1
+  e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+  np.testing.assert_allclose(emulate(t, CUDARenderer()).reshape(6, 300), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
 @needs_gxx
