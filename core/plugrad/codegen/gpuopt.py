@@ -1,5 +1,6 @@
 """GPU optimizations of a kernel AST: workgroup threads (LOCAL), reductions split across a workgroup (GROUP, GROUPTOP)
-and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from the renderer's capabilities.
+tensor cores (TC) and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from the renderer's
+capabilities.
 
 - `LOCAL` a global range r (size N) by k: `r -> r'*k + l` where `l` is a new RANGE of size k with kind "local" (a thread
   id inside the workgroup once codegen/gpudims.py runs). When k doesn't divide N, r' has ceil(N/k) iterations and every
@@ -13,7 +14,12 @@ and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from 
   past N (k not dividing N) contribute the reduce identity and are never loaded. GROUP applies to every REDUCE
   that runs in no other reduce's loop (a barrier inside a loop would need a second one), after all LOCALs; a second
   GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
-The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp_size` and `local_max`.
+- `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
+  as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it).
+- `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
+  memory; see `_tc`, `tc_tile` and docs/kernel_ir.md).
+The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp_size`, `local_max`, `has_shared` and
+`tensor_cores`.
 """
 from __future__ import annotations
 
@@ -348,7 +354,8 @@ def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: i
   2 x 2) sharing it; the warps' accumulators fit in `acc_regs` 32-bit registers per lane, the double-buffered A/B
   tiles in the renderer's `shared_max`, and each tile splits evenly over the workgroup's threads (TC_STAGE=0: no
   staging through workgroup memory)."""
-  red, a, b, i, j, k = tc_match(ast, tc)
+  if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
+  _, a, _, i, j, _ = mt
   n, m, kk = tc.dims
   stage = 1 if getenv("TC_STAGE", 1) and getattr(renderer, "has_shared", False) else 0
   best, key = (1, 1, 1, 1, stage), (-1.0, 0, 0)
@@ -359,7 +366,7 @@ def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: i
           bm, bn, nt = m * um * wm, n * un * wn, tc.threads * wm * wn
           if bm > max_tile or bn > max_tile or i.src[0].arg % bm or j.src[0].arg % bn or um * un * tc.elements_per_thread[2] > acc_regs: continue
           if stage and (2 * (bm + bn) * kk * a.dtype.itemsize > renderer.shared_max or (bm * kk) % nt or (bn * kk) % nt): continue
-          if (kk_ := (bm * bn / (bm + bn), wm * wn, -abs(wm - wn))) > key: best, key = (um, un, wm, wn, stage), kk_
+          if (score := (bm * bn / (bm + bn), wm * wn, -abs(wm - wn))) > key: best, key = (um, un, wm, wn, stage), score
   return best
 
 
