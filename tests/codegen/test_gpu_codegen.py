@@ -476,15 +476,29 @@ def test_row_kernels_scheduled_only_for_gpus(monkeypatch):
   assert len(kernels(Tensor.empty(1024, 8, device="PYTHON").softmax(0))) == 3  # not the contiguous axis
   # the row's max would run inside a reduction over rows: it keeps its own kernel
   assert len(kernels((x - x.max(1, keepdim=True)).exp().sum(0))) == 2
+  assert len(kernels(x.layernorm())) == 1 and len(kernels(x * (x.square().mean(-1, keepdim=True) + 1e-6).rsqrt())) == 1
+
+
+def test_row_kernel_rows_must_be_cheap(monkeypatch):
+  """Regression: attention's softmax over scores that are themselves a matmul became one row kernel that recomputed
+  the scores for every row element (4100 workgroups, 30x the loads): rows holding a reduction keep their kernels."""
+  q, k = Tensor.empty(2, 64, 32, device="PYTHON"), Tensor.empty(2, 32, 128, device="PYTHON")
+  want = len(kernels((q @ k).softmax(-1)))
+  gpu_scheduler(monkeypatch)
+  assert len(kernels((q @ k).softmax(-1))) == want
 
 
 @pytest.mark.parametrize("target", ["CUDA", "AMD"])
 @pytest.mark.parametrize("shape", [(8, 1024), (5, 100), (2, 3, 256)], ids=lambda s: "x".join(map(str, s)))
-def test_softmax_one_kernel_reads_rows_once(monkeypatch, target: str, shape: tuple):
+def test_row_kernels_read_rows_once(monkeypatch, target: str, shape: tuple):
   gpu_scheduler(monkeypatch, target)
   x = RNG.standard_normal(shape).astype(np.float32)
   dev = emu_device(monkeypatch, target)
-  for fn, ref in ((lambda t: t.softmax(-1), _softmax), (lambda t: t.log_softmax(-1), lambda a: np.log(_softmax(a)))):
+  def layernorm(a: np.ndarray) -> np.ndarray:
+    m = a.mean(-1, keepdims=True)
+    return (a - m) / np.sqrt(((a - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+  for fn, ref in ((lambda t: t.softmax(-1), _softmax), (lambda t: t.log_softmax(-1), lambda a: np.log(_softmax(a))),
+                  (lambda t: t.layernorm(), layernorm)):
     assert len(kernels(fn(t_(x)))) == 1
     reset_gpu_counters()
     out, spec = run_emulated(fn(t_(x)), dev)

@@ -95,6 +95,9 @@ def _row_kernel(expand: UOp, red: UOp, users: dict[UOp, list[UOp]], realize: set
   if not isinstance(shape[-1], int) or not ROW_MIN <= shape[-1] <= ROW_MAX: return False
   ren = getattr(Device[device_of(red)], "renderer", None)
   if not (getattr(ren, "has_shared", False) and getattr(ren, "local_max_threads", 0)): return False
+  # the row's elements must be cheap: a reduction inside them (attention's scores) would be recomputed per row element
+  inner = red.src[0].toposort(gate=lambda y: y is red.src[0] or (y not in realize and y.op is not Ops.REDUCE_AXIS and not is_buffer_view(y)))
+  if any(x.op is Ops.REDUCE_AXIS and x not in realize and (tuple(x.arg[1]) != axes or x.src[0].shape != shape) for x in inner): return False
   todo, seen = list(users.get(expand, [])), set()
   while todo:
     u = todo.pop()
@@ -138,10 +141,10 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
     if (v := _storage_assign_source(n)) is not None:
       if n.src[1].op is Ops.COPY: skip.add(n.src[1])
       if not is_buffer_view(v) or contiguous_range(v)[2] is not v: realize.add(v)
-  realize = _expensive_broadcasts(nodes, realize)
   users: dict[UOp, list[UOp]] = {}
   for n in nodes:
     for x in n.src: users.setdefault(x, []).append(n)
+  realize = _expensive_broadcasts(nodes, realize, users)
   for n in nodes:
     if n.op is Ops.EXPAND:  # reductions broadcast by this expand must be computed once, into a buffer
       # (not through nodes realized anyway: a contiguous() after a matmul keeps the matmul's epilogue in its kernel)
@@ -153,9 +156,11 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
 _EXPENSIVE = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD}
 
 
-def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
+def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp], users: dict[UOp, list[UOp]]) -> set[UOp]:
   """`realize` plus the sources of broadcasts that a reduction reads, when they compute something expensive (e.g. the
-  activation between two matmuls, `(x @ w1).silu() @ w2`): fused, it would be recomputed once per output column."""
+  activation between two matmuls, `(x @ w1).silu() @ w2`): fused, it would be recomputed once per output column.
+  Not a per-row value broadcast back over its row in a GPU row kernel (layernorm's mean: `_row_kernel`), which one
+  workgroup computes once per row."""
   def below(u: UOp, stop: tuple = ()) -> dict[UOp, None]:
     return u.toposort(gate=lambda y: y is u or (y not in realize and y.op is not Ops.REDUCE_AXIS and y.op not in stop and not is_buffer_view(y)))
   out = set(realize)
@@ -167,7 +172,8 @@ def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
       while src.op in GroupOp.Movement and src not in realize and not is_buffer_view(src): src = src.src[0]
       if src in realize or is_buffer_view(src) or src.op is Ops.REDUCE_AXIS: continue
       # only ops at src's full size count: a per-row scale like rms_norm's rsqrt is broadcast inside src and cheap
-      if any(x.op in _EXPENSIVE and same_size(prod(x.shape), prod(src.shape)) for x in below(src)): out.add(src)
+      if any(x.op in _EXPENSIVE and same_size(prod(x.shape), prod(src.shape)) for x in below(src)):
+        if not any(x.op is Ops.REDUCE_AXIS and _row_kernel(e, x, users, out) for x in below(src)): out.add(src)
   return out
 
 
