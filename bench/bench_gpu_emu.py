@@ -1,6 +1,6 @@
 """Roofline distance of the GPU kernels codegen makes, counted on the emulated GPU (EMULATE=<target> DEV=PYTHON).
 
-For sum / softmax / float16 matmul this runs each kernel on the PYTHON device's GPU emulator and reads its counters
+For sum / softmax / layernorm / float16 matmul this runs each kernel on the PYTHON device's GPU emulator and reads its counters
 (plugrad.plugins.python.GPU_COUNTERS): 32-byte global-memory sectors moved per warp instruction, barriers, lane
 utilization, WMMAs. The hardware-time estimate is max(sector bytes / bandwidth, FLOPs / peak) with the target's
 figures (codegen/targets.py: H200 for CUDA); the roofline is max(unique bytes / bandwidth, FLOPs / peak). The ratio
@@ -48,6 +48,7 @@ def main() -> None:
   print(measure("sum(1) 256x1024 f32", lambda: a.sum(1), 4 * (256 * 1024 + 256), 256 * 1024, "float32"))
   print(measure("sum 2**18 f32", lambda: v.sum(), 4 * (2**18 + 1), 2**18, "float32"))
   print(measure("softmax(1) 64x1024 f32", lambda: s.softmax(1), 4 * 2 * 64 * 1024, 5 * 64 * 1024, "float32"))
+  print(measure("layernorm 64x1024 f32", lambda: s.layernorm(), 4 * 2 * 64 * 1024, 7 * 64 * 1024, "float32"))
   for n in sizes:
     x = Tensor(rng.standard_normal((n, n)).astype(np.float16), device="PYTHON").realize()
     y = Tensor(rng.standard_normal((n, n)).astype(np.float16), device="PYTHON").realize()
