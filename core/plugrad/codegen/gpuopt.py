@@ -268,7 +268,7 @@ def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
   share one coalesced, vectorized load of them."""
   if len(tile) > 5 or any(not isinstance(t, int) or t < 0 for t in tile): raise ValueError(f"TC tile {tile}: expected up to 5 non-negative ints")
   um, un, wm, wn, stage = tuple(tile) + TC_TILE_DEFAULT[len(tile):]
-  if min(um, un, wm, wn) < 1 or stage not in (0, 1): raise ValueError(f"TC tile {tile}: sizes must be >= 1 and stage 0 or 1")
+  if min(um, un, wm, wn) < 1 or stage not in (0, 1, 2): raise ValueError(f"TC tile {tile}: sizes must be >= 1 and stage 0, 1 or 2")
   if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
   red, a, b, i, j, k = mt
   n, m, kk = tc.dims
@@ -299,6 +299,7 @@ def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
   fb = [frag("b", eb, _c(0), j0 + v * n, b.dtype) for v in range(un)]
   ec = tc.elements_per_thread[2]
   zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(ec), (UOp.const(tc.dtype_out, 0.0),) * ec)
+  if stage == 2: return _tc_staged_out(ast, tc, red, i, j, (gi, gj, i0, j0, lane, tid), (um, un, bm, bn, wm * wn * tc.threads), fa, fb, zero, k2)
   stores = []
   for st in ast.src:
     if red not in st.toposort(): raise ValueError(f"TC {tc.name}: a store of the kernel doesn't use the matmul")
@@ -311,6 +312,41 @@ def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
                  j: gj * bn + j0 + v * n + _coord(tc.c, lane, e, 1)}
           sts.append(st.substitute(sub, walk=True))
         stores += _vector_stores([graph_rewrite(x, pm_opt_symbolic, name="simplify TC store") for x in sts]) if stage else sts
+  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+
+def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tuple, sizes: tuple, fa: list, fb: list, zero: UOp,
+                   k2: UOp) -> UOp:
+  """TC stage 2: the kernel's one output goes through workgroup memory too. Every lane stores its C fragments' output
+  values (epilogue applied) to a BM x BN local tile, a BARRIER, then the workgroup's threads write whole rows of it with
+  vector stores of up to 16 bytes (for tensor cores whose C rows are narrower than a 32-byte sector: CUDA's m16n8)."""
+  gi, gj, i0, j0, lane, tid = ids
+  um, un, bm, bn, nthreads = sizes
+  if len(ast.src) != 1 or len((st := ast.src[0]).src[0].src) != 2: raise ValueError("TC stage 2 needs one ungated output store")
+  out_idx, val = st.src[0], st.src[1]
+  if val.dtype.count != 1 or not _contiguous_in(j, out_idx.src[1]): raise ValueError("TC stage 2: the output isn't contiguous along its columns")
+  n, m, _ = tc.dims
+  ec = tc.elements_per_thread[2]
+  n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL]) + 2
+  cbuf = UOp(Ops.DEFINE_LOCAL, val.dtype.ptr(bm * bn, AddrSpace.LOCAL), arg=(f"temp{n_bufs}", bm * bn))
+  local = []
+  for u in range(um):
+    for v in range(un):
+      acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa[u], fb[v], zero), tc.name), k2), Ops.ADD)
+      for e in range(ec):
+        r, c = i0 + u * m + _coord(tc.c, lane, e, 0), j0 + v * n + _coord(tc.c, lane, e, 1)
+        x = val.substitute({red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: gi * bm + r, j: gj * bn + c}, walk=True)
+        local.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, cbuf.dtype, (cbuf, r * bn + c)), x)))
+  bar = UOp(Ops.BARRIER, dtypes.void, tuple(local))
+  def gidx(f: UOp) -> UOp: return out_idx.src[1].substitute({i: gi * bm + f // bn, j: gj * bn + f % bn}, walk=True)
+  vec = next((w for w in (16 // val.dtype.itemsize, 8, 4, 2) if w * val.dtype.itemsize <= 16 and bn % w == 0 and (bm * bn) % (w * nthreads) == 0
+              and _aligned(gidx(tid * w), w)), 1)
+  if (bm * bn) % (vec * nthreads): raise ValueError(f"TC stage 2: a {bm}x{bn} tile doesn't split over {nthreads} threads")
+  stores = []
+  for p in range((bm * bn) // (vec * nthreads)):
+    f = (tid + p * nthreads) * vec
+    ld = UOp(Ops.LOAD, val.dtype.vec(vec) if vec > 1 else val.dtype, (UOp(Ops.INDEX, cbuf.dtype, (cbuf, f)), bar))
+    stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_idx.dtype, (out_idx.src[0], gidx(f))), ld)))
   return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
@@ -353,7 +389,8 @@ def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: i
   the output) that reads the least global memory per output (largest BM*BN/(BM+BN)), then the most warps (up to
   2 x 2) sharing it; the warps' accumulators fit in `acc_regs` 32-bit registers per lane, the double-buffered A/B
   tiles in the renderer's `shared_max`, and each tile splits evenly over the workgroup's threads (TC_STAGE=0: no
-  staging through workgroup memory)."""
+  staging through workgroup memory). Stage 2 (the output through shared memory as well) when the tensor core's C
+  rows are narrower than a 32-byte sector and the C tile fits too."""
   if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
   _, a, _, i, j, _ = mt
   n, m, kk = tc.dims
@@ -367,6 +404,14 @@ def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: i
           if bm > max_tile or bn > max_tile or i.src[0].arg % bm or j.src[0].arg % bn or um * un * tc.elements_per_thread[2] > acc_regs: continue
           if stage and (2 * (bm + bn) * kk * a.dtype.itemsize > renderer.shared_max or (bm * kk) % nt or (bn * kk) % nt): continue
           if (score := (bm * bn / (bm + bn), wm * wn, -abs(wm - wn))) > key: best, key = (um, un, wm, wn, stage), score
+  # C rows narrower than a 32-byte sector (CUDA's m16n8: 8 columns): the output goes through shared memory too, when it fits
+  um, un, wm, wn, stage = best
+  out_isz = ast.src[0].src[1].dtype.itemsize if len(ast.src) == 1 else 0
+  if stage and n * out_isz < 32 and 2 * (m * um * wm + n * un * wn) * kk * a.dtype.itemsize + m * um * wm * n * un * wn * out_isz <= renderer.shared_max:
+    try:
+      _tc(ast, tc, max(ranges_of(ast)) + 1, (um, un, wm, wn, 2))
+      return (um, un, wm, wn, 2)
+    except ValueError: pass
   return best
 
 
