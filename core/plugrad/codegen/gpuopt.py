@@ -407,7 +407,8 @@ def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: i
   # C rows narrower than a 32-byte sector (CUDA's m16n8: 8 columns): the output goes through shared memory too, when it fits
   um, un, wm, wn, stage = best
   out_isz = ast.src[0].src[1].dtype.itemsize if len(ast.src) == 1 else 0
-  if stage and n * out_isz < 32 and 2 * (m * um * wm + n * un * wn) * kk * a.dtype.itemsize + m * um * wm * n * un * wn * out_isz <= renderer.shared_max:
+  bm, bn = m * um * wm, n * un * wn
+  if stage and n * out_isz < 32 and 2 * (bm + bn) * kk * a.dtype.itemsize + bm * bn * out_isz <= renderer.shared_max:
     try:
       _tc(ast, tc, max(ranges_of(ast)) + 1, (um, un, wm, wn, 2))
       return (um, un, wm, wn, 2)
