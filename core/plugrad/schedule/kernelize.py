@@ -93,7 +93,8 @@ def _row_kernel(expand: UOp, red: UOp, users: dict[UOp, list[UOp]], realize: set
   if len(axes) != 1 or expand.shape != shape or axes != (len(shape) - 1,): return False
   if any(a != b and d not in axes for d, (a, b) in enumerate(zip(expand.src[0].shape, shape))): return False
   if not isinstance(shape[-1], int) or not ROW_MIN <= shape[-1] <= ROW_MAX: return False
-  ren = getattr(Device[device_of(red)], "renderer", None)
+  if not isinstance(dev := device_of(red), str): return False  # (multi-device graphs are split per device before this)
+  ren = getattr(Device[dev], "renderer", None)
   if not (getattr(ren, "has_shared", False) and getattr(ren, "local_max_threads", 0)): return False
   # the row's elements must be cheap: a reduction inside them (attention's scores) would be recomputed per row element
   inner = red.src[0].toposort(gate=lambda y: y is red.src[0] or (y not in realize and y.op is not Ops.REDUCE_AXIS and not is_buffer_view(y)))
