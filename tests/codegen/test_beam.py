@@ -24,3 +24,18 @@ def test_beam_on_cpu_finds_correct_opts_and_caches_them(monkeypatch, tmp_path):
   assert not calls and all(isinstance(o, Opt) for o in opts)
   monkeypatch.delenv("BEAM")
   assert search.beam_opts(ast, "CPU") is None
+
+
+def test_beam_cache_keeps_opt_args(monkeypatch, tmp_path):
+  """A TC tile (Opt.arg) survives the disk cache; entries written before Opt had an arg still load."""
+  monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("BEAM", "1")
+  ast = (Tensor.empty(16, 32, device="CPU") * 2).sum(1).schedule()[-1].ast
+  want = [Opt("TC", -1, 0, (4, 8, 2, 2, 2)), Opt("UPCAST", 0, 4)]
+  monkeypatch.setattr(search, "beam_search", lambda *args: list(want))
+  assert search.beam_opts(ast, "CPU") == want
+  monkeypatch.setattr(search, "beam_search", lambda *args: [])
+  assert search.beam_opts(ast, "CPU") == want  # from the cache file
+  path = next((tmp_path / "beam").iterdir())
+  path.write_text('[["UPCAST", 0, 4]]')
+  assert search.beam_opts(ast, "CPU") == [Opt("UPCAST", 0, 4)]

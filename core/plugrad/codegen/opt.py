@@ -40,10 +40,12 @@ from plugrad.viz import capture
 @dataclass(frozen=True)
 class Opt:
   """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range), "VECTOR" (either) or
-  "OUTER" (a global range becomes the outermost loop; amount unused); `rid` the range id."""
+  "OUTER" (a global range becomes the outermost loop; amount unused); `rid` the range id. `arg` holds extra
+  parameters of an optimization that needs more than one amount (TC's tile, codegen/gpuopt.py)."""
   kind: str
   rid: int
   amount: int
+  arg: tuple[int, ...] = ()
 
 
 def ranges_of(ast: UOp) -> dict[int, UOp]:

@@ -69,7 +69,7 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
       try: cur = apply_opts(ast, list(opts), dev.renderer)
       except (ValueError, AssertionError): continue
       cands.update(opts + (a,) for a in _actions(cur, gpu))
-    cands_l = sorted(cands, key=lambda c: [(o.kind, o.rid, o.amount) for o in c])[:getenv("BEAM_CANDIDATES", 48)]
+    cands_l = sorted(cands, key=lambda c: [(o.kind, o.rid, o.amount, o.arg) for o in c])[:getenv("BEAM_CANDIDATES", 48)]
     scored = sorted(((_time(ast, list(c), device, bufs), c) for c in cands_l), key=lambda x: x[0])
     if not scored or scored[0][0] >= best[0]: break
     best = scored[0]
@@ -81,13 +81,13 @@ def beam_opts(ast: UOp, device: str) -> list[Opt] | None:
   if (width := getenv("BEAM", 0)) <= 0 or any(n.op is Ops.DEFINE_VAR for n in ast.toposort()): return None
   dev = Device[device]
   path = cache_dir() / "beam" / _key(ast, device, dev.renderer.arch)
-  try: return [Opt(*o) for o in json.loads(path.read_text())]
+  try: return [Opt(o[0], o[1], o[2], tuple(o[3]) if len(o) > 3 else ()) for o in json.loads(path.read_text())]
   except (OSError, ValueError, TypeError): pass
   st = time.perf_counter()
   opts = beam_search(ast, device, width)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps([[o.kind, o.rid, o.amount] for o in opts]))
+  tmp.write_text(json.dumps([[o.kind, o.rid, o.amount, list(o.arg)] for o in opts]))
   tmp.replace(path)
   if getenv("DEBUG", 0) >= 1: print(f"BEAM={width}: {opts} in {time.perf_counter() - st:.2f} s")
   return opts
