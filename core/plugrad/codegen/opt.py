@@ -28,6 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from plugrad.codegen.pack import pack_candidate
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
 from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
@@ -39,8 +40,9 @@ from plugrad.viz import capture
 
 @dataclass(frozen=True)
 class Opt:
-  """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range), "VECTOR" (either) or
-  "OUTER" (a global range becomes the outermost loop; amount unused); `rid` the range id."""
+  """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range), "VECTOR" (either),
+  "OUTER" (a global range becomes the outermost loop; amount unused) or "PACK" (the operand read along global range
+  `rid` is repacked into panels of `amount` columns by a kernel that runs first: codegen/pack.py); `rid` the range id."""
   kind: str
   rid: int
   amount: int
@@ -127,6 +129,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
   rng = rngs.get(opt.rid)
   if rng is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
   want = {"UPCAST": "global", "SPLIT": "reduce", "UNROLL": "reduce"}.get(opt.kind)
+  if opt.kind == "PACK": raise ValueError(f"{opt}: PACK adds a kernel; apply it with codegen.pack.split_packs")
   if opt.kind not in ("UPCAST", "SPLIT", "UNROLL", "VECTOR", "OUTER"): raise ValueError(f"{opt}: unknown optimization {opt.kind!r}")
   if opt.kind == "OUTER":  # loop order: range rid becomes the outermost global loop (the one split across cores)
     if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: OUTER needs a global range")
@@ -263,6 +266,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
       if (k := _pick(g, (8, 6, 4, 3, 2), budget)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
     # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by
     if reuse and vr is not glbl[0] and _const_end(vr) is not None and _const_end(vr) // lanes >= 16: opts.append(Opt("OUTER", vr.arg[0], 0))
+    if (pk := _pack_opt(ast, vr, opts, lanes)) is not None: opts.insert(0, pk)
   else:  # matvec-like: a few rows share the loads of the vector operand (more rows means more prefetch streams)
     budget = max(1, regs // 2 // max((o.amount for o in opts if o.kind == "SPLIT"), default=1))
     # the axis whose copies share the most loads first (prefill: tokens share a dequantized weight row, rows share x)
@@ -271,6 +275,22 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
     if all(o.kind != "UPCAST" for o in opts):  # streaming: four accumulator chains
       opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and _divides(_outer(ranges_of(ast)[o.rid], lanes), 4) else o for o in opts]
   return opts
+
+
+PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
+
+
+def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> Opt | None:
+  """PACK (codegen/pack.py) of the column panel of a register-blocked matmul: when the panel loop is outermost and the
+  panel is reused by enough row blocks (PACK=0 turns it off)."""
+  if not getenv("PACK", 1) or not any(o.kind == "OUTER" for o in opts): return None
+  P = lanes * math.prod(o.amount for o in opts if o.kind == "UPCAST" and o.rid == vr.arg[0])
+  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != vr.arg[0]]
+  rngs = ranges_of(ast)
+  blocks = math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows)
+  if not rows or blocks < PACK_MIN_ROW_BLOCKS: return None
+  if pack_candidate(ast, vr, P, [rngs[o.rid] for o in rows]) is None: return None
+  return Opt("PACK", vr.arg[0], P)
 
 
 def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16) -> list[Opt]:
@@ -335,9 +355,10 @@ def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
 
 
 def optimize(ast: UOp, renderer) -> UOp:
-  """Apply the optimizations `renderer` asks for (see the module docstring)."""
+  """Apply the optimizations `renderer` asks for (see the module docstring). PACK is left out: it adds a kernel, which
+  the engine runs (codegen/pack.py); the kernel is correct without it."""
   if getenv("NOOPT", False): return ast
-  opts = heuristic_opts(ast, renderer)
+  opts = [o for o in heuristic_opts(ast, renderer) if o.kind != "PACK"]
   capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
   for opt in opts: ast = apply_opt(ast, opt)
   return ast

@@ -1,0 +1,104 @@
+"""PACK (codegen/pack.py): the matmul's column-panel operand repacked by a kernel that runs first. Values against numpy
+through the Tensor API on the CPU device (the heuristic packs), TinyJit capture and replay of the pair, the plan's
+parameter renumbering, and the same plan run on the PYTHON device (pack kernel and main kernel as plain loops)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrad import Tensor, TinyJit
+from plugrad.codegen import get_program
+from plugrad.codegen.opt import Opt, apply_opt
+from plugrad.codegen.pack import split_packs
+from plugrad.device import Buffer, Device
+from plugrad.engine.realize import buffer_for, get_runner, lower_item
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def packed(t: Tensor) -> bool:
+  it = t.schedule()[-1]
+  return bool(get_runner("CPU", it.ast).packs)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 256), (128, 37, 512), (256, 256, 256), (96, 100, 1024)])
+def test_packed_matmul_matches_numpy(m: int, k: int, n: int):
+  a, b = rand(m, k), rand(k, n)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  assert packed(t)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_batched_matmul_and_same_operand_twice():
+  a, b = rand(3, 64, 40), rand(3, 40, 256)
+  t = Tensor(a, device="CPU") @ Tensor(b, device="CPU")
+  assert packed(t)  # the batch range is a layout axis of the packed buffer
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  x = rand(256, 256)
+  tx = Tensor(x, device="CPU").realize()
+  t = tx @ tx  # one buffer read as both operands: only the panel load is redirected
+  assert packed(t)
+  np.testing.assert_allclose(t.numpy(), x @ x, rtol=1e-5, atol=1e-4)
+
+
+def test_b_read_only_through_the_pack_is_not_a_parameter():
+  a, b = rand(64, 32), rand(32, 256)
+  it = (Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()).schedule()[-1]
+  r = get_runner("CPU", it.ast)
+  assert r.slots == (0, 1, -1) and len(r.spec.globals) == 3  # output, A, packed B (B itself only feeds the pack)
+  ei = lower_item(it)
+  assert [len(p.bufs) for p in ei.pre] == [2] and ei.bufs[2] is r.packs[0].scratch
+
+
+def test_no_pack_for_transposed_or_few_row_blocks():
+  a, b = rand(64, 48), rand(256, 48)
+  assert not packed(Tensor(a, device="CPU") @ Tensor(b, device="CPU").T)  # B's panel isn't contiguous along n
+  assert not packed(Tensor(rand(8, 48), device="CPU") @ Tensor(rand(48, 256), device="CPU"))  # one row block
+
+
+def test_pack_env_off(monkeypatch):
+  monkeypatch.setenv("PACK", "0")
+  a, b = rand(64, 40), rand(40, 256)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  it = t.schedule()[-1]
+  from plugrad.codegen.opt import heuristic_opts
+  assert all(o.kind != "PACK" for o in heuristic_opts(it.ast, Device["CPU"].renderer))
+
+
+def test_jit_replays_the_pack_with_new_inputs():
+  w = Tensor(rand(48, 256), device="CPU").realize()
+  @TinyJit
+  def f(x: Tensor, y: Tensor) -> Tensor: return (x @ y + w[:1]).realize()
+  for _ in range(4):
+    a, b = rand(64, 48), rand(48, 256)
+    np.testing.assert_allclose(f(Tensor(a, device="CPU"), Tensor(b, device="CPU")).numpy(), a @ b + w.numpy()[:1], rtol=1e-5, atol=1e-4)
+  assert any(ei.runner is not None and ei.runner.spec.name.startswith("E_") for ei in f.captured)  # the pack kernel
+
+
+def test_bad_pack_opt_is_a_clear_error():
+  it = (Tensor(rand(64, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T).schedule()[-1]
+  with pytest.raises(ValueError, match="no contiguous reduce-loop load"): split_packs(it.ast, [Opt("PACK", 1, 32)])
+  with pytest.raises(ValueError, match="global range"): split_packs(it.ast, [Opt("PACK", 2, 32)])
+  with pytest.raises(ValueError, match="split_packs"): apply_opt(it.ast, Opt("PACK", 1, 32))
+
+
+def test_plan_runs_on_the_python_device():
+  """The packed layout is device-independent: the pack kernel and the main kernel (plain loops) give a @ b."""
+  a, b = rand(24, 20), rand(20, 64)
+  it = (Tensor(a, device="PYTHON").realize() @ Tensor(b, device="PYTHON").realize()).schedule()[-1]
+  plan = split_packs(it.ast, [Opt("PACK", 1, 16), Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 2)])
+  dev = Device["PYTHON"]
+  bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
+  (pk,) = plan.packs
+  scratch = Buffer("PYTHON", pk.size, pk.dtype).ensure_allocated()
+  ps = get_program(pk.ast, dev.renderer)
+  dev.load(ps.name, dev.compiler.compile_cached(ps.src))(scratch._buf, bufs[pk.src]._buf)
+  packed_b = np.frombuffer(bytes(scratch.copyout()), np.float32).reshape(4, 20, 16)
+  np.testing.assert_array_equal(packed_b, b.reshape(20, 4, 16).transpose(1, 0, 2))
+  spec = get_program(plan.ast, dev.renderer, plan.opts)
+  main = [bufs[s]._buf if s >= 0 else scratch._buf for s in plan.slots]
+  dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*main)
+  np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(24, 64), a @ b, rtol=1e-5, atol=1e-5)
