@@ -80,7 +80,8 @@ def test_jit_replays_the_pack_with_new_inputs():
 
 def test_bad_pack_opt_is_a_clear_error():
   it = (Tensor(rand(64, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T).schedule()[-1]
-  with pytest.raises(ValueError, match="no contiguous reduce-loop load"): split_packs(it.ast, [Opt("PACK", 1, 32)])
+  ew = (Tensor(rand(64, 256), device="CPU") + 1).schedule()[-1]
+  with pytest.raises(ValueError, match="no reduce-loop load"): split_packs(ew.ast, [Opt("PACK", 1, 32)])
   with pytest.raises(ValueError, match="global range"): split_packs(it.ast, [Opt("PACK", 2, 32)])
   with pytest.raises(ValueError, match="split_packs"): apply_opt(it.ast, Opt("PACK", 1, 32))
 
@@ -102,3 +103,23 @@ def test_plan_runs_on_the_python_device():
   main = [bufs[s]._buf if s >= 0 else scratch._buf for s in plan.slots]
   dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*main)
   np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(24, 64), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_of_the_row_operand_and_block(monkeypatch):
+  """PACK_A=1 packs A along the tile's rows too; BLOCK splits the rows into an outermost block loop; values unchanged."""
+  monkeypatch.setenv("PACK_A", "1")
+  a, b = rand(128, 40), rand(40, 256)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  it = t.schedule()[-1]
+  r = get_runner("CPU", it.ast)
+  assert len(r.packs) == 2 and r.slots == (0, -1, -2)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  ast = apply_opt(it.ast, Opt("BLOCK", 0, 4))
+  glbl = sorted((x.arg[0], x.src[0].arg) for x in ast.toposort() if x.op.name == "RANGE" and x.arg[1] == "global")
+  assert glbl == [(0, 32), (1, 4), (3, 256)]  # the block loop outermost, the rows within a block in the rows' place
+  dev = Device["CPU"]
+  spec = get_program(ast, dev.renderer, [])
+  bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
+  dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*[x._buf for x in bufs])
+  np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(128, 256), a @ b, rtol=1e-5, atol=1e-4)
+  with pytest.raises(ValueError, match="BLOCK"): apply_opt(it.ast, Opt("BLOCK", 0, 3))

@@ -130,7 +130,19 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
   if rng is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
   want = {"UPCAST": "global", "SPLIT": "reduce", "UNROLL": "reduce"}.get(opt.kind)
   if opt.kind == "PACK": raise ValueError(f"{opt}: PACK adds a kernel; apply it with codegen.pack.split_packs")
-  if opt.kind not in ("UPCAST", "SPLIT", "UNROLL", "VECTOR", "OUTER"): raise ValueError(f"{opt}: unknown optimization {opt.kind!r}")
+  if opt.kind not in ("UPCAST", "SPLIT", "UNROLL", "VECTOR", "OUTER", "BLOCK"): raise ValueError(f"{opt}: unknown optimization {opt.kind!r}")
+  if opt.kind == "BLOCK":  # cache blocking: r = r_o*k + r_i, r_o the outermost global loop, r_i in r's place
+    if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: BLOCK needs a global range")
+    if (n := _const_end(rng)) is None or opt.amount < 2 or n % opt.amount or n == opt.amount:
+      raise ValueError(f"{opt}: BLOCK of range {opt.rid} (size {rng.src[0].render()}) needs a constant size that {opt.amount} divides")
+    inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), rng.arg)
+    outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, n // opt.amount),), (max(rngs) + 1, "global"))
+    ast = ast.substitute({rng: outer * opt.amount + inner}, walk=True)
+    glbl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+    order = [outer] + [r for r in glbl if r is not outer]
+    ids = sorted(r.arg[0] for r in glbl)
+    ast = ast.substitute({r: r.replace(arg=(i, *r.arg[1:])) for r, i in zip(order, ids) if r.arg[0] != i}, walk=True)
+    return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
   if opt.kind == "OUTER":  # loop order: range rid becomes the outermost global loop (the one split across cores)
     if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: OUTER needs a global range")
     glbl = sorted((r for r in rngs.values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
@@ -266,7 +278,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
       if (k := _pick(g, (8, 6, 4, 3, 2), budget)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
     # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by
     if reuse and vr is not glbl[0] and _const_end(vr) is not None and _const_end(vr) // lanes >= 16: opts.append(Opt("OUTER", vr.arg[0], 0))
-    if (pk := _pack_opt(ast, vr, opts, lanes)) is not None: opts.insert(0, pk)
+    if (pk := _pack_opt(ast, vr, opts, lanes)) is not None: opts[:0] = pk
   else:  # matvec-like: a few rows share the loads of the vector operand (more rows means more prefetch streams)
     budget = max(1, regs // 2 // max((o.amount for o in opts if o.kind == "SPLIT"), default=1))
     # the axis whose copies share the most loads first (prefill: tokens share a dequantized weight row, rows share x)
@@ -280,7 +292,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
 PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
 
 
-def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> Opt | None:
+def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | None:
   """PACK (codegen/pack.py) of the column panel of a register-blocked matmul: when the panel loop is outermost and the
   panel is reused by enough row blocks (PACK=0 turns it off)."""
   if not getenv("PACK", 1) or not any(o.kind == "OUTER" for o in opts): return None
@@ -290,7 +302,10 @@ def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> Opt | None:
   blocks = math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows)
   if not rows or blocks < PACK_MIN_ROW_BLOCKS: return None
   if pack_candidate(ast, vr, P, [rngs[o.rid] for o in rows]) is None: return None
-  return Opt("PACK", vr.arg[0], P)
+  out = [Opt("PACK", vr.arg[0], P)]
+  if getenv("PACK_A", 0) and len(rows) == 1 and (r := rngs[rows[0].rid]) is not None and pack_candidate(ast, r, rows[0].amount, [vr]) is not None:
+    out.append(Opt("PACK", r.arg[0], rows[0].amount))  # the row operand too (the R broadcasts of a k step: R consecutive floats)
+  return out
 
 
 def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16) -> list[Opt]:

@@ -8,7 +8,11 @@ PACK copies the operand once into a panel-major scratch buffer, `packed[.., n //
 elementwise kernel that runs first; the matmul then reads each panel as one contiguous stream that stays in L2 for
 every row block.
 
-`Opt("PACK", rid, P)` names the vector-lane global range `rid` of the reduce-loop load to pack and the panel width P.
+The row operand (A) gets the same treatment along the tile's rows: `packed[.., m // R, k, m % R] = A[m, k]`, so the
+R broadcasts of one k step read R consecutive floats instead of R rows a whole row apart.
+
+`Opt("PACK", rid, P)` names the global range `rid` along which the reduce-loop load to pack moves (the vector-lane
+range for B, the rows for A) and the panel width P.
 It is not an AST rewrite like the other opts (it adds a kernel and a buffer): `split_packs(ast, opts)` returns the
 main kernel reading the packed layout, the remaining opts, the packing kernels and how the main kernel's parameters map
 to the original buffers and the scratch buffers. The engine (engine/realize.py) runs the packing kernels before the
@@ -51,14 +55,10 @@ def _const_end(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.
 def _ranges(x: UOp) -> list[UOp]: return sorted((n for n in x.toposort() if n.op is Ops.RANGE), key=lambda r: r.arg[0])
 
 
-def _stride(idx: UOp, rng: UOp) -> UOp:
-  return graph_rewrite(idx.substitute({rng: rng + 1}, walk=True) - idx, pm_symbolic, name="pack stride")
-
-
 def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp]) -> UOp | None:
-  """The INDEX of the reduce-loop load that PACK of global range `n` by `P` repacks: contiguous along `n`, moving with
-  a reduce range, independent of the `rows` ranges (the other axes of the register tile), ungated, over ranges of
-  constant size (None when there is none)."""
+  """The INDEX of the reduce-loop load that PACK of global range `n` by `P` repacks: moving with `n` and a reduce
+  range, independent of the `rows` ranges (the other axes of the register tile), ungated, over ranges of constant size
+  (None when there is none). Any layout along `n` packs (a transposed operand becomes contiguous)."""
   reduces = [x for x in ast.toposort() if x.op is Ops.REDUCE]
   red_rngs = {r for x in reduces for r in x.src[1:]}
   if (size := _const_end(n)) is None or size % P or size == P: return None
@@ -69,7 +69,6 @@ def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp]) -> UOp | None:
     rs = _ranges(ix.src[1])
     if n not in rs or not any(r in red_rngs for r in rs) or any(r in rs for r in rows): continue
     if any(_const_end(r) is None for r in rs) or any(n.op is Ops.DEFINE_VAR for n in ix.src[1].toposort()): continue
-    if (d := _stride(ix.src[1], n)).op is not Ops.CONST or d.arg != 1: continue
     return ix
   return None
 
@@ -120,7 +119,7 @@ def split_packs(ast: UOp, opts: list) -> PackPlan:
     rngs = {r.arg[0]: r for r in ast.toposort() if r.op is Ops.RANGE}
     if (n := rngs.get(o.rid)) is None or n.arg[1] != "global": raise ValueError(f"{o}: PACK needs a global range")
     rows = [rngs[u.rid] for u in rest if u.kind == "UPCAST" and u.rid != o.rid and u.rid in rngs]
-    if (ix := pack_candidate(ast, n, o.amount, rows)) is None: raise ValueError(f"{o}: no contiguous reduce-loop load to pack along range {o.rid}")
+    if (ix := pack_candidate(ast, n, o.amount, rows)) is None: raise ValueError(f"{o}: no reduce-loop load to pack along range {o.rid}")
     ast, pk = _pack_one(ast, ix, n, o.amount, nslots + len(kernels))
     kernels.append(pk)
   # parameters renumbered 0..m-1 in slot order (a buffer read only through the packed load is no longer one)
