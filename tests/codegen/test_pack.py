@@ -53,10 +53,25 @@ def test_b_read_only_through_the_pack_is_not_a_parameter():
   assert [len(p.bufs) for p in ei.pre] == [2] and ei.bufs[2] is r.packs[0].scratch
 
 
-def test_no_pack_for_transposed_or_few_row_blocks():
-  a, b = rand(64, 48), rand(256, 48)
-  assert not packed(Tensor(a, device="CPU") @ Tensor(b, device="CPU").T)  # B's panel isn't contiguous along n
+def test_transposed_operands_are_packed():
+  """x @ W.T (nn.Linear): W read along k becomes panel-major, so the column-panel tile applies; A.T (a weight
+  gradient's dY.T @ X) is packed along the tile's rows too."""
+  a, w = rand(64, 48), rand(256, 48)
+  t = Tensor(a, device="CPU") @ Tensor(w, device="CPU").T
+  r = get_runner("CPU", t.schedule()[-1].ast)
+  assert len(r.packs) == 1 and "pg_float16" in r.spec.src
+  np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-5, atol=1e-4)
+  at = rand(48, 64)
+  t = Tensor(at, device="CPU").T @ Tensor(rand(48, 256), device="CPU")
+  assert len(get_runner("CPU", t.schedule()[-1].ast).packs) == 2
+  b = rand(48, 256)
+  t = Tensor(at, device="CPU").T @ Tensor(b, device="CPU")
+  np.testing.assert_allclose(t.numpy(), at.T @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_no_pack_for_few_row_blocks():
   assert not packed(Tensor(rand(8, 48), device="CPU") @ Tensor(rand(48, 256), device="CPU"))  # one row block
+  assert not packed(Tensor(rand(8, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T)
 
 
 def test_pack_env_off(monkeypatch):

@@ -28,7 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from plugrad.codegen.pack import pack_candidate
+from plugrad.codegen.pack import pack_candidate, split_packs
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
 from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
@@ -303,9 +303,15 @@ def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | Non
   if not rows or blocks < PACK_MIN_ROW_BLOCKS: return None
   if pack_candidate(ast, vr, P, [rngs[o.rid] for o in rows]) is None: return None
   out = [Opt("PACK", vr.arg[0], P)]
-  if getenv("PACK_A", 0) and len(rows) == 1 and (r := rngs[rows[0].rid]) is not None and pack_candidate(ast, r, rows[0].amount, [vr]) is not None:
-    out.append(Opt("PACK", r.arg[0], rows[0].amount))  # the row operand too (the R broadcasts of a k step: R consecutive floats)
+  # the row operand too when it is read across rows (A.T: each k step a new line, a row apart) or PACK_A=1 (the R
+  # broadcasts of a k step become R consecutive floats); PACK_A=0 never
+  if len(rows) == 1 and (ix := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr])) is not None and \
+     getenv("PACK_A", -1) != 0 and (getenv("PACK_A", -1) == 1 or not any(_stride_one(ix.src[1], k) for k in _ranges_in(ix, "reduce"))):
+    out.append(Opt("PACK", r.arg[0], rows[0].amount))
   return out
+
+
+def _ranges_in(x: UOp, kind: str) -> list[UOp]: return [n for n in x.toposort() if n.op is Ops.RANGE and n.arg[1] == kind]
 
 
 def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16) -> list[Opt]:
@@ -366,7 +372,30 @@ def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
   if not upcast_max: return []
   split = not getattr(renderer, "vectorizes_reductions", False)
   lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
-  return choose_opts(ast, upcast_max, split, lanes, regs) + local_opts(ast, renderer)
+  opts = choose_opts(ast, upcast_max, split, lanes, regs)
+  if lanes >= 2 and not any(o.kind in ("PACK", "OUTER") for o in opts) and (po := _transposed_pack_opts(ast, upcast_max, split, lanes, regs)):
+    opts = po
+  return opts + local_opts(ast, renderer)
+
+
+def _transposed_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs: int) -> list[Opt] | None:
+  """A matmul whose column operand is not contiguous along the output's columns (x @ W.T: W is read along the reduce
+  axis) gets reduce-axis lanes and horizontal sums from `choose_opts`. Packing that operand panel-major makes it
+  contiguous along the columns: if the heuristic then picks the column-panel tile (OUTER), PACK + that tile."""
+  if not getenv("PACK", 1) or not any(n.op is Ops.REDUCE for n in ast.toposort()): return None
+  glbl = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  if len(glbl) < 2 or (n := _const_end(glbl[-1])) is None or n % (2 * lanes): return None
+  others = glbl[:-1]
+  if pack_candidate(ast, glbl[-1], 2 * lanes, others) is None: return None
+  pk = Opt("PACK", glbl[-1].arg[0], 2 * lanes)
+  try: plan = split_packs(ast, [pk])
+  except ValueError: return None
+  opts = [o for o in choose_opts(plan.ast, upcast_max, split, lanes, regs) if o.kind != "PACK"]
+  if not any(o.kind == "OUTER" for o in opts) or not any(o.kind == "VECTOR" and o.rid == pk.rid for o in opts): return None
+  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != pk.rid]
+  rngs = ranges_of(ast)
+  if not rows or math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS: return None
+  return [pk] + opts
 
 
 def optimize(ast: UOp, renderer) -> UOp:
