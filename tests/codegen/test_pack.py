@@ -96,7 +96,7 @@ def test_jit_replays_the_pack_with_new_inputs():
 def test_bad_pack_opt_is_a_clear_error():
   it = (Tensor(rand(64, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T).schedule()[-1]
   ew = (Tensor(rand(64, 256), device="CPU") + 1).schedule()[-1]
-  with pytest.raises(ValueError, match="no reduce-loop load"): split_packs(ew.ast, [Opt("PACK", 1, 32)])
+  with pytest.raises(ValueError, match="no reduce-loop operand"): split_packs(ew.ast, [Opt("PACK", 1, 32)])
   with pytest.raises(ValueError, match="global range"): split_packs(it.ast, [Opt("PACK", 2, 32)])
   with pytest.raises(ValueError, match="split_packs"): apply_opt(it.ast, Opt("PACK", 1, 32))
 
@@ -111,7 +111,7 @@ def test_plan_runs_on_the_python_device():
   (pk,) = plan.packs
   scratch = Buffer("PYTHON", pk.size, pk.dtype).ensure_allocated()
   ps = get_program(pk.ast, dev.renderer)
-  dev.load(ps.name, dev.compiler.compile_cached(ps.src))(scratch._buf, bufs[pk.src]._buf)
+  dev.load(ps.name, dev.compiler.compile_cached(ps.src))(scratch._buf, *[bufs[i]._buf for i in pk.srcs])
   packed_b = np.frombuffer(bytes(scratch.copyout()), np.float32).reshape(4, 20, 16)
   np.testing.assert_array_equal(packed_b, b.reshape(20, 4, 16).transpose(1, 0, 2))
   spec = get_program(plan.ast, dev.renderer, plan.opts)
@@ -138,3 +138,20 @@ def test_pack_of_the_row_operand_and_block(monkeypatch):
   dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*[x._buf for x in bufs])
   np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(128, 256), a @ b, rtol=1e-5, atol=1e-4)
   with pytest.raises(ValueError, match="BLOCK"): apply_opt(it.ast, Opt("BLOCK", 0, 3))
+
+
+def test_expression_operand_is_computed_once_by_the_pack():
+  """A matmul whose row operand is a fused expression (an RMSNorm-like prologue over two buffers): the packing
+  kernel evaluates it once (reading both buffers) instead of the matmul re-evaluating it per column block."""
+  x, g, w = rand(64, 96), rand(96), rand(256, 96)
+  tx, tg, tw = (Tensor(v, device="CPU").realize() for v in (x, g, w))
+  t = (tx * (tx * tx).mean(-1, keepdim=True).add(1e-5).rsqrt() * tg) @ tw.T
+  *pre, it = t.schedule()
+  for p in pre: lower_item(p).run()
+  r = get_runner("CPU", it.ast)
+  assert any(len(p.srcs) >= 2 for p in r.packs)  # the expression's buffers feed the packing kernel
+  ref = (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g) @ w.T
+  ei = lower_item(it)
+  ei.run()
+  np.testing.assert_allclose(np.frombuffer(bytes(ei.bufs[0].copyout()), np.float32).reshape(64, 256), ref, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -28,7 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from plugrad.codegen.pack import pack_candidate, split_packs
+from plugrad.codegen.pack import _mul_operands, pack_candidate, split_packs
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
 from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
@@ -305,13 +305,18 @@ def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | Non
   out = [Opt("PACK", vr.arg[0], P)]
   # the row operand too when it is read across rows (A.T: each k step a new line, a row apart) or PACK_A=1 (the R
   # broadcasts of a k step become R consecutive floats); PACK_A=0 never
-  if len(rows) == 1 and (ix := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr])) is not None and \
-     getenv("PACK_A", -1) != 0 and (getenv("PACK_A", -1) == 1 or not any(_stride_one(ix.src[1], k) for k in _ranges_in(ix, "reduce"))):
+  if len(rows) == 1 and (val := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr])) is not None and \
+     getenv("PACK_A", -1) != 0 and (getenv("PACK_A", -1) == 1 or not _plain_load_along(val, "reduce")):
     out.append(Opt("PACK", r.arg[0], rows[0].amount))
   return out
 
 
-def _ranges_in(x: UOp, kind: str) -> list[UOp]: return [n for n in x.toposort() if n.op is Ops.RANGE and n.arg[1] == kind]
+def _plain_load_along(val: UOp, kind: str, rng: UOp | None = None) -> bool:
+  """Whether an operand is a single load that walks memory with stride 1 along `rng` (or along some range of `kind`):
+  anything else (an expression recomputed per column block, a transposed read) is worth packing."""
+  if val.op is not Ops.LOAD or val.src[0].op is not Ops.INDEX: return False
+  rs = [rng] if rng is not None else [n for n in val.toposort() if n.op is Ops.RANGE and n.arg[1] == kind]
+  return any(_stride_one(val.src[0].src[1], r) for r in rs)
 
 
 def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16) -> list[Opt]:
@@ -373,29 +378,43 @@ def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
   split = not getattr(renderer, "vectorizes_reductions", False)
   lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
   opts = choose_opts(ast, upcast_max, split, lanes, regs)
-  if lanes >= 2 and not any(o.kind in ("PACK", "OUTER") for o in opts) and (po := _transposed_pack_opts(ast, upcast_max, split, lanes, regs)):
-    opts = po
+  if lanes >= 2 and (po := _operand_pack_opts(ast, upcast_max, split, lanes, regs, opts)): opts = po
   return opts + local_opts(ast, renderer)
 
 
-def _transposed_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs: int) -> list[Opt] | None:
-  """A matmul whose column operand is not contiguous along the output's columns (x @ W.T: W is read along the reduce
-  axis) gets reduce-axis lanes and horizontal sums from `choose_opts`. Packing that operand panel-major makes it
-  contiguous along the columns: if the heuristic then picks the column-panel tile (OUTER), PACK + that tile."""
+def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs: int, chosen: list[Opt]) -> list[Opt] | None:
+  """PACK for matmuls whose operands `choose_opts` can't tile well as they are: the column operand not contiguous
+  along the output's columns (x @ W.T reads W along the reduce axis: reduce-axis lanes and horizontal sums), or an
+  operand that is an expression (a fused activation, normalization or gradient's elementwise part, which the kernel
+  would evaluate again for every output column block). Those are packed first (codegen/pack.py), then the heuristic
+  runs on the packed kernel. Used when an expression is packed, or when the packed kernel gets the column-panel tile
+  (OUTER) that `chosen` (the heuristic on the kernel as it is) lacks."""
   if not getenv("PACK", 1) or not any(n.op is Ops.REDUCE for n in ast.toposort()): return None
   glbl = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
-  if len(glbl) < 2 or (n := _const_end(glbl[-1])) is None or n % (2 * lanes): return None
-  others = glbl[:-1]
-  if pack_candidate(ast, glbl[-1], 2 * lanes, others) is None: return None
-  pk = Opt("PACK", glbl[-1].arg[0], 2 * lanes)
-  try: plan = split_packs(ast, [pk])
+  if len(glbl) < 2 or (nsz := _const_end(glbl[-1])) is None or nsz % (2 * lanes): return None
+  col, others = glbl[-1], glbl[:-1]
+  first: list[Opt] = []
+  expr = False
+  red = {r for n in ast.toposort() if n.op is Ops.REDUCE for r in n.src[1:]}
+  for v in _mul_operands(ast):  # one PACK per operand that needs it (a sum of products has several)
+    rs = {n for n in v.toposort() if n.op is Ops.RANGE}
+    if not rs & red: continue
+    if col in rs and not rs & set(others):  # the column operand: transposed or an expression
+      if not _plain_load_along(v, "global", col): first.append(Opt("PACK", col.arg[0], 2 * lanes)); expr |= v.op is not Ops.LOAD
+    elif col not in rs and v.op is not Ops.LOAD and getenv("PACK_A", -1) != 0:  # a row operand that is an expression
+      if (r := next((r for r in reversed(others) if r in rs and _const_end(r) is not None and _const_end(r) % 8 == 0), None)) is not None:
+        first.append(Opt("PACK", r.arg[0], 8)); expr = True
+  if not first: return None
+  try: plan = split_packs(ast, first)
   except ValueError: return None
-  opts = [o for o in choose_opts(plan.ast, upcast_max, split, lanes, regs) if o.kind != "PACK"]
-  if not any(o.kind == "OUTER" for o in opts) or not any(o.kind == "VECTOR" and o.rid == pk.rid for o in opts): return None
-  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != pk.rid]
-  rngs = ranges_of(ast)
-  if not rows or math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS: return None
-  return [pk] + opts
+  packed = {o.rid for o in first}
+  opts = [o for o in choose_opts(plan.ast, upcast_max, split, lanes, regs) if o.kind != "PACK" or o.rid not in packed]
+  if not expr and (any(o.kind == "OUTER" for o in chosen) or not any(o.kind == "OUTER" for o in opts)): return None
+  if not expr:
+    rows = [o for o in opts if o.kind == "UPCAST" and o.rid != col.arg[0]]
+    rngs = ranges_of(ast)
+    if not rows or math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS: return None
+  return first + opts
 
 
 def optimize(ast: UOp, renderer) -> UOp:

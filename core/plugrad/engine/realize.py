@@ -37,10 +37,10 @@ def buffer_for(u: UOp) -> Buffer:
 
 @dataclass
 class PackStep:
-  """A packing kernel that runs before its main kernel (codegen/pack.py): reads slot `src` of the schedule item's
-  buffers into `scratch` (one scratch per compiled kernel: the pair always runs back to back)."""
+  """A packing kernel that runs before its main kernel (codegen/pack.py): computes from slots `srcs` of the schedule
+  item's buffers into `scratch` (one scratch per compiled kernel: the pair always runs back to back)."""
   runner: CompiledRunner
-  src: int
+  srcs: tuple[int, ...]
   scratch: Buffer
 
 
@@ -79,7 +79,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   GlobalCounters["compiles"] += 1
   packs: tuple[PackStep, ...] = ()
   if plan is not None:
-    packs = tuple(PackStep(get_runner(device, pk.ast), pk.src, Buffer(device, pk.size, pk.dtype)) for pk in plan.packs)
+    packs = tuple(PackStep(get_runner(device, pk.ast), pk.srcs, Buffer(device, pk.size, pk.dtype)) for pk in plan.packs)
   r = _RUNNERS[(device, ast)] = CompiledRunner(spec, dev.load(spec.name, lib), device, packs, None if plan is None else tuple(plan.slots))
   return r
 
@@ -120,7 +120,7 @@ def lower_item(it: ScheduleItem) -> ExecItem:
   runner = None if it.ast.op is Ops.COPY else get_runner(bufs[0].device, it.ast)
   vv = {v.arg[0]: val for v, val in it.var_vals.items()}
   if runner is None or runner.slots is None: return ExecItem(runner, bufs, vv)
-  pre = [ExecItem(p.runner, [p.scratch.ensure_allocated(), bufs[p.src]], vv) for p in runner.packs]
+  pre = [ExecItem(p.runner, [p.scratch.ensure_allocated(), *[bufs[s] for s in p.srcs]], vv) for p in runner.packs]
   return ExecItem(runner, [bufs[s] if s >= 0 else runner.packs[-1 - s].scratch for s in runner.slots], vv, pre)
 
 
