@@ -155,3 +155,20 @@ def test_expression_operand_is_computed_once_by_the_pack():
   ei.run()
   np.testing.assert_allclose(np.frombuffer(bytes(ei.bufs[0].copyout()), np.float32).reshape(64, 256), ref, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_16bit_inputs_float32_accumulation(dt: str):
+  """matmul(dtype=float32) of 16-bit inputs multiplies in float32 (exact products, as torch does): each product
+  (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 keeps its 2^-14, which a 16-bit product rounds away, so 256 of them sum to
+  260 + 2^-6 exactly (260 with 16-bit products). The packing kernels convert the operands to float32 once."""
+  a = np.full((64, 256), 1 + 2.0 ** -7, np.float32)
+  t = Tensor(a, device="CPU").cast(dt).matmul(Tensor(a.T.copy(), device="CPU").cast(dt), dtype="float32")
+  got = t.numpy()
+  assert got.dtype == np.float32 and np.all(got == np.float32(260 + 2.0 ** -6)), got.flat[0]
+  r = Tensor(rand(128, 64), device="CPU").cast(dt).realize()
+  s = Tensor(rand(64, 512), device="CPU").cast(dt).realize()
+  u = r.matmul(s, dtype="float32")
+  assert len(get_runner("CPU", u.schedule()[-1].ast).packs) == 2  # both operands converted by packing kernels
+  ref = r.cast("float32").numpy().astype(np.float64) @ s.cast("float32").numpy().astype(np.float64)
+  np.testing.assert_allclose(u.numpy(), ref, rtol=1e-5, atol=1e-5)

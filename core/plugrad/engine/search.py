@@ -4,7 +4,9 @@ With `BEAM=n` (n >= 1) the engine asks `beam_opts(ast, device)` for each new ker
 and from the heuristic's choice, each round extends every kept candidate by one optimization (UPCAST/UNROLL/SPLIT on
 any renderer, LOCAL/GROUP/GROUPTOP on GPU renderers, with the amounts in `AMOUNTS` that fit), compiles and times them
 on the device with scratch buffers, and keeps the n fastest; it stops when a round improves nothing (at most
-`BEAM_ROUNDS`, default 3; at most `BEAM_CANDIDATES`, default 48, timed per round). The winner is stored as JSON
+`BEAM_ROUNDS`, default 3; at most `BEAM_CANDIDATES`, default 48, timed per round). A winner other than the heuristic's
+choice is timed against it again, alternating (`BEAM_CONFIRM` times, default 5), and kept only when at least 3% faster
+(on a busy machine a lucky timing is not a better kernel). The winner is stored as JSON
 under `$PLUGRAD_CACHE_DIR/beam/` keyed by sha256 of the
 kernel AST, the device name and the renderer's arch, so a later process reuses it without timing. Kernels with
 symbolic sizes keep the heuristic (their timing would depend on the variables). Works on every device, CPU included.
@@ -102,6 +104,10 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
     scored = sorted(((_time(ast, list(c), device, bufs), c) for c in cands_l), key=lambda x: x[0])
     if not scored or scored[0][0] >= best[0]: break
     best = scored[0]
+  if list(best[1]) != list(start) and start:  # confirm against the heuristic, alternating (a busy machine's noise
+    tb, ts = [], []                           # must not replace it with something slower)
+    for _ in range(getenv("BEAM_CONFIRM", 5)): tb.append(_time(ast, list(best[1]), device, bufs)); ts.append(_time(ast, start, device, bufs))
+    if min(tb) > min(ts) * 0.97: return list(start)
   return list(best[1])
 
 
