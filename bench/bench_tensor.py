@@ -117,7 +117,7 @@ def measure_peak(threads: int) -> dict:
 
 
 def machine(bw: float, fpc: int | None) -> dict:
-  cores = os.cpu_count() or 1
+  cores = int(os.environ.get("CPU_THREADS", 0)) or os.cpu_count() or 1  # the cores plugrad runs on (the peak's core count)
   info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
   mhz = next((float(ln.split(":")[1]) for ln in info.splitlines() if ln.startswith("cpu MHz")), 2000.0)
   flags = next((ln.split(":")[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])

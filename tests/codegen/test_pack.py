@@ -72,6 +72,7 @@ def test_transposed_operands_are_packed():
 def test_no_pack_for_few_row_blocks():
   assert not packed(Tensor(rand(8, 48), device="CPU") @ Tensor(rand(48, 256), device="CPU"))  # one row block
   assert not packed(Tensor(rand(8, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T)
+  assert not packed(Tensor(rand(64, 10), device="CPU") @ Tensor(rand(10, 512), device="CPU"))  # a 10-long panel stays in L1
 
 
 def test_pack_env_off(monkeypatch):

@@ -290,6 +290,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
 
 
 PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
+PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
 
 
 def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | None:
@@ -301,6 +302,8 @@ def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | Non
   rngs = ranges_of(ast)
   blocks = math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows)
   if not rows or blocks < PACK_MIN_ROW_BLOCKS: return None
+  red = math.prod(_const_end(r) or 0 for r in {r for n in ast.toposort() if n.op is Ops.REDUCE for r in n.src[1:]})
+  if red < PACK_MIN_REDUCE: return None  # a short panel (e.g. K = 10) stays in L1 as it is: the copy can't pay
   if pack_candidate(ast, vr, P, [rngs[o.rid] for o in rows]) is None: return None
   out = [Opt("PACK", vr.arg[0], P)]
   # the row operand too when it is read across rows (A.T: each k step a new line, a row apart) or PACK_A=1 (the R
