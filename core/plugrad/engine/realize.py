@@ -64,9 +64,11 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   plan = None
   with capture.group("kernel", lambda: f"{kernel_name(ast)} {device}") as g:  # VIZ=1: codegen passes grouped per kernel
     opts = beam_opts(ast, device)  # searched (BEAM) or cached by an earlier search; None: the heuristic
-    if opts is None and not uses_gpudims(dev.renderer) and not getenv("NOOPT", 0): opts = heuristic_opts(ast, dev.renderer)
-    if opts is not None: capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
+    if opts is None and getattr(dev.renderer, "vector_lanes", 0) and not uses_gpudims(dev.renderer) and not getenv("NOOPT", 0):
+      heur = heuristic_opts(ast, dev.renderer)  # PACK (a kernel of its own, codegen/pack.py) is only chosen with vector lanes
+      if any(o.kind == "PACK" for o in heur): opts = heur
     if opts is not None and any(o.kind == "PACK" for o in opts):
+      capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
       plan = split_packs(ast, opts)
       spec = get_program(plan.ast, dev.renderer, plan.opts)
     else: spec = get_program(ast, dev.renderer) if opts is None else get_program(ast, dev.renderer, opts)
