@@ -173,3 +173,18 @@ def test_16bit_inputs_float32_accumulation(dt: str):
   assert len(get_runner("CPU", u.schedule()[-1].ast).packs) == 2  # both operands converted by packing kernels
   ref = r.cast("float32").numpy().astype(np.float64) @ s.cast("float32").numpy().astype(np.float64)
   np.testing.assert_allclose(u.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_strided_rows_of_a_skinny_matmul_are_prefetched():
+  """8 rows x 1024 columns: B is not packed (one row block) and its rows are 4 KiB apart, past what the hardware
+  prefetcher follows: the CPU renderer prefetches PREFETCH_TRIPS (16) rows ahead. Values unchanged."""
+  a, b = rand(8, 64), rand(64, 1024)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  ast = t.schedule()[-1].ast
+  r = get_runner("CPU", ast)
+  assert not r.packs and f"+ {16 * 4096});" in r.spec.src
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  ren = Device["CPU"].renderer
+  old, ren.prefetch_trips = ren.prefetch_trips, 0
+  try: assert f"+ {16 * 4096});" not in get_program(ast, ren).src
+  finally: ren.prefetch_trips = old
