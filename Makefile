@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
+.PHONY: setup test test-python test-emulate test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
 
 sysdeps:
 	@command -v clang >/dev/null 2>&1 && command -v clang-19 >/dev/null 2>&1 && command -v ld.lld-19 >/dev/null 2>&1 && \
@@ -76,6 +76,10 @@ fuzz-server: setup
 demo: setup
 	$(PY) -m plugrad.devices
 	$(PY) examples/demo.py
+
+# train the ~10M-parameter llama of examples/train_llama.py on the stdlib's source (tokens/s vs PyTorch in the same run)
+train-llama: setup
+	$(PY) examples/train_llama.py --preset 10m $(ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py
