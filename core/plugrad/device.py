@@ -70,9 +70,15 @@ def parse_device(name: str) -> DeviceName:
   if ren == "" and arch is None: raise _malformed(name, "empty renderer without an arch")
   return DeviceName(m["device"].upper(), int(idx or 0), m["iface"].upper() if m["iface"] else None, ren.upper() if ren else None, arch)
 
+_CANONICAL: dict[str, str] = {}  # canonicalize is pure string work: remembered per name (every Buffer asks)
+
+
 def canonicalize(name: str) -> str:
   """Canonical form of a device string: 'cpu:0' -> 'CPU', 'nv:1' -> 'NV:1', 'disk:/x' -> 'DISK:/x'. Pure string work."""
-  return parse_device(name).canonical
+  if type(name) is str and (c := _CANONICAL.get(name)) is not None: return c
+  c = parse_device(name).canonical
+  if len(_CANONICAL) < 4096: _CANONICAL[name] = c
+  return c
 
 # ---------------------------------------------------------------------------- memory
 

@@ -7,9 +7,18 @@ from typing import TypeVar
 T = TypeVar("T", int, float, str, bool)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
+# os.environ.get encodes the key and decodes the value on every call (~0.7 us); the hot paths (every realize reads DEBUG)
+# look the encoded key up in the mapping os.environ keeps in sync with the process environment, where CPython has one
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_ENV_KEYS: dict[str, bytes] = {}
+
 def getenv(key: str, default: T) -> T:
   """Read environment variable `key`, converted to the type of `default`; a bad value raises ValueError naming the variable."""
-  raw = os.environ.get(key)
+  if _ENV_DATA is not None:
+    if (bk := _ENV_KEYS.get(key)) is None: bk = _ENV_KEYS[key] = os.environ.encodekey(key)  # type: ignore[attr-defined]
+    if (rb := _ENV_DATA.get(bk)) is None: return default
+    raw = os.environ.decodevalue(rb)  # type: ignore[attr-defined]
+  else: raw = os.environ.get(key)
   if raw is None: return default
   try:
     if isinstance(default, bool):

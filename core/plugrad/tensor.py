@@ -18,6 +18,7 @@ import numpy as np
 
 from plugrad.device import Device, canonicalize
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
+from plugrad.engine import plan
 from plugrad.engine.inline import inline_calls
 from plugrad.engine.realize import buffer_for, run_schedule
 from plugrad.schedule.multi import lower_multi, multi, needs_lowering
@@ -252,7 +253,11 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
-    for t in tensors: t.uop = inline_calls(t.uop)  # @function calls run as their bodies (the schedule cache dedups them)
+    if len(tensors) == 1 and not _pending_assigns and (u := tensors[0].uop).op is not Ops.MULTI and plan.signature(u) is not None:
+      if not is_buffer_view(u): Tensor._realize_targets([u])  # one tensor, no CALLs, no pending writes: the common case
+      return
+    for t in tensors:  # @function calls run as their bodies (the schedule cache dedups them); a planned graph has none
+      if plan.signature(t.uop) is None: t.uop = inline_calls(t.uop)
     uops = _flat_targets([t.uop for t in tensors])
     # assigns into buffers these tensors read go first (also when a tensor is itself a view of such a buffer)
     targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
@@ -266,18 +271,27 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   @staticmethod
   def _realize_targets(targets: list[UOp]) -> list[UOp]:
-    """Schedule and run `targets`, point every live tensor at the results; returns the nodes that were realized."""
-    tset = set(targets)
-    keep: set[UOp] = set()  # nodes other live tensors still reference: their buffers must not be reused
+    """Schedule and run `targets`, point every live tensor at the results; returns the nodes that were realized.
+    A structure realized before runs its cached plan (engine/plan.py): no scheduling, no walk over the live tensors."""
+    key = plan.targets_signature(targets) if not _pending_assigns else None
+    if (p := plan.lookup(key)) is not None and (views := plan.run(p, key[1])) is not None:
+      becomes = dict(zip(targets, views))
+    else:
+      tset = set(targets)
+      keep: set[UOp] = set()  # nodes other live tensors still reference: their buffers must not be reused
+      for t in list(_all_tensors):
+        if t.uop not in tset and not is_buffer_view(t.uop): keep.update(t.uop.toposort(gate=lambda x: not is_buffer_view(x)))
+      info: dict = {}
+      items, becomes = create_schedule(targets, keep, info)
+      run_schedule(items)
+      if plan.wants(key): plan.build(key, targets, info, items)
+    first = min(n.seq for n in becomes) if becomes else 0  # a graph whose root is older than every realized node has none of them
     for t in list(_all_tensors):
-      if t.uop not in tset and not is_buffer_view(t.uop): keep.update(t.uop.toposort(gate=lambda x: not is_buffer_view(x)))
-    items, becomes = create_schedule(targets, keep)
-    run_schedule(items)
-    for t in list(_all_tensors):
-      if not is_buffer_view(t.uop):
-        b = becomes.get(t.uop)
-        t.uop = b if b is not None else t.uop.substitute(becomes, walk=True)
-    _update_pending_assigns(becomes)
+      if (u := t.uop).seq >= first and not is_buffer_view(u):
+        if (b := becomes.get(u)) is not None: t.uop = b
+        elif len(becomes) >= 64 or not u.toposort().keys().isdisjoint(becomes):  # (toposort is memoized)
+          t.uop = u.substitute(becomes, walk=True)
+    if _pending_assigns: _update_pending_assigns(becomes)
     return list(becomes)
   def _host_view(self) -> tuple[Any, tuple]:
     """A realized contiguous Buffer for this tensor and its shape."""

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
   ("codegen", ["plugrad.codegen", "plugrad.codegen.*"]),
   ("plugins", ["plugrad.plugins", "plugrad.plugins.*"]),
   ("schedule", ["plugrad.schedule", "plugrad.schedule.*"]),
-  ("engine", ["plugrad.engine.realize", "plugrad.engine.search", "plugrad.engine.inline"]),
+  ("engine", ["plugrad.engine.realize", "plugrad.engine.search", "plugrad.engine.inline", "plugrad.engine.plan"]),
   ("autograd", ["plugrad.gradient"]),
   ("tensor", ["plugrad.tensor_ops", "plugrad.tensor_ops.*", "plugrad.tensor"]),
   ("frontend", ["plugrad.engine.function", "plugrad.engine.jit", "plugrad.nn", "plugrad.nn.*", "plugrad.devices", "plugrad.distributed"]),

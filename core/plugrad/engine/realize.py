@@ -7,7 +7,6 @@ DEBUG=4 the generated source; DEBUG=5 each kernel's AST; DEBUG=6 also its linear
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 
 from plugrad.codegen import ProgramSpec, get_program, kernel_name
@@ -22,16 +21,21 @@ from plugrad.uop.ops import Ops, UOp, pretty
 from plugrad.uop.symbolic import sym_infer
 from plugrad.viz import capture, profile
 
-BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
-
-
 def buffer_for(u: UOp) -> Buffer:
-  """The device Buffer behind a BUFFER uop (created, unallocated, on first use)."""
-  if (b := BUFFERS.get(u)) is not None: return b
+  """The device Buffer behind a BUFFER uop (created, unallocated, on first use). It is kept in the uop's cache, so it
+  lives exactly as long as the uop."""
+  if (c := u._cache) is not None and (b := c.get("buffer")) is not None: return b
   if u.op is Ops.BUFFER: b = Buffer(u.src[1].arg, u.arg, u.dtype)
   elif u.op is Ops.BUFFER_VIEW: b = buffer_for(u.src[0]).view(u.arg[0], u.dtype, u.arg[1])
   else: raise TypeError(f"buffer_for needs a BUFFER or BUFFER_VIEW uop, got {u.op}")
-  BUFFERS[u] = b
+  u._cached()["buffer"] = b
+  return b
+
+
+def set_buffer(u: UOp, b: Buffer) -> Buffer:
+  """Make `b` the Buffer behind BUFFER uop `u` (a fresh output whose Buffer the caller built)."""
+  if u.op is not Ops.BUFFER or b.size != u.arg or b.dtype != u.dtype: raise ValueError(f"buffer {b!r} doesn't match {u.op} {u.dtype} {u.arg}")
+  u._cached()["buffer"] = b
   return b
 
 
@@ -104,10 +108,12 @@ class ExecItem:
     if self.runner is None:
       self.bufs[0].copy_from(self.bufs[1])
       return None
-    vv = self.var_vals if var_vals is None else var_vals
-    vals = tuple(vv[v.arg[0]] if v.arg[0] in vv else _missing(v) for v in self.runner.spec.vars)
-    GlobalCounters["kernels"] += 1
     spec = self.runner.spec
+    if spec.vars:
+      vv = self.var_vals if var_vals is None else var_vals
+      vals = tuple(vv[v.arg[0]] if v.arg[0] in vv else _missing(v) for v in spec.vars)
+    else: vals = ()
+    GlobalCounters["kernels"] += 1
     if spec.local_size is None: return self.runner.prg(*[b._buf for b in self.bufs], vals=vals, wait=wait)  # loops (CPU): its own mapping
     glb, lcl = spec.launch_dims({v.arg[0]: x for v, x in zip(spec.vars, vals)})
     return self.runner.prg(*[b._buf for b in self.bufs], global_size=glb, local_size=lcl, vals=vals, wait=wait)
@@ -116,31 +122,45 @@ class ExecItem:
 CAPTURING: list[list[ExecItem]] = []  # TinyJit pushes a list here to record the ExecItems that run
 
 
+def exec_item(runner: CompiledRunner | None, bufs: list[Buffer], vv: dict[str, int]) -> ExecItem:
+  """The ExecItem of `runner` (None: a copy) over allocated `bufs`; a runner with packing kernels gets them as `pre`."""
+  if runner is None or runner.slots is None: return ExecItem(runner, bufs, vv)
+  pre = [ExecItem(p.runner, [p.scratch.ensure_allocated(), *[bufs[s] for s in p.srcs]], vv) for p in runner.packs]
+  return ExecItem(runner, [bufs[s] if s >= 0 else runner.packs[-1 - s].scratch for s in runner.slots], vv, pre)
+
+
 def lower_item(it: ScheduleItem) -> ExecItem:
   """The ExecItem for a schedule item: allocate its buffers and get (compile) its program."""
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
   runner = None if it.ast.op is Ops.COPY else get_runner(bufs[0].device, it.ast)
-  vv = {v.arg[0]: val for v, val in it.var_vals.items()}
-  if runner is None or runner.slots is None: return ExecItem(runner, bufs, vv)
-  pre = [ExecItem(p.runner, [p.scratch.ensure_allocated(), *[bufs[s] for s in p.srcs]], vv) for p in runner.packs]
-  return ExecItem(runner, [bufs[s] if s >= 0 else runner.packs[-1 - s].scratch for s in runner.slots], vv, pre)
+  return exec_item(runner, bufs, {v.arg[0]: val for v, val in it.var_vals.items()})
+
+
+def _run_one(ei: ExecItem, debug: int) -> None:
+  et = ei.run(wait=debug >= 2)
+  if CAPTURING: CAPTURING[-1].extend([*ei.pre, ExecItem(ei.runner, ei.bufs, ei.var_vals)] if ei.pre else [ei])
+  if debug >= 2 and et is not None and ei.runner is not None:
+    spec = ei.runner.spec
+    flops = sym_infer(spec.flops, {v: ei.var_vals[v.arg[0]] for v in spec.vars})
+    print(f"  {ei.runner.device:8s} {spec.name:30s} {et * 1e6:9.1f} us  {flops / max(et, 1e-9) / 1e9:8.2f} GFLOPS "
+          f"{spec.mem_bytes / max(et, 1e-9) / 1e9:8.2f} GB/s")
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
   """Execute schedule items in order (recording them when a TinyJit is capturing)."""
   debug = getenv("DEBUG", 0)
   st = time.perf_counter()
-  for it in items:
-    ei = lower_item(it)
-    et = ei.run(wait=debug >= 2)
-    if CAPTURING: CAPTURING[-1].extend([*ei.pre, ExecItem(ei.runner, ei.bufs, ei.var_vals)] if ei.pre else [ei])
-    if debug >= 2 and et is not None and ei.runner is not None:
-      spec = ei.runner.spec
-      flops = sym_infer(spec.flops, {v: ei.var_vals[v.arg[0]] for v in spec.vars})
-      print(f"  {ei.runner.device:8s} {spec.name:30s} {et * 1e6:9.1f} us  {flops / max(et, 1e-9) / 1e9:8.2f} GFLOPS "
-            f"{spec.mem_bytes / max(et, 1e-9) / 1e9:8.2f} GB/s")
+  for it in items: _run_one(lower_item(it), debug)
   if debug >= 1 and items:
     print(f"schedule: {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms")
+
+
+def run_exec_items(eis: list[ExecItem], debug: int) -> None:
+  """Run ExecItems lowered already (a cached plan, engine/plan.py) exactly as run_schedule runs its items."""
+  st = time.perf_counter() if debug >= 1 else 0.0
+  for ei in eis: _run_one(ei, debug)
+  if debug >= 1 and eis:
+    print(f"schedule: {len(eis)} items in {(time.perf_counter() - st) * 1e3:.2f} ms")
 
 
 def _missing(v: UOp):

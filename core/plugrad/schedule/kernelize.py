@@ -383,18 +383,21 @@ _SCHEDULE_CACHE: dict[UOp, tuple[list[ScheduleItem], dict[UOp, UOp]]] = {}
 SCHEDULE_STATS = {"hits": 0, "misses": 0}
 
 
-def create_schedule(targets: list[UOp], keep: set[UOp] | None = None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def create_schedule(targets: list[UOp], keep: set[UOp] | None = None, info: dict | None = None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels (in run order) that realize `targets`, and the map from each realized node to its buffer view.
   Schedules are cached by the structure of the graph (buffers and bound values abstracted), so running the same
-  program on new data skips scheduling and codegen. Intermediate buffers not in `keep` (or targets) may share memory."""
+  program on new data skips scheduling and codegen. Intermediate buffers not in `keep` (or targets) may share memory.
+  `info`, when given, receives the normalization ("nsink": the cache key, "mapping": node -> normalized node, "norm")
+  from which engine/plan.py builds its realize plans."""
   with capture.group("schedule", lambda: f"schedule {', '.join(str(t.shape) for t in targets[:3])}{' ...' if len(targets) > 3 else ''}"):
-    return _create_schedule(targets, keep)
+    return _create_schedule(targets, keep, info)
 
 
-def _create_schedule(targets: list[UOp], keep: set[UOp] | None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def _create_schedule(targets: list[UOp], keep: set[UOp] | None, info: dict | None = None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   norm = _Normalize()
   mapping = graph_rewrite_map(UOp.sink_of(*targets), pm_unbind_args, ctx=norm, bpm=pm_normalize, walk=True, name="normalize")
   nsink = mapping[UOp.sink_of(*targets)]
+  if info is not None: info.update(nsink=nsink, mapping=mapping, norm=norm)
   if (cached := _SCHEDULE_CACHE.get(nsink)) is None:
     cached = _SCHEDULE_CACHE[nsink] = _schedule_normalized(nsink)
     SCHEDULE_STATS["misses"] += 1

@@ -42,16 +42,19 @@ def device_of(u: UOp) -> str:
   """The device a tensor-level node lives on (from its DEVICE source, searched through its first sources); cached on
   the node, since Tensor.device asks for it on every operation. A MULTI node's device is the tuple of its shards'."""
   if (c := u._cache) is not None and "device" in c: return c["device"]
-  x = u
+  x, path = u, []  # every node on the way down is cached too: a chain of new ops is O(1) per op, not O(depth)
   while True:
-    if x.op is Ops.DEVICE: dev = x.arg
+    if x is not u and (c := x._cache) is not None and "device" in c: dev = c["device"]
+    elif x.op is Ops.DEVICE: dev = x.arg
     elif x.op is Ops.BUFFER: dev = x.src[1].arg
     elif x.op is Ops.PARAM and isinstance(x.arg, tuple) and len(x.arg) == 4: dev = x.arg[3]
     elif x.op is Ops.COPY: dev = x.src[1].arg
     elif x.op is Ops.MULTI: dev = tuple(device_of(s) for s in x.src)  # a multi-device tensor: one device per shard
     elif not x.src: raise RuntimeError(f"{u.op} has no device")
     else:
+      path.append(x)
       x = next((s for s in x.src if s.op is not Ops.DEFINE_VAR and s.op is not Ops.BIND), x.src[0])
       continue
+    for n in path: n._cached()["device"] = dev
     u._cached()["device"] = dev
     return dev

@@ -339,7 +339,10 @@ class CPUProgram(Program):
     kernel with the same buffers, and `ndarray.ctypes.data` costs ~1.5 us per buffer) and values."""
     cvals = self._no_vals if not vals else (ctypes.c_int32 * len(vals))(*vals)
     key = tuple(map(id, bufs))
-    if (hit := self._arg_cache.get(key)) is not None and all(w() is b for w, b in zip(hit[0], bufs)): return hit[1], cvals
+    if (hit := self._arg_cache.get(key)) is not None:
+      for w, b in zip(hit[0], bufs):
+        if w() is not b: break
+      else: return hit[1], cvals
     cbufs = (ctypes.c_void_p * max(len(bufs), 1))(*[b.ctypes.data for b in bufs])
     if len(self._arg_cache) >= 256: self._arg_cache.clear()
     self._arg_cache[key] = (tuple(weakref.ref(b) for b in bufs), cbufs)
@@ -356,12 +359,14 @@ class CPUProgram(Program):
 
   def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1), local_size: tuple[int, ...] | None = None,
                vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
-    if global_size != (1, 1, 1) or local_size is not None: self.check_launch(global_size, local_size)
-    st = time.perf_counter()
+    if local_size is not None or global_size != (1, 1, 1): self.check_launch(global_size, local_size)
+    st = time.perf_counter() if wait else 0.0
     if self.work is None: self.fn(*[ctypes.c_void_p(b.ctypes.data) for b in bufs], *[ctypes.c_int32(v) for v in vals])
     else:
       cbufs, cvals = self._args(bufs, vals)
-      if self.threads_for(vals, cvals) == 1: self.fn(cbufs, cvals, 0, 1)  # small kernels never touch the pool
+      if (cw := self._const_work) is not None: n = max(1, min(self.dev.threads, cw[0] // MIN_WORK_PER_THREAD, cw[1]))
+      else: n = self.threads_for(vals, cvals)
+      if n == 1: self.fn(cbufs, cvals, 0, 1)  # small kernels never touch the pool: run on the calling thread
       else: self.dev.pool_launch(self._fn_ptr, self._work_ptr, cbufs, cvals, self.dev.threads, MIN_WORK_PER_THREAD)
     return time.perf_counter() - st if wait else None
 

@@ -1,0 +1,271 @@
+"""Realize plans: the fast path of a warm `realize()` (a cached kernel on the same structure, any buffers).
+
+The schedule cache (schedule/kernelize.py) is keyed by the normalized graph, and computing that key means rewriting
+the whole graph into placeholders on every realize. Here each tensor-level node gets a *structure id* once, memoized
+on the node (`_cache["plan"]`): an interned int standing for (op, dtype, arg, the sources' ids, and how the sources'
+leaves map into this node's leaves), together with the node's *leaves* in first-appearance order (buffers, bound
+variables, user constants). Two graphs with the same id compute the same function of their leaves, so they have the
+same normalized graph and the same schedule; only the leaves differ.
+
+A `Plan` is kept per structure id once a realize of that structure was scheduled the normal way: the normalized
+schedule items with their compiled runners, which leaf fills each buffer slot, the fresh output each item writes, and
+how each target views its output. A warm realize then costs: the ids of the nodes built since the last realize, one
+dict lookup, allocating the outputs, and the launches. No scheduling, no normalization, no walk over the live tensors.
+
+A plan serves only simple structures: every schedule item's buffers are whole leaf buffers or fresh outputs, every
+realized node is a target (no intermediate buffers: the memory planner's reuse, which depends on what other tensors
+keep, never applies), no ASSIGN. Anything else (and VIZ=1, and graphs whose movement args hold symbolic sizes) takes
+the normal path. A plan is only used while the schedule cache and the compiled-kernel cache still hold the very
+entries it was built from, so clearing or replacing those caches (as tests do) sends realizes back to the normal path.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugrad.device import Buffer
+from plugrad.engine import realize
+from plugrad.engine.realize import CompiledRunner, ExecItem, buffer_for, exec_item, run_exec_items
+from plugrad.helpers import getenv
+from plugrad.schedule import kernelize
+from plugrad.schedule.kernelize import SCHEDULE_STATS, ScheduleItem, new_buffer
+from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.viz import capture
+
+MAX_LEAVES = 64        # a node with more leaves than this is not planned (leaf lists are merged per node)
+MAX_INTERNED = 1 << 20  # structure ids kept before the table (and every plan) is dropped and ids start over
+PLAN_STATS = {"hits": 0, "built": 0, "reused": 0}
+_getrefcount = getattr(sys, "getrefcount", None)
+
+_ids: dict[tuple, int] = {}   # structure -> id
+_gen = [0]                    # bumped when _ids is dropped: ids memoized on nodes under an older generation are stale
+_PLANS: dict[int, Plan | None] = {}  # structure id of the targets' SINK -> plan (None: this structure can't be planned)
+_LEAF_OPS = (Ops.BUFFER, Ops.BIND, Ops.UNIQUE)
+
+
+def _intern(key: tuple) -> int:
+  if (i := _ids.get(key)) is None:
+    if len(_ids) >= MAX_INTERNED:
+      _ids.clear(); _PLANS.clear(); _gen[0] += 1
+    i = _ids[key] = len(_ids)
+  return i
+
+
+def _has_uop(arg: Any) -> bool: return isinstance(arg, UOp) or (type(arg) is tuple and any(_has_uop(a) for a in arg))
+
+
+def _arg_key(arg: Any) -> Any:
+  """The arg as a dict key that keeps apart what compares equal in Python but isn't the same constant (-0.0 and 0.0;
+  nan is made equal to itself)."""
+  if type(arg) is float and (arg == 0.0 or arg != arg): return ("nan",) if arg != arg else ("-0.0",) if math.copysign(1.0, arg) < 0 else 0.0
+  return arg
+
+
+def _node_sig(n: UOp, kids: list) -> tuple | None:
+  """(generation, structure id, leaves) of `n` from its sources' signatures (None: not plannable)."""
+  op = n.op
+  if op in _LEAF_OPS:
+    if op is Ops.BUFFER: key: tuple = ("B", n.dtype, n.arg, n.src[1].arg)
+    elif op is Ops.BIND: key = ("V", n.src[0])  # the variable; its value is the leaf's data
+    else: key = ("U", n.dtype)
+    return (_gen[0], _intern(key), None)  # None: the leaves are (n,) (not stored: a node in its own cache is a cycle)
+  if op is Ops.CALL or op is Ops.MULTI or (op in GroupOp.Movement and _has_uop(n.arg)): return None
+  if any(k is None for k in kids): return None
+  if not kids: return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag)), ())
+  if len(kids) == 1:
+    k = kids[0]
+    return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag, k[1])), k[2] if k[2] is not None else (n.src[0],))
+  pos: dict[UOp, int] = {}
+  leaves: list[UOp] = []
+  parts = []
+  for k, s in zip(kids, n.src):
+    kl = k[2] if k[2] is not None else (s,)
+    for x in kl:
+      if x not in pos: pos[x] = len(leaves); leaves.append(x)
+    parts.append((k[1], tuple([pos[x] for x in kl])))
+  if len(leaves) > MAX_LEAVES: return None
+  return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag, tuple(parts))), tuple(leaves))
+
+
+_NOT_PLANNABLE = (-1, -1, ())
+
+
+def signature(u: UOp) -> tuple | None:
+  """(generation, structure id, leaves) of the graph under `u`, memoized on every node (None: not plannable)."""
+  if (c := u._cache) is not None and (s := c.get("plan")) is not None and s[0] == _gen[0]:
+    return None if s is _NOT_PLANNABLE else s if s[2] is not None else (s[0], s[1], (u,))
+  stack: list[tuple[UOp, bool]] = [(u, False)]
+  gen = _gen[0]
+  while stack:
+    n, ready = stack.pop()
+    if (c := n._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: continue
+    if not ready and n.op not in _LEAF_OPS and n.src:
+      stack.append((n, True))
+      stack.extend((s, False) for s in n.src)
+      continue
+    kids = []
+    for s in (n.src if n.op not in _LEAF_OPS else ()):
+      ks = s._cache["plan"]
+      kids.append(None if ks is _NOT_PLANNABLE else ks)
+    sig = _node_sig(n, kids)
+    if gen != _gen[0]: return None  # the id table was dropped meanwhile: ids computed so far are stale
+    n._cached()["plan"] = _NOT_PLANNABLE if sig is None else sig
+  s = u._cache["plan"]
+  return None if s is _NOT_PLANNABLE else s if s[2] is not None else (s[0], s[1], (u,))
+
+
+def targets_signature(targets: list[UOp]) -> tuple[int, tuple[UOp, ...]] | None:
+  """(structure id, leaves) of the targets together (as the SINK the scheduler builds over them)."""
+  if len(targets) == 1:  # keyed by the target's own id (no SINK id equals a node's: ids are unique per structure)
+    return None if (s := signature(targets[0])) is None else (s[1], s[2])
+  sigs = [signature(t) for t in targets]
+  for s in sigs:
+    if s is None: return None
+  s = _node_sig(UOp.sink_of(*targets), sigs)
+  return None if s is None else (s[1], s[2])
+
+
+@dataclass
+class _PlanItem:
+  ast: UOp
+  runner: CompiledRunner | None   # None: a COPY
+  device: str                     # the device of slot 0 (the runner's key in the compiled-kernel cache)
+  slots: tuple[tuple[bool, int], ...]  # per buffer slot: (True, output index) or (False, leaf index)
+  var_names: tuple[tuple[str, int], ...]  # (variable name, leaf index of its BIND)
+
+
+@dataclass(repr=False)
+class Plan:
+  nsink: UOp                      # the normalized graph: the schedule-cache key this plan was built from
+  entry: Any                      # that cache's entry (identity-checked on every use)
+  items: list[_PlanItem]
+  outs: list[tuple[str, int, Any]]  # per fresh output: (device, size, dtype)
+  views: list[tuple[int, tuple[tuple[Ops, Any, Any], ...]]]  # per target: (output index, movement ops over it, bottom up)
+  bind_leaves: tuple[int, ...]     # leaf indices of the BINDs (their values must agree per variable)
+  allocators: dict[str, Any]       # per output device, its allocator
+  direct: bool = False             # every item a loop-mapped kernel (CPU) without variables or packs: launched directly
+  last: list[UOp | None] = field(default_factory=list)  # per output, the BUFFER of the previous run (reused when unreachable)
+
+  def valid(self) -> bool:
+    if kernelize._SCHEDULE_CACHE.get(self.nsink) is not self.entry: return False
+    runners = realize._RUNNERS
+    return all(it.runner is None or runners.get((it.device, it.ast)) is it.runner for it in self.items)
+
+
+def build(key: tuple[int, tuple[UOp, ...]], targets: list[UOp], info: dict, items: list[ScheduleItem]) -> None:
+  """Remember the plan of the schedule just made for `targets` (from `create_schedule`'s `info`), or that there is none."""
+  _PLANS[key[0]] = _make(key[1], targets, info, items)
+  if _PLANS[key[0]] is not None: PLAN_STATS["built"] += 1
+
+
+def _make(leaves: tuple[UOp, ...], targets: list[UOp], info: dict, items: list[ScheduleItem]) -> Plan | None:
+  nsink, mapping, norm = info["nsink"], info["mapping"], info["norm"]
+  entry = kernelize._SCHEDULE_CACHE.get(nsink)
+  if entry is None: return None
+  items_t, becomes_t = entry
+  if len(items_t) != len(items): return None
+  tnodes = [mapping.get(t) for t in targets]
+  if any(n is None or n not in becomes_t for n in tnodes) or set(becomes_t) != set(tnodes): return None  # intermediates: no
+  leaf_pos = {x: i for i, x in enumerate(leaves)}
+  try: in_leaf = [leaf_pos[b] for b in norm.inputs]
+  except KeyError: return None
+  var_leaf = {x.src[0]: i for i, x in enumerate(leaves) if x.op is Ops.BIND}
+  outs: dict[UOp, int] = {}
+  out_specs: list[tuple[str, int, Any]] = []
+  pitems = []
+  for it_t, it in zip(items_t, items):
+    if it_t.ast.op not in (Ops.SINK, Ops.COPY) or any(b.op is not Ops.PARAM for b in it_t.bufs): return None
+    slots = []
+    for j, b in enumerate(it_t.bufs):
+      kind, idx = b.arg[0], b.arg[1]
+      if kind == "in": slots.append((False, in_leaf[idx]))
+      elif kind == "out":
+        if b not in outs:
+          if j != 0: return None  # an output read before it is written: not a fresh buffer's job
+          outs[b] = len(out_specs); out_specs.append((b.arg[3], b.arg[2], b.dtype))
+        slots.append((True, outs[b]))
+      else: return None
+    if any(v not in var_leaf for v in it_t.var_vals): return None
+    dev, runner = buffer_for(it.bufs[0]).device, None
+    if it_t.ast.op is not Ops.COPY and (runner := realize._RUNNERS.get((dev, it_t.ast))) is None: return None
+    pitems.append(_PlanItem(it_t.ast, runner, dev, tuple(slots), tuple((v.arg[0], var_leaf[v]) for v in it_t.var_vals)))
+  views = []
+  for n in tnodes:
+    v, chain = becomes_t[n], []
+    while v.op in GroupOp.Movement:
+      if _has_uop(v.arg): return None
+      chain.append((v.op, v.dtype, v.arg)); v = v.src[0]
+    if v not in outs: return None
+    views.append((outs[v], tuple(reversed(chain))))
+  allocators = {dev: buffer_for(it.bufs[0]).allocator for it in items for dev in (buffer_for(it.bufs[0]).device,)}
+  if any(d not in allocators for d, _, _ in out_specs): return None
+  direct = all(it.runner is not None and it.runner.slots is None and it.runner.spec.local_size is None and not it.runner.spec.vars
+               for it in pitems)
+  return Plan(nsink, entry, pitems, out_specs, views, tuple(i for i, x in enumerate(leaves) if x.op is Ops.BIND), allocators,
+              direct, [None] * len(out_specs))
+
+
+def _unreachable(u: UOp) -> bool:
+  """Whether the plan's reference (`Plan.last`) is the only way to reach output BUFFER `u` and its Buffer: no tensor,
+  graph, view, captured TinyJit item or caller holds either, so writing the next result into it is invisible (the
+  same memory the allocator's cache would hand out again). Counts are CPython's reference counts: the list slot, the
+  caller's variable, this function's parameter and getrefcount's argument for `u`; the uop's cache, this function's
+  variable and getrefcount's argument for its Buffer. Where reference counts don't exist, outputs are never reused."""
+  if _getrefcount is None or _getrefcount(u) != 4: return False
+  c = u._cache
+  if c is None or (b := c.get("buffer")) is None or _getrefcount(b) != 3: return False
+  return b.is_allocated and b._base is None
+
+
+def lookup(key: tuple[int, tuple[UOp, ...]] | None) -> Plan | None:
+  """The usable plan for these targets' structure (None: schedule them the normal way)."""
+  if key is None or capture.VIZ or (p := _PLANS.get(key[0])) is None or not p.valid(): return None
+  return p
+
+
+def wants(key: tuple[int, tuple[UOp, ...]] | None) -> bool:
+  """Whether a plan should be built for this structure after its normal schedule: not when it was found unplannable,
+  nor when a valid plan exists already (VIZ=1 realizes take the normal path without replacing it)."""
+  if key is None or (p := _PLANS.get(key[0], 0)) is None: return False
+  return p == 0 or not p.valid()
+
+
+def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
+  """Run plan `p` on these leaves; the realized view of each target (None: the leaves' bound values disagree, which
+  the normal path reports)."""
+  vals: dict[UOp, int] = {}
+  for i in p.bind_leaves:
+    b = leaves[i]
+    if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg: return None
+  out_uops, out_bufs, last = [], [], p.last
+  for k, (dev, size, dt) in enumerate(p.outs):
+    if (u := last[k]) is not None and _unreachable(u):  # the previous output, which nothing else can reach any more
+      out_uops.append(u); out_bufs.append(u._cache["buffer"])
+      PLAN_STATS["reused"] += 1
+      continue
+    u = last[k] = new_buffer(dev, size, dt)
+    b = Buffer(dev, size, dt)
+    b.__dict__["_allocator"] = p.allocators[dev]  # (what Buffer.allocator would look up in the device registry)
+    u._cached()["buffer"] = b  # (realize.set_buffer, without its checks: the plan made these to match)
+    out_uops.append(u); out_bufs.append(b.allocate())
+  debug = getenv("DEBUG", 0)
+  if debug >= 1: print(f"schedule cache hit: {len(p.items)} items (plan)")
+  SCHEDULE_STATS["hits"] += 1
+  PLAN_STATS["hits"] += 1
+  direct = p.direct and not debug and not realize.CAPTURING and not capture.PROFILE  # no hook wants ExecItems
+  eis: list[ExecItem] = []
+  for it in p.items:
+    bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
+    if direct:  # (what ExecItem.run does for a loop-mapped kernel without variables or packing kernels)
+      realize.GlobalCounters["kernels"] += 1
+      it.runner.prg(*[b._buf for b in bufs])
+    else: eis.append(exec_item(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
+  if eis: run_exec_items(eis, debug)
+  ret = []
+  for oi, chain in p.views:
+    v = out_uops[oi]
+    for op, dt, arg in chain: v = UOp(op, dt, (v,), arg)
+    ret.append(v)
+  return ret
