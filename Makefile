@@ -72,15 +72,24 @@ demo: setup
 bench: setup
 	$(PY) bench/run_all.py
 
-# regenerate the ctypes bindings of plugins/nv (CUDA driver, NVRTC, nvJitLink) from the headers pinned in autogen/manifests/nv.json;
-# autogen-check regenerates into a temp folder and diffs against the committed files (also run by tests/nv/test_autogen.py)
+# regenerate the ctypes bindings of plugins/nv (CUDA driver, NVRTC, nvJitLink) from the headers pinned in autogen/manifests/nv.json
+# and of plugins/amd (KFD, amdgpu, HSA, kernel descriptor, PM4/SDMA packets, gfx9.4/11/12 registers) from autogen/manifests/amd.json;
+# autogen-check regenerates into a temp folder and diffs against the committed files (tests/nv/test_autogen.py and
+# tests/amd/test_autogen.py run the quick part of it; the amd register headers take minutes: only here)
+AMD_HEADER_PKGS := linux-libc-dev libdrm-dev libhsa-runtime-dev llvm-19-dev linux-source-6.12
 autogen autogen-check: setup
 	@ls /usr/lib/*/libclang-19.so* >/dev/null 2>&1 || { \
 	  echo "installing libclang1-19 from apt"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang1-19 >/dev/null; }
-	$(PY) -m pip install -q -e "plugins/nv[autogen]"
+	@test -f /usr/include/linux/kfd_ioctl.h -a -f /usr/include/libdrm/amdgpu_drm.h -a -f /usr/include/hsa/hsa.h \
+	  -a -f /usr/include/llvm-19/llvm/Support/AMDHSAKernelDescriptor.h -a -f /usr/src/linux-source-6.12.tar.xz || { \
+	  echo "installing the amd header packages from apt: $(AMD_HEADER_PKGS)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(AMD_HEADER_PKGS) >/dev/null; }
+	$(PY) -m pip install -q -e "plugins/nv[autogen]" -e "plugins/amd[autogen]"
 	$(PY) autogen/generate.py nv $(if $(filter autogen-check,$@),--check)
+	$(PY) autogen/generate.py amd $(if $(filter autogen-check,$@),--check)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
