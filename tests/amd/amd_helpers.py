@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import re
+import struct
+
+import plugrad.engine.realize as realize
+from plugrad.codegen.targets import get_target
+from plugrad.plugins.python import decode, interpret_gpu
 
 from plugrad.runtime.compiler import CompileError
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, pack, unpack
-from plugrad_amd.renderer import LAUNCH_TAG
+from plugrad_amd.renderer import LAUNCH_TAG, launch_dims
 
 _GLOBAL = re.compile(r"@(?!llvm\.)([A-Za-z_][\w.]*)")
 
@@ -43,29 +48,27 @@ __all__ = ["merge", "compile_batched", "pack"]
 
 class ReferenceExecutor:
   """A test executor for the mock's dispatch hook that runs the kernel's *linear IR* (found through the realize engine's
-  runner cache by kernel-descriptor address) with the PYTHON device's interpreter, on the mock GPU's memory at the
-  addresses the kernarg segment holds. It checks the launch the runtime encoded (CPU-style kernels: one work-item) and
-  records each Dispatch. It stands in for the RDNA3 emulator, which executes the machine code itself."""
+  runner cache by kernel-descriptor address) with the PYTHON device's GPU interpreter, on the mock GPU's memory at the
+  addresses the kernarg segment holds. It checks that the launch the runtime encoded (workgroups x work-items) is the
+  one the renderer planned, and records each Dispatch. It is independent of the RDNA3 emulator, which executes the
+  machine code itself."""
   def __init__(self) -> None:
     self.dispatches: list = []
 
   def programs(self) -> dict[int, object]:
-    import plugrad.engine.realize as realize
     return {r.prg.kd_addr: r for r in realize._RUNNERS.values() if hasattr(r.prg, "kd_addr")}
 
   def __call__(self, mem, d) -> None:
-    import struct as st
-
-    from plugrad.plugins.python import decode, interpret
     self.dispatches.append(d)
     runner = self.programs().get(d.kernel_object)
     if runner is None: raise RuntimeError(f"no known kernel at {d.kernel_object:#x}")
     spec = runner.spec
-    assert (d.grid_size, d.workgroup_size) == ((1, 1, 1), (1, 1, 1)), (d.grid_size, d.workgroup_size)
     n_bufs = 1 + max(g.arg for g in spec.globals)
     args = mem.read(d.kernarg_address, 8 * n_bufs + 4 * len(spec.vars))
-    addrs = st.unpack_from(f"<{n_bufs}Q", args)
-    vals = st.unpack_from(f"<{len(spec.vars)}i", args, 8 * n_bufs)
+    addrs = struct.unpack_from(f"<{n_bufs}Q", args)
+    vals = struct.unpack_from(f"<{len(spec.vars)}i", args, 8 * n_bufs)
+    groups = tuple(-(-g // w) for g, w in zip(d.grid_size, d.workgroup_size))
+    assert (groups, d.workgroup_size) == launch_dims(runner.prg.meta, vals), (groups, d.workgroup_size, runner.prg.meta)
     sizes = {g.arg: g.dtype.size * g.dtype.base.itemsize for g in spec.globals}
     views = [mem.view(a, sizes.get(i, 0)) if i in sizes else None for i, a in enumerate(addrs)]
-    interpret(decode(spec.uops), views, tuple(vals))
+    interpret_gpu(decode(spec.uops, gpu=True), views, tuple(vals), groups, d.workgroup_size, get_target("AMD"))

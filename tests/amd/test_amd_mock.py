@@ -116,10 +116,12 @@ def test_dispatch_goes_to_the_executor(executor: ReferenceExecutor):
   out = (Tensor(x, device=D0) * 2 + 1).numpy()
   assert np.array_equal(out, x * 2 + 1)
   d = executor.dispatches[-1]
-  assert d.arch == "gfx1100" and d.grid_size == (1, 1, 1) and d.workgroup_size == (1, 1, 1) and d.private_segment_size == 0
   mem = Device[D0].os
   # kernel_object is the descriptor as loaded, and its code entry offset points into the loaded code
   prg = next(p for p in executor.programs().values() if p.prg.kd_addr == d.kernel_object).prg
+  groups, block = prg.launch_dims(())
+  assert d.arch == "gfx1100" and d.workgroup_size == block and d.private_segment_size == 0 and block[0] > 1
+  assert d.grid_size == tuple(g * b for g, b in zip(groups, block))  # the AQL convention: the grid in work-items
   assert isinstance(prg, AMDProgram) and ctypes.string_at(d.kernel_object, 64) == ctypes.string_at(prg.kd_addr, 64) and prg.entry > d.kernel_object
   assert mem.find(d.kernarg_address, 16, "mapped") is not None
 

@@ -1,7 +1,7 @@
 """AMDGPU renderer: the linear kernel IR (docs/kernel_ir.md) as LLVM IR for the amdgcn-amd-amdhsa target.
 
 No device libraries: hardware ids are the `llvm.amdgcn.workgroup.id.*` / `llvm.amdgcn.workitem.id.*` intrinsics,
-math is LLVM's own intrinsics (exp2, log2, sin, sqrt, trunc, fma), barriers are `llvm.amdgcn.s.barrier` between
+math is LLVM's own intrinsics (exp2, log2, sqrt, trunc, fma; sin after our range reduction, f64math.py), barriers are `llvm.amdgcn.s.barrier` between
 workgroup-scope fences, tensor cores are `llvm.amdgcn.wmma.*` (RDNA3/4, wave32) and `llvm.amdgcn.mfma.*` (CDNA,
 wave64). Buffers are `ptr addrspace(1)`, DEFINE_LOCAL an `addrspace(3)` global, accumulators `addrspace(5)` allocas
 (promoted to registers by clang -O3). Loops are blocks with a counter in an alloca; a gated LOAD/STORE branches
@@ -19,7 +19,11 @@ import re
 import struct
 from typing import Any, Union
 
-from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes
+import numpy as np
+
+from plugrad.codegen import targets
+from plugrad.codegen.targets import GPUTarget
+from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes, f32_to_fp8, fp8_to_f32
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad_amd import f64math
@@ -32,17 +36,19 @@ _EXPR_OPS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: 
 # ---------------------------------------------------------------------------- targets (capabilities as data)
 
 ARCHS: dict[str, dict[str, Any]] = {
-  # wave size, LDS bytes per workgroup, and the dtypes with native conversions / arithmetic
-  "gfx1100": {"family": "RDNA3", "wave": 32, "lds": 65536, "fp8": False, "tc": "wmma_gfx11"},
-  "gfx1101": {"family": "RDNA3", "wave": 32, "lds": 65536, "fp8": False, "tc": "wmma_gfx11"},
-  "gfx1102": {"family": "RDNA3", "wave": 32, "lds": 65536, "fp8": False, "tc": "wmma_gfx11"},
-  "gfx1200": {"family": "RDNA4", "wave": 32, "lds": 65536, "fp8": True, "tc": "wmma_gfx12"},
-  "gfx1201": {"family": "RDNA4", "wave": 32, "lds": 65536, "fp8": True, "tc": "wmma_gfx12"},
-  "gfx90a": {"family": "CDNA2", "wave": 64, "lds": 65536, "fp8": False, "tc": "mfma"},
-  "gfx940": {"family": "CDNA3", "wave": 64, "lds": 65536, "fp8": True, "tc": "mfma"},
-  "gfx941": {"family": "CDNA3", "wave": 64, "lds": 65536, "fp8": True, "tc": "mfma"},
-  "gfx942": {"family": "CDNA3", "wave": 64, "lds": 65536, "fp8": True, "tc": "mfma"},
+  # wave size, LDS bytes per workgroup, tensor-core kind (fp8 is converted in software everywhere: AMDGPURenderer.fp8_cast)
+  "gfx1100": {"family": "RDNA3", "wave": 32, "lds": 65536, "tc": "wmma_gfx11"},
+  "gfx1101": {"family": "RDNA3", "wave": 32, "lds": 65536, "tc": "wmma_gfx11"},
+  "gfx1102": {"family": "RDNA3", "wave": 32, "lds": 65536, "tc": "wmma_gfx11"},
+  "gfx1200": {"family": "RDNA4", "wave": 32, "lds": 65536, "tc": "wmma_gfx12"},
+  "gfx1201": {"family": "RDNA4", "wave": 32, "lds": 65536, "tc": "wmma_gfx12"},
+  "gfx90a": {"family": "CDNA2", "wave": 64, "lds": 65536, "tc": "mfma"},
+  "gfx940": {"family": "CDNA3", "wave": 64, "lds": 65536, "tc": "mfma"},
+  "gfx941": {"family": "CDNA3", "wave": 64, "lds": 65536, "tc": "mfma"},
+  "gfx942": {"family": "CDNA3", "wave": 64, "lds": 65536, "tc": "mfma"},
 }
+
+TC_TARGETS: dict[str, GPUTarget] = {"RDNA3": targets.AMD, "RDNA4": targets.AMD_RDNA4, "CDNA3": targets.AMD_CDNA3, "CDNA2": targets.AMD_CDNA2}
 
 # tensor-core intrinsics by (kind, a lanes, c lanes, input dtype): (intrinsic, extra trailing args)
 TC_INTRINSICS: dict[tuple[str, int, int, str], tuple[str, str]] = {
@@ -122,24 +128,14 @@ def is_float(dt: DType) -> bool: return dtypes.is_float(dt) and dt.scalar() not 
 
 
 def fp8_value(code: int, dt: DType) -> float:
-  """The float an fp8 byte encodes (e4m3: the 'fn' variant, no infinities, 0x7f/0xff NaN; e5m2: IEEE-like)."""
-  ebits, mbits, bias = (4, 3, 7) if dt == dtypes.fp8e4m3 else (5, 2, 15)
-  sign, e, m = -1.0 if code & 0x80 else 1.0, (code >> mbits) & ((1 << ebits) - 1), code & ((1 << mbits) - 1)
-  if dt == dtypes.fp8e4m3 and e == 15 and m == 7: return math.nan
-  if dt == dtypes.fp8e5m2 and e == 31: return sign * math.inf if m == 0 else math.nan
-  return sign * (m * 2.0 ** (1 - bias - mbits) if e == 0 else (1 + m / (1 << mbits)) * 2.0 ** (e - bias))
+  """The float an fp8 byte encodes (core's tables: e4m3 is the 'fn' variant, no infinities, 0x7f/0xff NaN; e5m2 IEEE-like)."""
+  return float(fp8_to_f32(code, dt))
 
 
 def fp8_bits(v: float, dt: DType) -> int:
-  """The fp8 byte nearest to `v` (ties to the even code); out of range: e5m2 gives inf, e4m3 (no inf) NaN."""
-  f = float(v)
-  if math.isnan(f): return 0x7F if dt == dtypes.fp8e4m3 else 0x7E
-  finite = [(c, fp8_value(c, dt)) for c in range(256) if math.isfinite(fp8_value(c, dt))]
-  top = max(x for _, x in finite)
-  half_ulp = (top - fp8_value(0x7D if dt == dtypes.fp8e4m3 else 0x7A, dt)) / 2
-  if abs(f) >= top + half_ulp: return (0x7F if dt == dtypes.fp8e4m3 else 0x7C) | (0x80 if f < 0 else 0)
-  best = min(finite, key=lambda cx: (abs(cx[1] - f), cx[0] & 1, (cx[0] & 0x80) != (0x80 if math.copysign(1, f) < 0 else 0)))
-  return best[0]
+  """The fp8 byte of `v` as core converts it (through float32, nearest even; e4m3 saturates to +-448, e5m2 overflows to
+  inf; NaN is 0x7f): constants fold exactly as the kernel's own conversions compute."""
+  with np.errstate(over="ignore"): return int(f32_to_fp8(np.float32(v), dt))
 
 
 def render_const(v: Any, dt: DType) -> str:
@@ -184,6 +180,8 @@ class AMDGPURenderer(Renderer):
     self.target = ARCHS[self.arch]
     self.warp_size = self.target["wave"]
     self.shared_max = self.target["lds"]
+    # tensor-core shapes and lane layouts as data (core's codegen/targets.py, the records EMULATE=AMD* runs too)
+    self.tensor_cores = list(TC_TARGETS[self.target["family"]].tensor_cores)
 
   @classmethod
   def accepts_arch(cls, arch: str) -> bool: return arch in ARCHS
@@ -262,23 +260,56 @@ class AMDGPURenderer(Renderer):
     return out
 
   def fp8_cast(self, x: str, src: DType, dst: DType) -> str:
-    """fp8 <-> other types through float32, with the hardware conversions of the archs that have them."""
-    if not self.target["fp8"]: raise NotImplementedError(f"AMDGPU renderer: {self.arch} has no fp8 conversions ({src} -> {dst})")
-    kind = "fp8" if (src if src in FP8 else dst) == dtypes.fp8e4m3 else "bf8"
+    """fp8 <-> other types through float32, by bit manipulation (core's OCP e4m3fn/e5m2 semantics, as the C renderer's
+    pg_f2e4m3 & co.): no arch's conversion instructions are used, since gfx94x's are the FNUZ variants (bias 8/16,
+    one NaN) and the OCP ones of gfx12 handle overflow/NaN by their clamp bit, which LLVM's intrinsics don't expose."""
     if src in FP8:
-      w = self._new()
-      self.emit(f"{w} = zext i8 {x} to i32")
-      f = self._new()
-      self.emit(f"{f} = call float @llvm.amdgcn.cvt.f32.{kind}(i32 {w}, i32 0)")
-      self.decls.add(f"declare float @llvm.amdgcn.cvt.f32.{kind}(i32, i32)")
-      return self.cast(f, dtypes.float32, dst) if dst not in FP8 else self.fp8_cast(f, dtypes.float32, dst)
-    f = self.cast(x, src, dtypes.float32)
-    p = self._new()
-    self.emit(f"{p} = call i32 @llvm.amdgcn.cvt.pk.{kind}.f32(float {f}, float 0.0, i32 0, i1 false)")
-    self.decls.add(f"declare i32 @llvm.amdgcn.cvt.pk.{kind}.f32(float, float, i32, i1)")
-    out = self._new()
-    self.emit(f"{out} = trunc i32 {p} to i8")
-    return out
+      f = self.fp8_to_f32(x, src)
+      return self.cast(f, dtypes.float32, dst) if dst not in FP8 else self.f32_to_fp8(f, dst)
+    return self.f32_to_fp8(self.cast(x, src, dtypes.float32), dst)
+
+  def _ir(self, lines: list[str]) -> dict[str, str]:
+    """Emit `lines` (LLVM instructions naming locals as {name}) with fresh SSA names; returns name -> SSA value."""
+    names: dict[str, str] = {}
+    for ln in lines:
+      lhs = ln.split(" = ", 1)[0].strip("{}")
+      names[lhs] = self._new()
+      self.emit(ln.format(**names))
+    return names
+
+  def fp8_to_f32(self, x: str, dt: DType) -> str:
+    """e4m3fn: S.EEEE.MMM bias 7, no inf, S.1111.111 NaN; e5m2: S.EEEEE.MM bias 15, IEEE inf/NaN. Subnormals m * 2^-9 / 2^-16."""
+    e4 = dt == dtypes.fp8e4m3
+    mb, emask, ebias, sub = (3, 15, 120, 0.001953125) if e4 else (2, 31, 112, 0.0000152587890625)
+    self.decls.add("declare float @llvm.rint.f32(float)")
+    n = self._ir([
+      f"{{w}} = zext i8 {x} to i32", "{sg} = and i32 {w}, 128", "{ss} = shl i32 {sg}, 24",
+      f"{{e0}} = lshr i32 {{w}}, {mb}", f"{{e}} = and i32 {{e0}}, {emask}", f"{{m}} = and i32 {{w}}, {(1 << mb) - 1}",
+      "{mf} = uitofp i32 {m} to float", f"{{sf}} = fmul float {{mf}}, {render_const(sub, dtypes.float32)}", "{sb} = bitcast float {sf} to i32",
+      f"{{eb}} = add i32 {{e}}, {ebias}", "{eb2} = shl i32 {eb}, 23", f"{{ms}} = shl i32 {{m}}, {23 - mb}", "{nb} = or i32 {eb2}, {ms}",
+      "{isz} = icmp eq i32 {e}, 0", "{r1} = select i1 {isz}, i32 {sb}, i32 {nb}",
+      *(["{lo} = and i32 {w}, 127", "{isn} = icmp eq i32 {lo}, 127", "{r2} = select i1 {isn}, i32 2143289344, i32 {r1}"] if e4 else
+        ["{top} = icmp eq i32 {e}, 31", "{inf} = or i32 {ms}, 2139095040", "{r2} = select i1 {top}, i32 {inf}, i32 {r1}"]),
+      "{r3} = or i32 {r2}, {ss}", "{out} = bitcast i32 {r3} to float"])
+    return n["out"]
+
+  def f32_to_fp8(self, x: str, dt: DType) -> str:
+    """Round to nearest even; NaN -> 0x7f; |x| past the largest finite value: e4m3 saturates to +-448, e5m2 becomes
+    +-inf from 61440 (the halfway point to the next, absent, step) up; subnormals rint(|x| * 2^9 / 2^16)."""
+    e4 = dt == dtypes.fp8e4m3
+    # (mantissa shift, float32 bits of the saturation threshold / of the smallest normal, rounding bias, exponent offset, scale, code)
+    sh, big, small, off, scale, top = (20, 0x43E00000, 0x3C800000, 120 << 3, 512.0, 0x7E) if e4 else                                       (21, 0x47700000, 0x38800000, 112 << 2, 65536.0, 0x7C)
+    self.decls.add("declare float @llvm.rint.f32(float)")
+    n = self._ir([
+      f"{{u}} = bitcast float {x} to i32", "{s0} = lshr i32 {u}, 24", "{s} = and i32 {s0}, 128", "{a} = and i32 {u}, 2147483647",
+      "{af} = bitcast i32 {a} to float", f"{{sc}} = fmul float {{af}}, {render_const(scale, dtypes.float32)}",
+      "{rn} = call float @llvm.rint.f32(float {sc})", "{sub} = fptoui float {rn} to i32",
+      f"{{l0}} = lshr i32 {{a}}, {sh}", "{l1} = and i32 {l0}, 1", f"{{t0}} = add i32 {{a}}, {(1 << (sh - 1)) - 1}", "{t1} = add i32 {t0}, {l1}",
+      f"{{t2}} = lshr i32 {{t1}}, {sh}", f"{{nrm}} = sub i32 {{t2}}, {off}",
+      f"{{issm}} = icmp ult i32 {{a}}, {small}", "{m1} = select i1 {issm}, i32 {sub}, i32 {nrm}",
+      f"{{isbig}} = icmp uge i32 {{a}}, {big}", f"{{m2}} = select i1 {{isbig}}, i32 {top}, i32 {{m1}}", "{m3} = or i32 {m2}, {s}",
+      "{isn} = icmp ugt i32 {a}, 2139095040", "{m4} = select i1 {isn}, i32 127, i32 {m3}", "{out} = trunc i32 {m4} to i8"])
+    return n["out"]
 
   def intrinsic(self, name: str, dt: DType, args: list[str]) -> str:
     lt = ltype(dt)
@@ -287,14 +318,19 @@ class AMDGPURenderer(Renderer):
       out = self._new()
       self.emit(f"{out} = call double @pg_{name}_f64(double {args[0]})")
       return out
-    if dt.count > 1 and dt.scalar() == dtypes.float64 and name in f64math.HELPERS:
+    if dt == dtypes.float32 and name in f64math.F32_HELPERS:  # v_sin_f32 alone is inaccurate for large |x|: our reduction first
+      self.f32_helpers.add(name)
+      out = self._new()
+      self.emit(f"{out} = call float @pg_{name}_f32(float {args[0]})")
+      return out
+    if dt.count > 1 and ((dt.scalar() == dtypes.float64 and name in f64math.HELPERS) or (dt.scalar() == dtypes.float32 and name in f64math.F32_HELPERS)):
       lanes = [self._new() for _ in range(dt.count)]
       cur = "poison"
       for i, ln in enumerate(lanes):
         self.emit(f"{ln} = extractelement {lt} {args[0]}, i32 {i}")
-        r = self.intrinsic(name, dtypes.float64, [ln])
+        r = self.intrinsic(name, dt.scalar(), [ln])
         nv = self._new()
-        self.emit(f"{nv} = insertelement {lt} {cur}, double {r}, i32 {i}")
+        self.emit(f"{nv} = insertelement {lt} {cur}, {ltype(dt.scalar())} {r}, i32 {i}")
         cur = nv
       return cur
     suffix = (f"v{dt.count}" if dt.count > 1 else "") + _FSUFFIX[ltype(dt.scalar())]
@@ -445,6 +481,7 @@ class AMDGPURenderer(Renderer):
     self.r: dict[UOp, str] = {}
     self.decls: set[str] = set()
     self.helpers: set[str] = set()
+    self.f32_helpers: set[str] = set()
     self.globals_: list[str] = []
     allocas: list[str] = []
     params: list[str] = []
@@ -542,7 +579,8 @@ class AMDGPURenderer(Renderer):
              f'"target-cpu"="{self.arch}" "amdgpu-no-implicitarg-ptr"')
     body = ["entry:", *("  " + a for a in allocas), *self._lines, "  ret void"]
     if self.helpers: self.decls.update(f64math.DECLS)
-    helpers = [f64math.HELPERS[h]() for h in sorted(self.helpers)]
+    if self.f32_helpers: self.decls.update(f64math.F32_DECLS)
+    helpers = [f64math.HELPERS[h]() for h in sorted(self.helpers)] + [f64math.F32_HELPERS[h]() for h in sorted(self.f32_helpers)]
     out = [f"; {self.arch} kernel {name}", 'target triple = "amdgcn-amd-amdhsa"', *self.globals_, *sorted(self.decls), *helpers, "",
            f"define amdgpu_kernel void @{name}({', '.join(params)}) #0 {{", *body, "}", f"attributes #0 = {{ nounwind {attrs} }}",
            f"; {LAUNCH_TAG} {json.dumps(meta, separators=(',', ':'))}", ""]

@@ -26,7 +26,8 @@ from typing import Any
 from plugrad_amd.autogen import amd_hsa, amdhsa_kd, kfd, pm4_nv, sdma_gfx11
 from plugrad_amd.device import GC_BASE, gc_regs
 from plugrad_amd.kfd import IOCTLS, KFDError
-from plugrad_amd.mock.dispatch import Dispatch, PageFault, execute
+from plugrad_amd.mock import rdna3
+from plugrad_amd.mock.dispatch import Dispatch, PageFault, execute, get_executor
 
 TOPO = "/sys/devices/virtual/kfd/kfd/topology/nodes"
 GFX1100 = 110000
@@ -93,7 +94,9 @@ class MockKFD:
   @classmethod
   def instance(cls) -> MockKFD:
     with cls._lock:
-      if cls._instance is None: cls._instance = cls(int(os.environ.get("MOCK_AMD_GPUS", "2")), int(os.environ.get("MOCK_AMD_VRAM_MB", "1024")) << 20)
+      if cls._instance is None:
+        cls._instance = cls(int(os.environ.get("MOCK_AMD_GPUS", "2")), int(os.environ.get("MOCK_AMD_VRAM_MB", "1024")) << 20)
+        if get_executor() is None: rdna3.install()  # DEV=MOCK+AMD runs clang's machine code on the RDNA3 emulator
       return cls._instance
 
   def __init__(self, n_gpus: int = 2, vram_bytes: int = 1 << 30) -> None:
