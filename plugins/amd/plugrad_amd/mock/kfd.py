@@ -8,7 +8,8 @@ it decodes the PM4 or SDMA packets between the read and write pointers (opcodes 
 bindings) and performs them: copies, signal writes with 100 MHz timestamps, waits (a queue whose wait isn't
 satisfied stalls and resumes when any doorbell rings), cache operations, and dispatches, which go to the executor
 hook in plugrad_amd.mock.dispatch. A malformed packet, an access outside GPU-mapped memory or a failing kernel
-faults the device: `fault` names the packet, and the runtime raises it on its next wait. Never imported by the real
+faults the device: `fault` names the packet, and the runtime raises it on its next wait. The kernel executor is the
+RDNA3 emulator (plugrad_amd.mock.rdna3), registered when a mock is created and no executor is set. Never imported by the real
 runtime: `AMDDevice` imports this module only for the MOCK interface.
 """
 from __future__ import annotations
@@ -94,9 +95,7 @@ class MockKFD:
   @classmethod
   def instance(cls) -> MockKFD:
     with cls._lock:
-      if cls._instance is None:
-        cls._instance = cls(int(os.environ.get("MOCK_AMD_GPUS", "2")), int(os.environ.get("MOCK_AMD_VRAM_MB", "1024")) << 20)
-        if get_executor() is None: rdna3.install()  # DEV=MOCK+AMD runs clang's machine code on the RDNA3 emulator
+      if cls._instance is None: cls._instance = cls(int(os.environ.get("MOCK_AMD_GPUS", "2")), int(os.environ.get("MOCK_AMD_VRAM_MB", "1024")) << 20)
       return cls._instance
 
   def __init__(self, n_gpus: int = 2, vram_bytes: int = 1 << 30) -> None:
@@ -111,6 +110,7 @@ class MockKFD:
     self.dispatches: list[Dispatch] = []
     self._next_fd, self._next_handle, self._clock = 1000, 1, 0
     self._busy = threading.RLock()
+    if get_executor() is None: rdna3.install()  # dispatches run clang's machine code on the RDNA3 emulator (tests may swap it)
 
   # ---- sysfs
   def listdir(self, path: str) -> list[str]:
