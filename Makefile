@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
+.PHONY: setup test test-python test-emulate test-mock-amd lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
 
 # the amd plugin's bindings are checked in make test (tests/amd/test_amd_autogen.py: struct layouts against a gcc-compiled
 # probe of the headers, and a regeneration of the quick targets diffed against the committed files), so the header
@@ -51,12 +51,18 @@ test: setup lint
 	$(PY) -m pytest -n 2 -q
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	$(MAKE) --no-print-directory test-emulate
+	$(MAKE) --no-print-directory test-mock-amd
 
 # the same subset on the PYTHON device emulating GPUs (workgroups, warps in lockstep, shared memory, barriers): every
 # GPU path of codegen runs in CI; about 40 s (CUDA) and 70 s (AMD) with 2 workers
 test-emulate: setup
 	EMULATE=CUDA DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	EMULATE=AMD DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+
+# the same subset on DEV=MOCK+AMD: the amd plugin's real runtime on the mock KFD, clang-19's gfx1100 machine code executed
+# by the RDNA3 emulator (plugrad_amd/mock/rdna3); about 90 s with 2 workers (docs/amd.md)
+test-mock-amd: setup
+	DEV=MOCK+AMD $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 
 test-python: setup
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"

@@ -157,7 +157,7 @@ def test_fp8_conversions_on_gfx1100(emulator):
     f = Tensor(codes, device=D).bitcast(dt).cast(dtypes.float32).numpy()
     want = fp8_to_f32(codes, dt)
     assert ((f == want) | (np.isnan(f) & np.isnan(want))).all()
-    vals = np.concatenate([want[np.isfinite(want)], RNG.standard_normal(200).astype(np.float32) * 100, [1e6, -1e6, np.inf, np.nan]]).astype(np.float32)
+    vals = np.concatenate([want[np.isfinite(want)], RNG.standard_normal(200) * 100, [1e6, -1e6, np.inf, np.nan]]).astype(np.float32)
     back = Tensor(vals, device=D).cast(dt).bitcast(dtypes.uint8).numpy()
     assert np.array_equal(back, f32_to_fp8(vals, dt))
 

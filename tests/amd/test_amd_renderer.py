@@ -12,6 +12,7 @@ import pytest
 from plugrad.codegen import get_program
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.uop.ops import Ops, UOp
+from plugrad_amd import f64math
 from plugrad_amd.autogen import amdhsa_kd
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, unpack
 from plugrad_amd.device import load_image
@@ -206,3 +207,13 @@ def test_tensor_core_instructions(arch: str, na: int, nc: int, lanes: int, f16_i
     asm = c.disassemble(c.compile(src))
     assert ins in asm, f"{arch} {dt}: {ins} not in\n{asm[:3000]}"
   with pytest.raises(NotImplementedError, match="no tensor core"): TCRenderer(arch).render("tc", tc_program(na * 2, nc, lanes, dtypes.float16))
+
+
+def test_two_over_pi_chunks_for_the_sin_reduction():
+  """The float32 sin's large-argument reduction: 2/pi in eight 28-bit chunks (each exact times a 24-bit mantissa),
+  computed from Machin's formula; the leading bits agree with the published hex expansion of 2/pi."""
+  assert f"{f64math._TOP:X}".startswith("A2F9836E4E441529FC2757D1F534DDC0DB6295993C439041FE5163")
+  for i, c in enumerate(f64math.TWO_OVER_PI_CHUNKS):
+    m = c * 2.0 ** (28 * (i + 1))
+    assert m == int(m) and 0 <= m < 2**28
+  assert abs(sum(f64math.TWO_OVER_PI_CHUNKS) - 2 / math.pi) < 1e-16

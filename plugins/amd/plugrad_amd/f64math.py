@@ -196,7 +196,8 @@ def sin_f32_ir() -> str:
 HELPERS = {"exp2": exp2_ir, "log2": log2_ir, "sin": sin_ir}
 F32_HELPERS = {"sin": sin_f32_ir}
 F32_DECLS = ["declare float @llvm.fma.f32(float, float, float)", "declare float @llvm.rint.f32(float)", "declare float @llvm.fabs.f32(float)",
-             "declare double @llvm.floor.f64(double)", "declare double @llvm.fma.f64(double, double, double)", "declare double @llvm.rint.f64(double)"]
+             "declare double @llvm.floor.f64(double)", "declare double @llvm.fma.f64(double, double, double)",
+             "declare double @llvm.rint.f64(double)"]
 DECLS = ["declare double @llvm.fma.f64(double, double, double)", "declare double @llvm.rint.f64(double)",
          "declare double @llvm.maxnum.f64(double, double)", "declare double @llvm.minnum.f64(double, double)",
          "declare double @llvm.ldexp.f64.i32(double, i32)", "declare { double, i32 } @llvm.frexp.f64.i32(double)"]

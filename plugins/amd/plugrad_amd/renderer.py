@@ -298,7 +298,8 @@ class AMDGPURenderer(Renderer):
     +-inf from 61440 (the halfway point to the next, absent, step) up; subnormals rint(|x| * 2^9 / 2^16)."""
     e4 = dt == dtypes.fp8e4m3
     # (mantissa shift, float32 bits of the saturation threshold / of the smallest normal, rounding bias, exponent offset, scale, code)
-    sh, big, small, off, scale, top = (20, 0x43E00000, 0x3C800000, 120 << 3, 512.0, 0x7E) if e4 else                                       (21, 0x47700000, 0x38800000, 112 << 2, 65536.0, 0x7C)
+    sh, big, small, off, scale, top = (20, 0x43E00000, 0x3C800000, 120 << 3, 512.0, 0x7E) if e4 else \
+      (21, 0x47700000, 0x38800000, 112 << 2, 65536.0, 0x7C)
     self.decls.add("declare float @llvm.rint.f32(float)")
     n = self._ir([
       f"{{u}} = bitcast float {x} to i32", "{s0} = lshr i32 {u}, 24", "{s} = and i32 {s0}, 128", "{a} = and i32 {u}, 2147483647",
@@ -323,7 +324,8 @@ class AMDGPURenderer(Renderer):
       out = self._new()
       self.emit(f"{out} = call float @pg_{name}_f32(float {args[0]})")
       return out
-    if dt.count > 1 and ((dt.scalar() == dtypes.float64 and name in f64math.HELPERS) or (dt.scalar() == dtypes.float32 and name in f64math.F32_HELPERS)):
+    own = (dt.scalar() == dtypes.float64 and name in f64math.HELPERS) or (dt.scalar() == dtypes.float32 and name in f64math.F32_HELPERS)
+    if dt.count > 1 and own:
       lanes = [self._new() for _ in range(dt.count)]
       cur = "poison"
       for i, ln in enumerate(lanes):
