@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_rdna3_units import LANE, F, H, run_asm
+from test_rdna3_units import LANE, run_asm
 
 from rdna3_harness import TestMemory
 
