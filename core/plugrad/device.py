@@ -370,6 +370,7 @@ class _DeviceRegistry:
   def __init__(self) -> None:
     self._opened: dict[str, Compiled] = {}
     self._default: str | None = None
+    self._watching = False  # registered with the plugin loader for registry changes (on first registry use)
     self._lock = threading.RLock()
 
   parse = staticmethod(parse_device)
@@ -377,7 +378,12 @@ class _DeviceRegistry:
 
   @property
   def registry(self) -> PluginRegistry:
-    from plugrad.plugins.loader import get_registry
+    # lazy plugin loading (documented in docs/architecture.md): the loader imports pluggy and reads entry points, so
+    # `import plugrad` must not import it; it is imported on the first use of Device
+    from plugrad.plugins.loader import get_registry, on_registry_change
+    if not self._watching:
+      on_registry_change(self._reset)
+      self._watching = True
     return get_registry()
 
   def entry(self, name: str) -> DeviceEntry:

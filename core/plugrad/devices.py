@@ -10,13 +10,13 @@ import os
 import platform
 import sys
 import tempfile
+from plugrad.dtype import dtypes
+from plugrad.tensor import Tensor
 from plugrad.device import PATH_DEVICES, Buffer, Device, DeviceError, canonicalize, parse_device
 from plugrad.plugins.loader import PluginError, PluginRegistry, get_registry
 from plugrad.plugins.spec import PLUGIN_API_VERSION
 
 def _tensor_smoke(name: str) -> tuple[bool, str] | None:
-  try: from plugrad.tensor import Tensor  # type: ignore[import-not-found]
-  except ImportError: return None
   try: out = (Tensor([1, 2, 3], device=name) * 2).tolist()
   except NotImplementedError: return None  # the device's renderer can't render kernels yet: use its hand-written kernel
   return out == [2, 4, 6], f"Tensor([1,2,3])*2 -> {out}"
@@ -24,7 +24,6 @@ def _tensor_smoke(name: str) -> tuple[bool, str] | None:
 def smoke(name: str) -> tuple[bool, str]:
   """Run `[1,2,3]*2` on device `name` (via Tensor when it exists, else a hand-written kernel or an alloc round trip)."""
   import numpy as np
-  from plugrad.dtype import dtypes
   try:
     dev = Device[name]
     if getattr(dev, "fake", False):

@@ -1,32 +1,21 @@
-"""Autograd: one derivative rule per tensor-level op, applied in reverse topological order.
+"""Autograd: one derivative rule per tensor-level op, applied in reverse topological order, on UOps.
 
-`pm_gradient` maps a node `ret` and the gradient flowing into it (`ctx`, a Tensor of ret's shape) to one
-gradient per source (None where a source gets none). Every composite Tensor op is built from these primitives,
-so this is the whole of autograd. Rules are written with Tensor ops, so gradients are lazy graphs that fuse
-like any other computation.
+`pm_gradient` maps a node `ret` and the gradient flowing into it (`ctx`, a UOp of ret's shape) to one gradient UOp per
+source (None where a source gets none). Every composite Tensor op is built from these primitives, so this is the whole
+of autograd. Rules use the op mixins UOp shares with Tensor (plugrad/mixin: movement, arithmetic, `_reduce`) and
+`full_like` for constants, so gradients are lazy graphs that fuse like any other computation; this module imports no
+Tensor (Tensor.gradient wraps the results).
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from plugrad.dtype import dtypes, sum_acc_dtype
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 
-if TYPE_CHECKING:
-  from plugrad.tensor import Tensor
 
-
-def _T(u: UOp) -> Tensor:
-  from plugrad.tensor import Tensor
-  return Tensor(u)
-
-
-def _src(ret: UOp, i: int = 0) -> Tensor: return _T(ret.src[i])
-
-
-def _unexpand(g: Tensor, shape: tuple) -> Tensor:
+def _unexpand(g: UOp, shape: tuple) -> UOp:
   """Sum g over the axes where `shape` has 1 and g does not (the adjoint of EXPAND)."""
   axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a == 1 and b != 1)
   if not axes: return g
@@ -34,44 +23,61 @@ def _unexpand(g: Tensor, shape: tuple) -> Tensor:
   return g.cast(acc)._reduce(Ops.ADD, axes, keepdim=True).cast(g.dtype) if acc != g.dtype else g._reduce(Ops.ADD, axes, keepdim=True)
 
 
-def _max_grad(g: Tensor, a: Tensor, b: Tensor) -> Tensor:
+def _where(c: UOp, x: UOp, y: UOp) -> UOp: return UOp(Ops.WHERE, x.dtype, (c, x, y))
+
+
+def _max_grad(g: UOp, a: UOp, b: UOp) -> UOp:
   """d max(a, b) / da: 1 where a wins, 0.5 on ties, 0 where b wins."""
-  return g * (a > b).where(1.0, (a == b).where(0.5, 0.0)).cast(g.dtype)
+  return g * _where(a > b, g.full_like(1.0), _where(a.eq(b), g.full_like(0.5), g.full_like(0.0)))
 
 
-def _reduce_max_grad(g: Tensor, ret: UOp) -> Tensor:
-  x, m = _src(ret), _T(ret)
-  mask = (x == m._expand_to(x.shape)).cast(g.dtype)
+def _reduce_max_grad(g: UOp, ret: UOp) -> UOp:
+  x = ret.src[0]
+  mask = x.eq(ret._expand_to(x.shape)).cast(g.dtype)
   count = mask._reduce(Ops.ADD, ret.arg[1], keepdim=True)
   return mask * (g / count)._expand_to(x.shape)  # ties share the gradient evenly
 
 
-def _reduce_grad(g: Tensor, ret: UOp) -> Tensor | None:
-  op, x = ret.arg[0], _src(ret)
+def _reduce_grad(g: UOp, ret: UOp) -> UOp | None:
+  op, x = ret.arg[0], ret.src[0]
   if op is Ops.ADD: return g._expand_to(x.shape)
   if op is Ops.MAX: return _reduce_max_grad(g, ret)
   if op is Ops.MUL:  # product of the other elements: exact with zeros (one zero: only it gets a gradient; two: none do)
     axes = ret.arg[1]
-    nz = x == 0
-    p = nz.where(1.0, x)._reduce(Ops.MUL, axes, keepdim=True)._expand_to(x.shape)
+    nz, one, zero = x.eq(x.full_like(0)), x.full_like(1.0), x.full_like(0.0)
+    p = _where(nz, one, x)._reduce(Ops.MUL, axes, keepdim=True)._expand_to(x.shape)
     c = nz.cast(g.dtype)._reduce(Ops.ADD, axes, keepdim=True)._expand_to(x.shape)
     ge = g._expand_to(x.shape)
-    return ge * nz.where((c == 1).where(p, 0.0), (c == 0).where(p / nz.where(1.0, x), 0.0))
+    return ge * _where(nz, _where(c.eq(c.full_like(1)), p, zero), _where(c.eq(c.full_like(0)), p / _where(nz, one, x), zero))
   return None
 
 
-def _pad_grad(g: Tensor, ret: UOp) -> Tensor:
+def _pad_grad(g: UOp, ret: UOp) -> UOp:
   return g.shrink(tuple((b, b + s) for (b, _), s in zip(ret.arg, ret.src[0].shape)))
 
 
-def _shrink_grad(g: Tensor, ret: UOp) -> Tensor:
+def _shrink_grad(g: UOp, ret: UOp) -> UOp:
   return g._pad(tuple((b, s - e) for (b, e), s in zip(ret.arg, ret.src[0].shape)))
 
 
-def _permute_grad(g: Tensor, ret: UOp) -> Tensor:
+def _permute_grad(g: UOp, ret: UOp) -> UOp:
   inv = [0] * len(ret.arg)
   for i, o in enumerate(ret.arg): inv[o] = i
   return g.permute(tuple(inv))
+
+
+def _cos(x: UOp) -> UOp:
+  """cos(x) = 1 - 2 sin(x/2)^2, as Tensor.cos computes it (halving is exact)."""
+  s = (x * x.full_like(0.5))._alu(Ops.SIN)
+  return x.full_like(1) - x.full_like(2) * s * s
+
+
+def _to(g: UOp, device: str) -> UOp: return g if g.device == device else UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, arg=device)))
+
+
+def _pow_grads(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
+  b, e = ret.src
+  return ctx * e * ret / b, ctx * ret * (b.log2() * b.full_like(math.log(2)))
 
 
 def _float(ret: UOp) -> bool: return dtypes.is_float(ret.dtype)
@@ -79,21 +85,21 @@ def _float(ret: UOp) -> bool: return dtypes.is_float(ret.dtype)
 
 pm_gradient = PatternMatcher([
   (UPat(Ops.ADD, name="ret"), lambda ctx, ret: (ctx, ctx)),
-  (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * _src(ret, 1), ctx * _src(ret, 0))),
+  (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0])),
   (UPat(Ops.NEG, name="ret"), lambda ctx, ret: (-ctx,)),
-  (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / _src(ret, 1), -ctx * _T(ret) / _src(ret, 1))),
-  (UPat(Ops.MAX, name="ret"), lambda ctx, ret: (_max_grad(ctx, _src(ret, 0), _src(ret, 1)), _max_grad(ctx, _src(ret, 1), _src(ret, 0)))
+  (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / ret.src[1], -ctx * ret / ret.src[1])),
+  (UPat(Ops.MAX, name="ret"), lambda ctx, ret: (_max_grad(ctx, ret.src[0], ret.src[1]), _max_grad(ctx, ret.src[1], ret.src[0]))
    if _float(ret) else None),
-  (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * _T(ret) * math.log(2),)),
-  (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (_src(ret) * math.log(2)),)),
-  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _src(ret).cos(),)),
-  (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (_T(ret) * 2),)),
-  (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * _T(ret) * _T(ret),)),
-  (UPat(Ops.POW, name="ret"), lambda ctx, ret: (ctx * _src(ret, 1) * _T(ret) / _src(ret, 0), ctx * _T(ret) * _src(ret, 0).log())),
-  (UPat(Ops.WHERE, name="ret"), lambda ctx, ret: (None, _src(ret, 0).where(ctx, 0.0), _src(ret, 0).where(0.0, ctx))),
-  (UPat(Ops.MULACC, name="ret"), lambda ctx, ret: (ctx * _src(ret, 1), ctx * _src(ret, 0), ctx)),
+  (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * ret * ctx.full_like(math.log(2)),)),
+  (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * ctx.full_like(math.log(2))),)),
+  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _cos(ret.src[0]),)),
+  (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (ret * ret.full_like(2)),)),
+  (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * ret * ret,)),
+  (UPat(Ops.POW, name="ret"), _pow_grads),
+  (UPat(Ops.WHERE, name="ret"), lambda ctx, ret: (None, _where(ret.src[0], ctx, ctx.full_like(0.0)), _where(ret.src[0], ctx.full_like(0.0), ctx))),
+  (UPat(Ops.MULACC, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0], ctx)),
   (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype),) if dtypes.is_float(ret.src[0].dtype) else (None,)),
-  (UPat(Ops.TRUNC, name="ret"), lambda ctx, ret: (ctx * 0,)),
+  (UPat(Ops.TRUNC, name="ret"), lambda ctx, ret: (ctx * ctx.full_like(0),)),
   # movement
   (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
   (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret: (_unexpand(ctx, ret.src[0].shape),)),
@@ -104,7 +110,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.REDUCE_AXIS, name="ret"), lambda ctx, ret: (_reduce_grad(ctx, ret),)),
   # buffers and copies
   (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
-  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (ctx.to(_src(ret).device), None)),
+  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (_to(ctx, ret.src[0].device), None)),
   (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),
 ])
 
@@ -114,13 +120,13 @@ NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR,
 LEAVES = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.CONST, Ops.DEVICE, Ops.UNIQUE, Ops.BIND, Ops.DEFINE_VAR, Ops.PARAM})
 
 
-def compute_gradient(root: UOp, root_grad: Tensor, targets: list[UOp]) -> dict[UOp, Tensor]:
+def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp, UOp]:
   """Gradients of `root` (seeded with `root_grad`) with respect to each node in `targets` that `root` depends on."""
   tset = set(targets)
   topo = list(root.toposort(gate=lambda u: u.op not in NO_GRADIENT))
   on_path: dict[UOp, bool] = {}
   for n in topo: on_path[n] = n in tset or (n.op not in NO_GRADIENT and any(on_path.get(s, False) for s in n.src))
-  grads: dict[UOp, Tensor] = {root: root_grad}
+  grads: dict[UOp, UOp] = {root: root_grad}
   for n in reversed(topo):
     if (g := grads.get(n)) is None or not on_path[n] or not n.src: continue
     if n.op in NO_GRADIENT or n.op in LEAVES: continue

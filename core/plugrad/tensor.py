@@ -1,8 +1,9 @@
 """Tensor: the lazy user-facing array. Every operation builds UOps; `realize()` schedules, compiles and runs them.
 
-This module holds the Tensor class with its construction, the primitive operations every other op is written
-in (elementwise ALU with broadcasting and promotion, the six movement ops, reductions, casts) and realization.
-Composite ops live in mixin modules (see plugrad/tensor_ops/) and only call these primitives.
+This module holds the Tensor class with its construction, realization, autograd entry points and the primitives the
+shared op mixins need (`_mop`, `_alu`, `_operands` with broadcasting and dtype promotion, `_rop`, `_full`, `cast`).
+The movement ops, arithmetic and `_reduce` are written once in `plugrad.mixin` (shared with UOp); composite ops live in
+the mixin modules of plugrad/tensor_ops/ and only call these primitives.
 """
 from __future__ import annotations
 
@@ -17,20 +18,23 @@ import numpy as np
 
 from plugrad.device import Device, canonicalize
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
-from plugrad.engine.function import inline_calls
+from plugrad.engine.inline import inline_calls
 from plugrad.engine.realize import buffer_for, run_schedule
 from plugrad.schedule.kernelize import (buffer_of, contiguous_range, create_schedule, device_of, is_buffer_view, is_storage, new_buffer,
                                        range_view)
+from plugrad.errors import TensorError
+from plugrad.gradient import compute_gradient
+from plugrad.live import all_tensors as _all_tensors
+from plugrad.mixin.math import MathOps
+from plugrad.mixin.movement import MovementOps, argshape, check_shape
 from plugrad.uop.ops import GroupOp, Ops, UOp
-from plugrad.tensor_ops import TensorError
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
 from plugrad.tensor_ops.movement import MovementMixin
 from plugrad.tensor_ops.nn import NnMixin
 from plugrad.tensor_ops.reduce import ReduceMixin
-from plugrad.uop.symbolic import prod, resolve, sint, sym_infer
+from plugrad.uop.symbolic import prod, sint, sym_infer
 
-_all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 _pending_assigns: weakref.WeakKeyDictionary[UOp, list[UOp]] = weakref.WeakKeyDictionary()  # buffer -> unrealized ASSIGNs into it
 
 
@@ -124,13 +128,6 @@ def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple, unique
   return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
 
 
-def _check_shape(shape: Sequence) -> tuple:
-  for s in shape:
-    if isinstance(s, bool) or not isinstance(s, (int, UOp)) or (isinstance(s, int) and s < 0):
-      raise TensorError(f"invalid shape {tuple(shape)}: dimensions must be non-negative ints")
-  return tuple(shape)
-
-
 def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
@@ -180,7 +177,7 @@ def _cast_np(arr: np.ndarray, dtype: DType, device: str) -> UOp:
   return Tensor(_np_to_uop(arr.astype(np.float32), device)).cast(dtype).uop
 
 
-class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin):
+class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin, MathOps, MovementOps):
   """A lazily evaluated n-dimensional array on a device."""
   __slots__ = ("uop", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False
@@ -223,6 +220,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def __hash__(self) -> int: return id(self)
   def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails: Tensor methods that plugins add
     if name.startswith("_") or hasattr(type(self), name): return object.__getattribute__(self, name)  # the real error
+    # lazy plugin loading (documented in docs/architecture.md): plugin Tensor methods resolve on first use
     from plugrad.plugins.loader import tensor_method
     return tensor_method(self, name)
 
@@ -352,18 +350,16 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     """Gradients of this tensor with respect to `targets` (lazy tensors). A non-scalar tensor needs `gradient`.
     A target this tensor doesn't depend on (or whose use folded away, as in x**0) gets zeros, as in tinygrad and torch;
     `materialize_grads` is kept for compatibility."""
-    from plugrad.gradient import compute_gradient
     if Tensor.no_grad: raise RuntimeError("gradients are disabled inside Tensor.no_grad")
     if gradient is None:
       if self.shape != (): raise RuntimeError(f"gradient of a non-scalar tensor (shape {self.shape}) needs gradient=")
       gradient = Tensor(1.0, device=self.device, dtype=self.dtype)
     if gradient.shape != self.shape: raise TensorError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
     if not dtypes.is_float(self.dtype): raise RuntimeError(f"only float tensors have gradients, this is {self.dtype}")
-    grads = compute_gradient(inline_calls(self.uop), gradient.cast(self.dtype), [t._grad_uop() for t in targets])
+    grads = compute_gradient(inline_calls(self.uop), gradient.cast(self.dtype).uop, [t._grad_uop() for t in targets])
     out = []
     for t in targets:
-      if (g := grads.get(t._grad_uop())) is None: g = Tensor.zeros(t.shape, dtype=t.dtype, device=t.device)
-      out.append(g)
+      out.append(Tensor(g) if (g := grads.get(t._grad_uop())) is not None else Tensor.zeros(t.shape, dtype=t.dtype, device=t.device))
     return out
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
@@ -406,18 +402,18 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   # ***** creation helpers *****
   @staticmethod
   def full(shape: Sequence[sint] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
-    shape = _check_shape((shape,) if isinstance(shape, int) else tuple(shape))
+    shape = check_shape((shape,) if isinstance(shape, int) else tuple(shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
     return Tensor(_const_uop(fill_value, dt, _canon_device(device), shape, unique=True), **kw)
   @staticmethod
   def zeros(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
-    return Tensor.full(_argshape(shape), 0, dtype or dtypes.default_float, device, **kw)
+    return Tensor.full(argshape(shape), 0, dtype or dtypes.default_float, device, **kw)
   @staticmethod
   def ones(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
-    return Tensor.full(_argshape(shape), 1, dtype or dtypes.default_float, device, **kw)
+    return Tensor.full(argshape(shape), 1, dtype or dtypes.default_float, device, **kw)
   @staticmethod
   def empty(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
-    shape = _check_shape(_argshape(shape))
+    shape = check_shape(argshape(shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     return Tensor(_view(new_buffer(_canon_device(device), prod(shape), dt), shape), **kw)
 
@@ -432,76 +428,13 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def _const_like(self, v: ConstType, dtype: DType | None = None) -> Tensor:
     return Tensor(_const_uop(v, dtype or self.dtype, self.device, self.shape))
 
-  # ***** movement primitives *****
-  def reshape(self, shape, *args) -> Tensor:
-    """A view with a new shape: -1 infers one dimension, None keeps that dimension's size."""
-    new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, (int, type(None))) else shape)
-    if any(s is None for s in new):  # None at position i keeps self.shape[i] (tinygrad's rule)
-      if any(s is None and i >= self.ndim for i, s in enumerate(new)): raise TensorError(f"reshape: None at a dim {self.shape} doesn't have: {new}")
-      new = tuple(self.shape[i] if s is None else s for i, s in enumerate(new))
-    if new.count(-1) > 1: raise TensorError(f"reshape can infer only one dimension, got {new}")
-    if -1 in new:
-      known = prod([s for s in new if s != -1])
-      if known == 0 or self.numel() % known != 0: raise TensorError(f"can't reshape {self.shape} to {new}")
-      new = tuple(self.numel() // known if s == -1 else s for s in new)
-    new = _check_shape(new)
-    if resolve(prod(new) != self.numel() if isinstance(prod(new), int) and isinstance(self.numel(), int) else False, True):
-      raise TensorError(f"can't reshape tensor of shape {self.shape} ({self.numel()} elements) to {new}")
-    return self if new == self.shape else Tensor(UOp(Ops.RESHAPE, self.dtype, (self.uop,), new))
-
-  def permute(self, order, *args) -> Tensor:
-    order = tuple(self._axis(a) for a in ((order, *args) if args or isinstance(order, int) else order))
-    if sorted(order) != list(range(self.ndim)): raise TensorError(f"permute order {order} is not a permutation of {self.ndim} axes")
-    return self if order == tuple(range(self.ndim)) else Tensor(UOp(Ops.PERMUTE, self.dtype, (self.uop,), order))
-
-  def expand(self, shape, *args) -> Tensor:
-    new = _argshape((shape, *args) if args else (shape,) if isinstance(shape, int) else shape)
-    if len(new) < self.ndim: raise TensorError(f"can't expand {self.shape} to fewer dims {new}")
-    x = self.reshape((1,) * (len(new) - self.ndim) + self.shape) if len(new) > self.ndim else self
-    new = tuple(o if n == -1 else n for o, n in zip(x.shape, new))
-    for o, n in zip(x.shape, new):
-      if o != n and o != 1: raise TensorError(f"can't expand {self.shape} to {new}: dims must match or be 1")
-    return x if new == x.shape else Tensor(UOp(Ops.EXPAND, self.dtype, (x.uop,), _check_shape(new)))
-
-  def _pad(self, pads: tuple[tuple[sint, sint], ...]) -> Tensor:
-    if all(b == 0 and a == 0 for b, a in pads): return self
-    if any(isinstance(v, int) and v < 0 for p in pads for v in p): raise TensorError(f"negative padding {pads} (use shrink)")
-    return Tensor(UOp(Ops.PAD, self.dtype, (self.uop,), tuple(pads)))
-
-  def shrink(self, arg: Sequence[tuple[sint, sint] | None]) -> Tensor:
-    if len(arg) != self.ndim: raise TensorError(f"shrink needs {self.ndim} (start, end) pairs, got {len(arg)}")
-    bounds = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
-    for (b, e), s in zip(bounds, self.shape):
-      if isinstance(b, int) and isinstance(e, int) and isinstance(s, int) and not 0 <= b <= e <= s:
-        raise TensorError(f"shrink {bounds} out of range for shape {self.shape}")
-    if all(b == 0 and e == s for (b, e), s in zip(bounds, self.shape)): return self
-    return Tensor(UOp(Ops.SHRINK, self.dtype, (self.uop,), bounds))
-
-  def flip(self, axis, *args) -> Tensor:
-    axes_list = [self._axis(a) for a in ((axis, *args) if args or isinstance(axis, int) else axis)]
-    if len(set(axes_list)) != len(axes_list): raise TensorError(f"flip: dim {axes_list} repeats an axis (shape {self.shape})")
-    axes = set(axes_list)
-    return Tensor(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim)))) if axes else self
-
-  def _axis(self, a: int, ndim: int | None = None) -> int:
-    n = self.ndim if ndim is None else ndim
-    if not isinstance(a, int) or isinstance(a, bool): raise TypeError(f"axis must be an int, got {a!r}")
-    if not -max(n, 1) <= a < max(n, 1): raise IndexError(f"axis {a} is out of range for a tensor of {n} dims (shape {self.shape})")
-    return a + n if a < 0 else a
+  # ***** primitives of the shared op mixins (plugrad/mixin) *****
+  def _mop(self, op: Ops, arg: Any) -> Tensor: return Tensor(UOp(op, self.dtype, (self.uop,), arg))
+  def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+  def _full(self, shape: tuple, value: ConstType, dtype: DType) -> Tensor: return Tensor.full(shape, value, dtype, self.device)
+  def _operands(self, x: Any, reverse: bool = False) -> tuple[Tensor, Tensor]: return self._broadcasted(x, reverse)
 
   # ***** elementwise primitives *****
-  def _broadcast_shape(self, *others: Tensor) -> tuple:
-    shapes = [self.shape, *(o.shape for o in others)]
-    n = max(len(s) for s in shapes)
-    padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-      big = [d for d in dims if not (isinstance(d, int) and d == 1)]
-      if any(d is not big[0] and d != big[0] for d in big[1:]):
-        raise TensorError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
-      out.append(big[0] if big else 1)
-    return tuple(out)
-
   def _to_tensor(self, x: Any, reverse_dtype: bool = False) -> Tensor:
     if isinstance(x, Tensor): return x
     if isinstance(x, UOp): return Tensor.from_sint(x, self.device).cast(self.dtype if dtypes.is_int(self.dtype) else dtypes.default_int)
@@ -521,16 +454,9 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     shape = x._broadcast_shape(y)
     return x._expand_to(shape), y._expand_to(shape)
 
-  def _expand_to(self, shape: tuple) -> Tensor:
-    if self.shape == shape: return self
-    return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape) if self.ndim < len(shape) else self.expand(shape)
-
   def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-    return Tensor(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
-
-  def _binop(self, op: Ops, y: Any, reverse: bool = False) -> Tensor:
-    a, b = self._broadcasted(y, reverse)
-    return a._alu(op, b, dtype=dtypes.bool if op in GroupOp.Comparison else None)
+    out = dtype or (dtypes.bool if op in GroupOp.Comparison else self.dtype)
+    return Tensor(UOp(op, out, (self.uop, *(s.uop for s in srcs))))
 
   def cast(self, dtype: DType | str) -> Tensor:
     dt = to_dtype(dtype)
@@ -554,33 +480,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     base, off, _ = contiguous_range(self.uop)
     return range_view(base, off, self.nbytes() // dt.itemsize, dt)
 
-  # ***** reduce primitive *****
-  def _reduce(self, op: Ops, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    axis_list = [] if self.ndim == 0 and axis in (0, -1, (), None) else \
-      list(range(self.ndim)) if axis is None else [self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis)]
-    if len(set(axis_list)) != len(axis_list): raise TensorError(f"duplicate axis in {axis} for shape {self.shape}")
-    axes = tuple(sorted(axis_list))
-    new_shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
-    if not axes: return self
-    for a in axes:
-      if self.shape[a] == 0:
-        if op is Ops.MAX: raise RuntimeError(f"max/min of an empty axis {a} of shape {self.shape}")
-        ident = 0 if op is Ops.ADD else 1
-        out = Tensor.full(tuple(1 if i in axes else s for i, s in enumerate(self.shape)), ident, self.dtype, self.device)
-        return out if keepdim else out.reshape(new_shape)
-    if (ret := self._split_full_reduce(op, axes)) is None: ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
-    return ret if keepdim else ret.reshape(new_shape)
-
-  def _split_full_reduce(self, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
-    """A full reduction of many elements as two: p partial reductions over contiguous runs (one kernel whose p
-    outputs a device spreads over its cores or threads; a single output would run on one), then one over the partials.
-    None when the reduction is partial, symbolic or small (< 2**16 elements)."""
-    n = prod(self.shape)
-    if len(axes) != self.ndim or not isinstance(n, int) or n < (1 << 16): return None
-    if (p := next((p for p in (256, 128, 64, 32, 16, 8, 4, 2) if n % p == 0 and n // p >= 1024), None)) is None: return None
-    part = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.reshape(p, n // p).uop,), (op, (1,)))).reshape(p).contiguous()
-    return Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (part.uop,), (op, (0,)))).reshape((1,) * self.ndim)
-
+  # ***** reductions (over MathOps._reduce) *****
   def sum(self, axis=None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
     acc = to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype)
     ret = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
@@ -593,15 +493,6 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return self.cast(to_dtype(dtype) if dtype is not None else self.dtype)._reduce(Ops.MUL, axis, keepdim)
 
   # ***** operators *****
-  def add(self, x, reverse: bool = False) -> Tensor: return self._binop(Ops.ADD, x, reverse)
-  def mul(self, x, reverse: bool = False) -> Tensor: return self._binop(Ops.MUL, x, reverse)
-  def sub(self, x, reverse: bool = False) -> Tensor:
-    a, b = self._broadcasted(x, reverse)
-    return a._alu(Ops.ADD, -b)
-  def neg(self) -> Tensor:
-    if self.dtype == dtypes.bool: return self.logical_not()
-    return self._alu(Ops.NEG) if dtypes.is_float(self.dtype) else self * -1
-  def logical_not(self) -> Tensor: return self._binop(Ops.CMPNE, True) if self.dtype == dtypes.bool else self.cast(dtypes.bool).logical_not()
   def div(self, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     a, b = self._broadcasted(x, reverse, match_dtype=False)
     if rounding_mode is None:
@@ -610,14 +501,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if rounding_mode == "floor": return self.floordiv(x, reverse)
     if rounding_mode == "trunc": return self.idiv(x, reverse) if not dtypes.is_float(least_upper_dtype(a.dtype, b.dtype)) else a.div(b).trunc()
     raise TensorError(f"div rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
-  def maximum(self, x) -> Tensor:
-    """Elementwise max; nan in either input gives nan (as numpy; Ops.MAX propagates nan)."""
-    return self._binop(Ops.MAX, x)
-  def exp2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.EXP2)
-  def log2(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.LOG2)
   def exp(self) -> Tensor: return (self.cast(least_upper_float(self.dtype)) * (1 / math.log(2))).exp2()
   def log(self) -> Tensor: return self.log2() * math.log(2)
-  def sqrt(self) -> Tensor: return self.cast(least_upper_float(self.dtype))._alu(Ops.SQRT)
   def relu(self) -> Tensor:
     """max(x, 0) with nan kept and a zero gradient at 0 (as torch)."""
     return (self <= 0).where(0, self)
@@ -630,29 +515,13 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     shape = cond._broadcast_shape(xt, yt)
     return cond._expand_to(shape)._alu(Ops.WHERE, xt._expand_to(shape), yt._expand_to(shape), dtype=xt.dtype)
 
-  def __add__(self, x): return self.add(x)
-  def __radd__(self, x): return self.add(x, True)
-  def __sub__(self, x): return self.sub(x)
-  def __rsub__(self, x): return self.sub(x, True)
-  def __mul__(self, x): return self.mul(x)
-  def __rmul__(self, x): return self.mul(x, True)
   def __truediv__(self, x): return self.div(x)
   def __rtruediv__(self, x): return self.div(x, True)
-  def __neg__(self): return self.neg()
-  def __lt__(self, x): return self._binop(Ops.CMPLT, x)
-  def __gt__(self, x): return self._binop(Ops.CMPLT, x, True)
   def __ge__(self, x): return self._binop(Ops.CMPLT, x, True) | self._binop(Ops.CMPEQ, x)  # nan compares false, unlike not(<)
   def __le__(self, x): return self._binop(Ops.CMPLT, x) | self._binop(Ops.CMPEQ, x)
   def __eq__(self, x): return self._binop(Ops.CMPEQ, x)  # type: ignore[override]
   def __ne__(self, x): return self._binop(Ops.CMPNE, x)  # type: ignore[override]
-  def eq(self, x) -> Tensor: return self._binop(Ops.CMPEQ, x)
-  def ne(self, x) -> Tensor: return self._binop(Ops.CMPNE, x)
   def __bool__(self): raise TypeError("the truth value of a Tensor is ambiguous; use .item() or .numpy()")
-
-
-def _argshape(shape: tuple) -> tuple:
-  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): return tuple(shape[0])
-  return tuple(shape)
 
 
 def _is_contiguous(u: UOp) -> bool:

@@ -41,6 +41,13 @@ def test_unused_and_folded_inputs_get_zeros():
   ("pow_neg_frac", lambda x: x ** 0.3, None, [-2.0, -0.5, 2.0, float("-inf"), float("inf")]),
   ("pow_zero_exp", lambda x: x ** 0, None, [float("inf"), -float("inf"), 0.0, 2.0]),
   ("pow_tensor_zero", lambda x: x ** Tensor([0.0, 0.0, 0.0]), lambda x: x ** torch.tensor([0.0, 0.0, 0.0]), [float("inf"), -float("inf"), 2.0]),
+  # e * b**(e-1) is inf at a zero base for 0 < e < 1 (both zeros) and at +inf for e > 1; finite elsewhere
+  ("pow_zero_base_frac", lambda x: x ** 0.3, None, [0.0, -0.0, 1.0, 0.5]),
+  ("pow_zero_base_frac_tensor", lambda x: x ** Tensor([0.3, 0.7, 0.3, 1.5, 2.5]), lambda x: x ** torch.tensor([0.3, 0.7, 0.3, 1.5, 2.5]),
+   [0.0, -0.0, 4.0, 0.0, 0.0]),
+  ("pow_inf_base_big_exp", lambda x: x ** 2.5, None, [float("inf"), 2.0, 0.0]),
+  ("pow_inf_base_tensor", lambda x: x ** Tensor([1.5, 3.5, 0.5, 0.7]), lambda x: x ** torch.tensor([1.5, 3.5, 0.5, 0.7]),
+   [float("inf"), float("inf"), float("inf"), 3.0]),
 ])
 def test_extreme_gradients_match_torch(name, fn, tfn, vals):
   got, want = _grad(fn, vals, tfn)

@@ -32,10 +32,15 @@ def write_dist(root: Path, dist: str, version: str, module: str, code: str, ep_n
   (info / "entry_points.txt").write_text(f"[plugrad.plugins]\n{ep_name or module.removeprefix('plugrad_')} = {module}\n")
   return root
 
+# Site directories every run_py subprocess sees as installed (PLUGRAD_TEST_SITES, os.pathsep-separated): how
+# test_entrypoints.py reruns itself with a third-party backend installed, to check its expectations don't assume
+# which backends the environment has.
+EXTRA_SITES = [Path(p) for p in os.environ.get("PLUGRAD_TEST_SITES", "").split(os.pathsep) if p]
+
 def run_py(args: list[str], pythonpath: list[Path] = (), timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
   """Run the venv's python with extra PYTHONPATH entries and env vars; returns the completed process (text)."""
   e = {k: v for k, v in os.environ.items() if k not in PLUGIN_ENV and k != "PYTHONPATH"}
   e.update(env)
-  if pythonpath: e["PYTHONPATH"] = os.pathsep.join(map(str, pythonpath))
+  if pythonpath or EXTRA_SITES: e["PYTHONPATH"] = os.pathsep.join(map(str, [*pythonpath, *EXTRA_SITES]))
   return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=e, timeout=timeout)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
+from plugrad.engine.inline import inline_calls, pm_inline  # noqa: F401  (re-exported: their historical home)
+from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
-from plugrad.uop.rewrite import graph_rewrite
-from plugrad.uop.upat import PatternMatcher, UPat
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,26 +22,7 @@ def _param(i: int, t) -> UOp:
   return UOp(Ops.PARAM, t.dtype, (UOp(Ops.DEVICE, arg=t.device),), arg=("fn", i, tuple(t.shape)))
 
 
-def _inline(call: UOp) -> UOp:
-  """The body of a CALL with its PARAMs replaced by the call's inputs."""
-  body, args = call.src[0], call.src[1:]
-  # PARAM nodes are hash-consed, so a nested call's placeholder may be the very node of ours: mapping it is harmless,
-  # because substitute does not enter the bodies of nested CALLs (only their inputs)
-  params = {n: args[n.arg[1]] for n in body.toposort() if n.op is Ops.PARAM and n.arg[0] == "fn" and n.arg[1] < len(args)}
-  return body.substitute(params, walk=True)
-
-
-pm_inline = PatternMatcher([(UPat(Ops.CALL, name="call"), _inline)])
-
-
-def inline_calls(u: UOp) -> UOp:
-  """`u` with every (nested) CALL replaced by its inlined body."""
-  if not any(n.op is Ops.CALL for n in u.toposort()): return u
-  return graph_rewrite(u, pm_inline, name="inline calls")
-
-
 def _tensor_args(args: tuple, kwargs: dict) -> list:
-  from plugrad.tensor import Tensor
   out: list = []
   def walk(x: Any) -> None:
     if isinstance(x, Tensor): out.append(x)
@@ -61,7 +42,6 @@ def function(fn: F) -> F:
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
-    from plugrad.tensor import Tensor
     inputs = _tensor_args(args, kwargs)
     distinct: dict[UOp, int] = {}
     for t in inputs: distinct.setdefault(t.uop, len(distinct))  # duplicate inputs share one PARAM

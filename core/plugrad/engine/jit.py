@@ -18,6 +18,7 @@ from plugrad.device import Device
 from plugrad.engine.realize import CAPTURING, ExecItem, GlobalCounters, buffer_for
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import buffer_of, rebind_view
+from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 from plugrad.viz import capture, profile
 
@@ -29,7 +30,6 @@ class JitError(RuntimeError):
 
 
 def _tensors_in(x: Any) -> list:
-  from plugrad.tensor import Tensor
   if isinstance(x, Tensor): return [x]
   if isinstance(x, (list, tuple)): return [t for v in x for t in _tensors_in(v)]
   if isinstance(x, dict): return [t for v in x.values() for t in _tensors_in(v)]
@@ -73,7 +73,6 @@ class TinyJit(Generic[R]):
     self.cnt, self.captured, self.input_slots, self.signature, self.ret, self.plan = 0, [], [], [], None, []
 
   def __call__(self, *args, **kwargs) -> R:
-    from plugrad.tensor import Tensor
     all_args = list(args) + list(kwargs.values())
     inputs = _tensors_in(all_args)
     if not getenv("JIT", 1): return self.fn(*args, **kwargs)
@@ -94,7 +93,6 @@ class TinyJit(Generic[R]):
     return [(tuple(unbind(s) for s in t.shape), t.dtype, t.device) for t in inputs]
 
   def _capture(self, inputs: list, args: tuple, kwargs: dict) -> R:
-    from plugrad.tensor import Tensor
     CAPTURING.append([])
     try:
       ret = self.fn(*args, **kwargs)

@@ -11,6 +11,6 @@ __all__ = ["PLUGIN_API_VERSION", "Availability", "DeviceSpec", "hookimpl", "hook
 
 def __getattr__(name: str) -> Any:
   if name in ("hookimpl", "hookspec"):
-    from plugrad.plugins import hookspecs
+    from plugrad.plugins import hookspecs  # lazy plugin loading: hookspecs imports pluggy (docs/architecture.md)
     return getattr(hookspecs, name)
   raise AttributeError(f"module 'plugrad.plugins' has no attribute {name!r}")

@@ -114,14 +114,13 @@ class TensorMethod:
         raise PluginError(f"Tensor.{self.name} from {self.dist.name} {self.dist.version}: can't load {self.target!r}: {type(e).__name__}: {e}") from e
     return self.target
 
-def _check_methods(offered: Any) -> dict[str, Any]:
-  """Validate a plugrad_tensor_methods() result: public names Tensor doesn't define, functions or "module:attr" strings."""
-  from plugrad.tensor import Tensor
+def _check_methods(offered: Any, owner: type) -> dict[str, Any]:
+  """Validate a plugrad_tensor_methods() result: public names `owner` (Tensor) doesn't define, functions or "module:attr" strings."""
   if not isinstance(offered, dict): raise TypeError(f"plugrad_tensor_methods() must return a dict of name -> function, got {offered!r}")
   for name, fn in offered.items():
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
       raise ValueError(f"Tensor method name {name!r} must be a public identifier (no leading underscore)")
-    if hasattr(Tensor, name): raise ValueError(f"Tensor method {name!r} would shadow Tensor.{name}, which Tensor defines itself")
+    if hasattr(owner, name): raise ValueError(f"Tensor method {name!r} would shadow {owner.__name__}.{name}, which {owner.__name__} defines itself")
     if not (callable(fn) or (isinstance(fn, str) and fn.count(":") == 1)):
       raise TypeError(f"Tensor method {name!r} must be a function or a 'module:attr' string, got {fn!r}")
   return offered
@@ -236,15 +235,17 @@ class PluginRegistry:
     """Devices, highest priority first (ties by name)."""
     return sorted(self.devices.values(), key=lambda e: (-e.spec.priority, e.name))
 
-  def tensor_methods(self) -> dict[str, TensorMethod]:
-    """The Tensor methods plugins add (hook plugrad_tensor_methods), collected on first call. A plugin whose hook raises or
-    returns something invalid is skipped like a broken device hook; a name two plugins offer raises when it is used."""
+  def tensor_methods(self, owner: type) -> dict[str, TensorMethod]:
+    """The Tensor methods plugins add (hook plugrad_tensor_methods), collected on first call; `owner` is the class they
+    are added to (Tensor: names it defines are refused; passed in, so this module never imports Tensor). A plugin whose
+    hook raises or returns something invalid is skipped like a broken device hook; a name two plugins offer raises when
+    it is used."""
     with _lock:
       if self._methods is not None: return self._methods
       methods: dict[str, TensorMethod] = {}
       for impl in self.pm.hook.plugrad_tensor_methods.get_hookimpls():
         dist = self._plugin_dist[impl.plugin_name]
-        try: offered = _check_methods(impl.function())
+        try: offered = _check_methods(impl.function(), owner)
         except (Exception, SystemExit) as e:
           self._fail(dist, "return its Tensor methods (hook plugrad_tensor_methods)", e)
           continue
@@ -283,13 +284,24 @@ def get_registry() -> PluginRegistry:
 def tensor_method(obj: Any, name: str) -> Any:
   """`obj.name` for a Tensor method a plugin adds, bound to `obj`; otherwise AttributeError saying which plugin would add it."""
   reg = get_registry()
-  m = reg.tensor_methods().get(name)
+  m = reg.tensor_methods(type(obj)).get(name)
   if m is not None: return types.MethodType(m.function(), obj)
   raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}{reg.missing_method_hint(name)}", name=name, obj=obj)
 
 def set_registry(reg: PluginRegistry | None) -> None:
   """Replace (or with None, forget) the process-wide registry; used by tests and tools. Also drops cached devices."""
   global _registry
-  with _lock: _registry = reg
-  from plugrad.device import Device
-  Device._reset()
+  with _lock:
+    _registry = reg
+    hooks = list(_on_change)
+  for fn in hooks: fn()
+
+
+_on_change: list[Callable[[], None]] = []
+
+
+def on_registry_change(fn: Callable[[], None]) -> None:
+  """Call `fn` whenever set_registry replaces the registry (Device drops the devices it opened from the old one).
+  A callback registered twice runs once."""
+  with _lock:
+    if fn not in _on_change: _on_change.append(fn)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.schedule.indexing import TRUE, KernelContext, pm_index, same_size
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
 from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map, pm_substitute
 from plugrad.uop.upat import PatternMatcher, UPat
+from plugrad.uop.shape import device_of
 from plugrad.uop.symbolic import pm_symbolic, prod, ssimplify
 from plugrad.viz import capture
 
@@ -25,24 +27,6 @@ _unique = itertools.count()
 def new_buffer(device: str, size: int, dtype) -> UOp:
   """A fresh BUFFER node: (UNIQUE, DEVICE) sources make each one distinct."""
   return UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, arg=next(_unique)), UOp(Ops.DEVICE, arg=device)), arg=size)
-
-
-def device_of(u: UOp) -> str:
-  """The device a tensor-level node lives on (from its DEVICE source, searched through its first sources); cached on
-  the node, since Tensor.device asks for it on every operation."""
-  if (c := u._cache) is not None and "device" in c: return c["device"]
-  x = u
-  while True:
-    if x.op is Ops.DEVICE: dev = x.arg
-    elif x.op is Ops.BUFFER: dev = x.src[1].arg
-    elif x.op is Ops.PARAM and isinstance(x.arg, tuple) and len(x.arg) == 4: dev = x.arg[3]
-    elif x.op is Ops.COPY: dev = x.src[1].arg
-    elif not x.src: raise RuntimeError(f"{u.op} has no device")
-    else:
-      x = next((s for s in x.src if s.op is not Ops.DEFINE_VAR and s.op is not Ops.BIND), x.src[0])
-      continue
-    u._cached()["device"] = dev
-    return dev
 
 
 def is_buffer_view(u: UOp) -> bool:
@@ -89,7 +73,6 @@ def range_view(base: UOp, off: int, n: int, dtype=None) -> UOp:
 
 def is_storage(device: str) -> bool:
   """True for devices that hold buffers but run no kernels (DISK): everything on them must become a copy."""
-  from plugrad.device import Device
   return bool(getattr(Device[device], "storage", False))
 
 

@@ -1,9 +1,7 @@
 """Op-group mixins of Tensor: creation, movement, elementwise math, reductions, nn functional.
 
-`TensorError` is the exception for a bad shape or argument to a Tensor op: a ValueError (Python's convention) and a
-RuntimeError (what tinygrad and torch raise for shape mismatches), so code written against either catches it.
+These are Tensor's composite ops, written over the primitives of `plugrad.mixin` (shared with UOp) and Tensor's own
+(`_broadcasted`, `_reduce`, `full`, ...). They never import `plugrad.tensor`: a method makes new tensors with
+`type(self)` (or `cls`), a helper with `type(t)` of a tensor it was given.
 """
-
-
-class TensorError(ValueError, RuntimeError):
-  """A bad shape or argument given to a Tensor op."""
+from plugrad.errors import TensorError  # noqa: F401  (re-exported: its historical home)

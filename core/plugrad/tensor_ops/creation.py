@@ -14,7 +14,7 @@ import numpy as np
 
 from plugrad.uop.ops import UOp
 from plugrad.uop.symbolic import sint
-from plugrad.tensor_ops import TensorError
+from plugrad.errors import TensorError
 from plugrad.dtype import DType, dtypes, to_dtype
 from plugrad.uop.ops import Ops
 
@@ -31,15 +31,9 @@ def _shape(shape: tuple) -> tuple:
   return shape
 
 
-def _T():
-  from plugrad.tensor import Tensor
-  return Tensor
-
-
-def _bit_arange(n: int, device: str | None) -> Any:
+def _bit_arange(Tensor: Any, n: int, device: str | None) -> Any:
   """int32 [0, n) (int64 past 2**31) built reduce-free: the sum over bits b of 2**b * (a periodic 0/1 pattern made of
   padded ones)."""
-  Tensor = _T()
   dt = dtypes.int32 if n <= 2 ** 31 else dtypes.int64
   if n <= 1: return Tensor.zeros(n, dtype=dt, device=device)
   k = (n - 1).bit_length()
@@ -93,22 +87,22 @@ class CreationMixin:
   def zeros_like(self, **kw) -> Any: return self.full_like(0, **kw)
   def ones_like(self, **kw) -> Any: return self.full_like(1, **kw)
   def full_like(self, fill_value, **kw) -> Any:
-    return _T().full(self.shape, fill_value, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
+    return type(self).full(self.shape, fill_value, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
   def empty_like(self, **kw) -> Any:
-    return _T().empty(self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
+    return type(self).empty(self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
   def rand_like(self, **kw) -> Any:
-    return _T().rand(self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
+    return type(self).rand(self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
   def randn_like(self, **kw) -> Any:
-    return _T().randn(self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
+    return type(self).randn(self.shape, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device), **kw)
 
   # ***** ranges *****
-  @staticmethod
-  def arange(start, stop=None, step=1, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+  @classmethod
+  def arange(cls, start, stop=None, step=1, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """Values from start (inclusive) to stop (exclusive) by step; int dtype for int arguments, float otherwise."""
     if stop is None: start, stop = 0, start
     if isinstance(stop, UOp):  # symbolic length: the first `stop` values of an arange of its largest value
       if start != 0 or step != 1: raise TensorError("a symbolic arange supports only arange(stop) with start 0, step 1")
-      idx = _bit_arange(int(stop.vmax), device).shrink(((0, stop),))
+      idx = _bit_arange(cls, int(stop.vmax), device).shrink(((0, stop),))
       return idx.cast(to_dtype(dtype)) if dtype is not None else idx
     for v in (start, stop, step):
       if isinstance(v, bool) or not isinstance(v, (int, float)): raise TypeError(f"arange arguments must be numbers, got {v!r}")
@@ -118,7 +112,7 @@ class CreationMixin:
     last = start + (n - 1) * step if n else start
     big = not isfloat and not all(dtypes.min(dtypes.default_int) <= v <= dtypes.max(dtypes.default_int) for v in (start, last))
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float if isfloat else dtypes.int64 if big else dtypes.default_int
-    idx = _bit_arange(n, device)
+    idx = _bit_arange(cls, n, device)
     if dtypes.is_float(dt) or isfloat:
       acc = dt if dtypes.is_float(dt) else dtypes.default_float
       ret = idx.cast(acc) * step + start if (start, step) != (0, 1) else idx.cast(acc)
@@ -138,7 +132,7 @@ class CreationMixin:
 
   def _tri(self, diagonal: sint, upper: bool) -> Any:
     if self.ndim < 2: raise TensorError(f"triu/tril need at least 2 dims, got shape {self.shape}")
-    Tensor = _T()
+    Tensor = type(self)
     r, c = self.shape[-2], self.shape[-1]
     rows = Tensor.arange(r, device=self.device).reshape(r, 1)
     cols = Tensor.arange(c, device=self.device).reshape(1, c)
@@ -146,26 +140,26 @@ class CreationMixin:
     keep = (d >= diagonal) if upper else (d <= diagonal)
     return keep._expand_to(self.shape).where(self, 0)
 
-  @staticmethod
-  def linspace(start, stop, steps: int, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+  @classmethod
+  def linspace(cls, start, stop, steps: int, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """`steps` evenly spaced values from start to stop, both included."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0: raise TensorError(f"linspace steps must be an int >= 0, got {steps!r}")
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     if dt == dtypes.bool: raise TensorError("linspace with dtype=bool is not supported (as in torch)")
-    Tensor = _T()
+    Tensor = cls
     if steps == 1: return Tensor.full((1,), start, dt, device, **kw)
     acc = dt if dtypes.is_float(dt) else dtypes.default_float
     ret = Tensor.arange(steps, device=device).cast(acc) * ((stop - start) / max(steps - 1, 1)) + start
     return ret.cast(dt)
 
-  @staticmethod
-  def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+  @classmethod
+  def eye(cls, n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """An n x m matrix with ones on the diagonal (a padded, reshaped column of ones: no compute)."""
     m = n if m is None else m
     for v in (n, m):
       if not isinstance(v, int) or isinstance(v, bool) or v < 0: raise TensorError(f"eye sizes must be ints >= 0, got n={n}, m={m}")
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-    Tensor, k = _T(), max(n, m)
+    Tensor, k = cls, max(n, m)
     if k == 0: return Tensor.zeros(n, m, dtype=dt, device=device, **kw)
     x = Tensor.ones(k, 1, dtype=dt, device=device)._pad(((0, 0), (0, k))).reshape(k * (k + 1)).shrink(((0, k * k),)).reshape(k, k)
     ret = x.shrink(((0, n), (0, m)))
@@ -173,30 +167,30 @@ class CreationMixin:
     return ret
 
   # ***** random *****
-  @staticmethod
-  def manual_seed(seed: int = 0) -> None:
+  @classmethod
+  def manual_seed(cls, seed: int = 0) -> None:
     """Reset the device RNG: the same seed followed by the same calls gives the same numbers."""
-    Tensor = _T()
+    Tensor = cls
     Tensor._seed, Tensor._device_rng_counter = int(seed), 0
 
-  @staticmethod
-  def _random_bits(n: int, device: str | None) -> Any:
+  @classmethod
+  def _random_bits(cls, n: int, device: str | None) -> Any:
     """n uniformly random uint32 values (one Threefry call on an arange of counters), advancing the call counter."""
-    Tensor = _T()
+    Tensor = cls
     Tensor._device_rng_counter += 1
     seed, ctr = Tensor._seed, Tensor._device_rng_counter
     half = (n + 1) // 2
     key = Tensor(np.array([seed & _MASK, ((seed >> 32) ^ (ctr >> 32)) & _MASK, ctr & _MASK], np.uint32), device=device)
     k0, k1, c1 = (key.shrink(((i, i + 1),)).reshape(()) for i in range(3))
-    c0 = _bit_arange(half, device).cast(dtypes.uint32)
+    c0 = _bit_arange(cls, half, device).cast(dtypes.uint32)
     x0, x1 = threefry2x32(c0, c1._expand_to(c0.shape), k0, k1)
     bits = x0.reshape(half, 1)._pad(((0, 0), (0, 1)))._alu(Ops.ADD, x1.reshape(half, 1)._pad(((0, 0), (1, 0))))
     return bits.reshape(2 * half).shrink(((0, n),))
 
-  @staticmethod
-  def rand(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+  @classmethod
+  def rand(cls, *shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """Uniform random floats in [0, 1) from 23 random bits (fewer for half and bfloat16, so 1.0 can't appear)."""
-    Tensor = _T()
+    Tensor = cls
     shape = _shape(shape)
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     if not dtypes.is_float(dt): raise TensorError(f"rand needs a float dtype, got {dt}")
@@ -209,10 +203,10 @@ class CreationMixin:
     if kw.get("requires_grad") is not None: ret.requires_grad = kw["requires_grad"]
     return ret
 
-  @staticmethod
-  def randn(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+  @classmethod
+  def randn(cls, *shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """Standard normal samples by Box-Muller from two uniforms."""
-    Tensor = _T()
+    Tensor = cls
     shape = _shape(shape)
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     if not dtypes.is_float(dt): raise TensorError(f"randn needs a float dtype, got {dt}")
@@ -223,11 +217,11 @@ class CreationMixin:
     if kw.get("requires_grad") is not None: ret.requires_grad = kw["requires_grad"]
     return ret
 
-  @staticmethod
-  def randint(*args, low: int = 0, high: int = 10, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+  @classmethod
+  def randint(cls, *args, low: int = 0, high: int = 10, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """Uniform random ints in [low, high). Both `randint(*shape, low=, high=)` (tinygrad) and `randint(low, high, shape)` /
     `randint(high, shape)` (torch) work."""
-    Tensor = _T()
+    Tensor = cls
     if args and isinstance(args[-1], (tuple, list)):
       bounds, shape = args[:-1], tuple(args[-1])
       if len(bounds) == 1: low, high = 0, bounds[0]
@@ -247,26 +241,26 @@ class CreationMixin:
     if kw.get("requires_grad") is not None: ret.requires_grad = kw["requires_grad"]
     return ret
 
-  @staticmethod
-  def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+  @classmethod
+  def uniform(cls, *shape, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
     """Uniform samples in [low, high)."""
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-    u = _T().rand(*shape, dtype=dt if dtypes.is_float(dt) else dtypes.float32, device=device)
+    u = cls.rand(*shape, dtype=dt if dtypes.is_float(dt) else dtypes.float32, device=device)
     ret = (u * (high - low) + low).cast(dt)
     if kw.get("requires_grad") is not None: ret.requires_grad = kw["requires_grad"]
     return ret
 
-  @staticmethod
-  def normal(*shape, mean: float = 0.0, std: float = 1.0, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
-    ret = _T().randn(*shape, dtype=dtype, device=device) * std + mean
+  @classmethod
+  def normal(cls, *shape, mean: float = 0.0, std: float = 1.0, dtype: DType | str | None = None, device: str | None = None, **kw) -> Any:
+    ret = cls.randn(*shape, dtype=dtype, device=device) * std + mean
     if kw.get("requires_grad") is not None: ret.requires_grad = kw["requires_grad"]
     return ret
 
-  @staticmethod
-  def randperm(n: int, device: str | None = None, dtype: DType | str = dtypes.int32, **kw) -> Any:
+  @classmethod
+  def randperm(cls, n: int, device: str | None = None, dtype: DType | str = dtypes.int32, **kw) -> Any:
     """A random permutation of 0..n-1: the argsort of n uniform numbers (O(n**2) work, like sort)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 0: raise TensorError(f"randperm needs an int n >= 0, got {n!r}")
-    return _T().rand(n, device=device).argsort().cast(to_dtype(dtype))
+    return cls.rand(n, device=device).argsort().cast(to_dtype(dtype))
 
   def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Any:
     """int32 samples of category indices with probabilities proportional to the (1-D or 2-D) weights. Without
@@ -277,34 +271,34 @@ class CreationMixin:
     w = self.reshape(1, -1) if self.ndim == 1 else self
     cdf = w.float().cumsum(1)
     cdf = cdf / cdf[:, -1:]
-    u = _T().rand(w.shape[0], num_samples, 1, device=self.device)
+    u = type(self).rand(w.shape[0], num_samples, 1, device=self.device)
     ret = (u >= cdf.unsqueeze(1)).cast(dtypes.int32).sum(2).minimum(w.shape[1] - 1)
     return ret.reshape(num_samples) if self.ndim == 1 else ret
 
-  @staticmethod
-  def scaled_uniform(*shape, **kw) -> Any:
+  @classmethod
+  def scaled_uniform(cls, *shape, **kw) -> Any:
     """uniform(-1, 1) scaled by 1/sqrt(numel)."""
     shape = _shape(shape)
-    return _T().uniform(*shape, low=-1.0, high=1.0, **kw) * (math.prod(shape) ** -0.5)
+    return cls.uniform(*shape, low=-1.0, high=1.0, **kw) * (math.prod(shape) ** -0.5)
 
-  @staticmethod
-  def glorot_uniform(*shape, **kw) -> Any:
+  @classmethod
+  def glorot_uniform(cls, *shape, **kw) -> Any:
     """Xavier/Glorot uniform: bound sqrt(6 / (fan_in + fan_out)) with fan_out = shape[0], fan_in = prod(shape[1:])."""
     shape = _shape(shape)
     bound = math.sqrt(6 / max(1, shape[0] + math.prod(shape[1:])))
-    return _T().uniform(*shape, low=-1.0, high=1.0, **kw) * bound
+    return cls.uniform(*shape, low=-1.0, high=1.0, **kw) * bound
 
-  @staticmethod
-  def kaiming_uniform(*shape, a: float = 0.01, **kw) -> Any:
+  @classmethod
+  def kaiming_uniform(cls, *shape, a: float = 0.01, **kw) -> Any:
     """He uniform: bound sqrt(3) * gain / sqrt(fan_in), gain = sqrt(2 / (1 + a**2)), fan_in = prod(shape[1:])."""
     shape = _shape(shape)
     bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(max(1, math.prod(shape[1:])))
-    return _T().uniform(*shape, low=-bound, high=bound, **kw)
+    return cls.uniform(*shape, low=-bound, high=bound, **kw)
 
-  @staticmethod
-  def kaiming_normal(*shape, a: float = 0.01, **kw) -> Any:
+  @classmethod
+  def kaiming_normal(cls, *shape, a: float = 0.01, **kw) -> Any:
     """He normal: std gain / sqrt(fan_in)."""
     shape = _shape(shape)
     std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(max(1, math.prod(shape[1:])))
-    return _T().normal(*shape, mean=0.0, std=std, **kw)
+    return cls.normal(*shape, mean=0.0, std=std, **kw)
 

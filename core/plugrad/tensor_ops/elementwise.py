@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from plugrad.tensor_ops import TensorError
+from plugrad.errors import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float
 from plugrad.uop.ops import Ops
 
@@ -127,6 +127,14 @@ class ElementwiseMixin:
     r = (e * zb.logical_or(binf).where(1, nan_base.where(b, b.abs())).log2()).exp2()
     r = zb.where((e > 0).where(0.0, (e == 0).where(1.0, math.inf)), r)
     r = binf.where((e > 0).where(math.inf, (e == 0).where(1.0, 0.0)), r)  # C99: pow(-inf, 0.5) = inf
+    # torch's base gradient e * b**(e-1) is inf where the form above has none (its base is the constant 1 there): at
+    # b = +-0 for 0 < e < 1 and at b = +inf for e > 1. Branches that leave the value alone carry it: d sqrt(s*b) is inf
+    # at 0 (s, the zero's sign, makes both zeros +inf, as torch), and d exp2(b) is inf at b = +inf, whose value is r's.
+    z = zb.logical_and(e > 0).logical_and(e < 1)
+    s = (b.reciprocal() < 0).where(-1.0, 1.0).cast(b.dtype)
+    r = z.where(r + s * (s * z.where(b, 1.0)).sqrt(), r)
+    pinf = (b == math.inf).logical_and(e > 1)
+    r = pinf.where(pinf.where(b, 0.0).exp2(), r)
     half = e * 0.5
     odd = is_int.logical_and(half != half.trunc())
     neg = (b < 0).logical_or((b == 0).logical_and(b.reciprocal() < 0))  # -0.0 counts: (-0.0) ** -1 is -inf

@@ -12,15 +12,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from plugrad.tensor_ops import TensorError
+from plugrad.errors import TensorError
+from plugrad.live import all_tensors
+from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.dtype import dtypes, least_upper_dtype
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import ssimplify
-
-
-def _T():
-  from plugrad.tensor import Tensor
-  return Tensor
 
 
 def _ints(args: tuple) -> tuple:
@@ -129,7 +126,7 @@ class MovementMixin:
     if mode == "constant":
       ret = x._pad(tuple(pos))
       if value != 0 and any(b or a for b, a in pos):
-        mask = _T().ones(x.shape, dtype=dtypes.bool, device=x.device)._pad(tuple(pos))
+        mask = type(self).ones(x.shape, dtype=dtypes.bool, device=x.device)._pad(tuple(pos))
         ret = mask.where(ret, value)
       return ret
     for d, (b, a) in enumerate(pos):
@@ -226,7 +223,7 @@ class MovementMixin:
     """idx[..., None] == arange(n) with negative indices wrapped."""
     idx = idx.cast(dtypes.int32) if idx.dtype != dtypes.int32 else idx
     idx = (idx < 0).where(idx + n, idx)
-    return idx.unsqueeze(-1)._binop(Ops.CMPEQ, _T().arange(n, device=self.device))
+    return idx.unsqueeze(-1)._binop(Ops.CMPEQ, type(self).arange(n, device=self.device))
 
   def _check_index_tensor(self, name: str, index: Any, dim: int) -> None:
     if not dtypes.is_int(index.dtype): raise TypeError(f"{name}: index must be an int tensor, got {index.dtype}")
@@ -247,7 +244,7 @@ class MovementMixin:
     """(mask, srcv, hit): mask[..., s] says index picks target s, srcv is src cut to index's shape with a trailing 1."""
     d = self._axis(dim)
     self._check_index_tensor("scatter", index, d)
-    if not isinstance(src, type(self)): srcv = _T().full(index.shape, src, self.dtype, self.device)
+    if not isinstance(src, type(self)): srcv = type(self).full(index.shape, src, self.dtype, self.device)
     else:
       if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
         raise TensorError(f"scatter: index {index.shape} must not be larger than src {src.shape}")
@@ -267,7 +264,7 @@ class MovementMixin:
       if reduce not in ("add", "multiply"): raise TensorError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
       return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
     d, m, srcv = self._scatter_parts(dim, index, src)
-    pos = _T().arange(1, index.shape[d] + 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(index.ndim)) + (1,))
+    pos = type(self).arange(1, index.shape[d] + 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(index.ndim)) + (1,))
     last = m.where(pos, 0).max(d, keepdim=True)
     sel = m._alu(Ops.AND, pos._binop(Ops.CMPEQ, last))
     val = sel.where(srcv, 0).sum(d, dtype=self.dtype) if self.dtype != dtypes.bool else sel.where(srcv, False).max(d)
@@ -368,7 +365,7 @@ class MovementMixin:
   # ***** indexing *****
   def _parse_index(self, index: Any) -> tuple[list, bool]:
     """Index entries with Ellipsis expanded and bool masks turned into int tensors; and whether any tensor index is present."""
-    Tensor = _T()
+    Tensor = type(self)
     entries = list(index) if isinstance(index, tuple) else [index]
     out = []
     for e in entries:
@@ -413,7 +410,7 @@ class MovementMixin:
 
   def _basic_view(self, entries: list) -> tuple[Any, list, list, int]:
     """Apply ints/slices/None as movement ops. Returns (view, ops for the inverse, view axes of tensor indices, where B goes)."""
-    Tensor = _T()
+    Tensor = type(self)
     x, ops, d = self, [], 0
     def do(op, arg):
       nonlocal x
@@ -490,7 +487,7 @@ class MovementMixin:
     entries, has_tensor = self._parse_index(index)
     x, _, axes, bpos = self._basic_view(entries)
     if not has_tensor: return x
-    Tensor = _T()
+    Tensor = type(self)
     idx = [e for e in entries if isinstance(e, Tensor)]
     mask, bshape, rest = self._adv_masks(x, idx, axes)
     k, nb, nr = len(axes), len(bshape), len(rest)
@@ -506,9 +503,7 @@ class MovementMixin:
     return ret.permute(order)
 
   def __setitem__(self, index: Any, value: Any) -> None:
-    from plugrad.schedule.kernelize import buffer_of, is_buffer_view
-    from plugrad.uop.ops import UOp
-    Tensor = _T()
+    Tensor = type(self)
     if isinstance(value, (list, tuple, np.ndarray)): value = Tensor(np.asarray(value), device=self.device)
     v = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor.full((), value, self.dtype, self.device)
     realized = is_buffer_view(self.uop)
@@ -564,13 +559,11 @@ class MovementMixin:
 def _needs_grad(t: Any) -> bool:
   """True if t requires grad or its graph contains a live tensor that does."""
   if t.requires_grad: return True
-  from plugrad.tensor import _all_tensors
-  leaves = {x.uop for x in list(_all_tensors) if x.requires_grad}
+  leaves = {x.uop for x in list(all_tensors) if x.requires_grad}
   return bool(leaves) and any(n in leaves for n in t.uop.toposort())
 
 
 def _has_other_uses(t: Any, value: Any) -> bool:
   """True if a live tensor other than t, the value being assigned and the parts of that value uses t's current value."""
-  from plugrad.tensor import _all_tensors
   own = value.uop.toposort()
-  return any(x is not t and x.uop not in own and t.uop in x.uop.toposort() for x in list(_all_tensors))
+  return any(x is not t and x.uop not in own and t.uop in x.uop.toposort() for x in list(all_tensors))

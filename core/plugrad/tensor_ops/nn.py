@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-from plugrad.tensor_ops import TensorError
+from plugrad.errors import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from plugrad.uop.ops import Ops
 
@@ -19,11 +19,6 @@ if TYPE_CHECKING:
 
 
 # ***** private helpers *****
-def _tensor_cls():
-  from plugrad.tensor import Tensor
-  return Tensor
-
-
 def _float(x: Tensor) -> Tensor: return x.cast(least_upper_float(x.dtype))
 def _recip(x: Tensor) -> Tensor: return _float(x)._alu(Ops.RECIPROCAL)
 def _sigmoid(x: Tensor) -> Tensor:
@@ -43,8 +38,9 @@ def _softplus(x: Tensor, beta: float = 1.0) -> Tensor:
   return (z.maximum(0) + (u < 1e-4).where(u * (1 - 0.5 * u), (1 + u).log())) * (1 / beta)
 
 
-def _arange(n: int, device: str, dtype: DType = dtypes.int32) -> Tensor:
-  return _tensor_cls().arange(n, dtype=dtype, device=device)
+def _arange(like: Tensor, n: int, dtype: DType = dtypes.int32) -> Tensor:
+  """arange(n) on the device (and of the class) of tensor `like`."""
+  return type(like).arange(n, dtype=dtype, device=like.device)
 
 
 def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
@@ -424,7 +420,7 @@ class NnMixin:
     out = win.max(tuple(range(-nd, 0)))
     if not return_indices: return out
     sp = x.shape[x.ndim - nd:]
-    idx = _pool_view(_pad_spatial(_arange(math.prod(sp), x.device).reshape(sp), full), k, s, d)
+    idx = _pool_view(_pad_spatial(_arange(x, math.prod(sp)).reshape(sp), full), k, s, d)
     big = math.prod(sp) + 1
     hit = win == out.reshape(*out.shape, *[1] * nd)
     first = -(hit.where(-idx, -big)).max(tuple(range(-nd, 0)))  # smallest index among the maxima
@@ -440,7 +436,7 @@ class NnMixin:
     if output_size is None: out = tuple((i - 1) * ss - 2 * pp + dd * (kk - 1) + 1 for i, kk, ss, dd, pp in zip(x.shape[-2:], k, s, d, p))
     else: out = tuple(output_size)[-2:]
     n_in, n_out = x.shape[-2] * x.shape[-1], out[0] * out[1]
-    hit = indices.reshape(*x.shape[:-2], n_in, 1) == _arange(n_out, x.device, indices.dtype).reshape(1, n_out)
+    hit = indices.reshape(*x.shape[:-2], n_in, 1) == _arange(x, n_out, indices.dtype).reshape(1, n_out)
     ret = hit.where(x.reshape(*x.shape[:-2], n_in, 1), 0).sum(-2, dtype=x.dtype)
     return ret.reshape(*x.shape[:-2], *out)
 
@@ -465,7 +461,7 @@ class NnMixin:
     if is_causal:
       if attn_mask is not None: raise RuntimeError("sdpa: can't set attn_mask when is_causal=True")
       L, S = qk.shape[-2:]
-      attn_mask = _arange(L, q.device).reshape(L, 1) >= _arange(S, q.device).reshape(1, S)
+      attn_mask = _arange(q, L).reshape(L, 1) >= _arange(q, S).reshape(1, S)
     if attn_mask is not None:
       if attn_mask.dtype == dtypes.bool: attn_mask = attn_mask.where(0.0, -math.inf)
       qk = qk + attn_mask
@@ -491,7 +487,7 @@ class NnMixin:
       if lo < 0: raise TensorError(f"one_hot: class values must be non-negative, got {lo}")
       num_classes = hi + 1
     if not isinstance(num_classes, int) or num_classes < 0: raise TensorError(f"one_hot num_classes must be a non-negative int, got {num_classes!r}")
-    return (x.reshape(*x.shape, 1) == _arange(num_classes, x.device, x.dtype)).where(1, 0)
+    return (x.reshape(*x.shape, 1) == _arange(x, num_classes, x.dtype)).where(1, 0)
 
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
     """torch's cross_entropy on logits with classes on axis 1 (axis 0 for 1-D input). Y: class indices (one dim less)
@@ -531,7 +527,7 @@ class NnMixin:
     if tuple(Y.shape) != want: raise TensorError(f"nll_loss: target shape {Y.shape} must be {want} for input {x.shape}")
     n = x.shape[cax]
     xm = x.permute(*[i for i in range(x.ndim) if i != cax], cax)
-    hit = Y.reshape(*Y.shape, 1) == _arange(n, x.device, Y.dtype)
+    hit = Y.reshape(*Y.shape, 1) == _arange(x, n, Y.dtype)
     w = hit.where(1.0, 0.0).cast(xm.dtype) if weight is None else hit.where(weight.cast(xm.dtype), 0.0)
     w = (Y != ignore_index).reshape(*Y.shape, 1).where(w, 0.0)
     loss = -(w * xm).sum(-1)
@@ -567,8 +563,8 @@ class NnMixin:
     for ax, n_out in zip(range(x.ndim - len(size), x.ndim), size):
       n_in = x.shape[ax]
       if n_in == n_out: continue  # every mode maps an axis onto itself identically
-      src = _arange(n_in, x.device).reshape(1, n_in)
-      o = _arange(n_out, x.device).reshape(n_out, 1)
+      src = _arange(x, n_in).reshape(1, n_in)
+      o = _arange(x, n_out).reshape(n_out, 1)
       if mode.startswith("nearest"):
         idx = (o * n_in) // n_out if mode == "nearest" else ((2 * o + 1) * n_in) // (2 * n_out)
         W = (idx == src).cast(x.dtype)  # idx < n_in always

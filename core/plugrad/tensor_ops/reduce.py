@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-from plugrad.tensor_ops import TensorError
+from plugrad.errors import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float, sum_acc_dtype
 
 if TYPE_CHECKING:

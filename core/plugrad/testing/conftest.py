@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from plugrad.device import Device
+
 
 def pytest_configure(config: pytest.Config) -> None:
   config.addinivalue_line("markers", "slow: slower tests (skip with -m 'not slow', e.g. on the PYTHON reference device)")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-  from plugrad.device import Device
   try: return f"plugrad conformance suite on device {Device.DEFAULT} (set DEV to choose another)"
   except Exception as e: return f"plugrad conformance suite: no usable device ({type(e).__name__}: {str(e).splitlines()[0]})"
 
@@ -21,5 +22,4 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture
 def device() -> str:
   """The canonical name of the device under test."""
-  from plugrad.device import Device
   return Device.DEFAULT

@@ -6,6 +6,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from plugrad.dtype import DType, dtypes
+from plugrad.tensor import Tensor
 
 # tolerances per dtype: (atol, rtol)
 TOLERANCE: dict[DType, tuple[float, float]] = {
@@ -37,7 +38,6 @@ def check_op(shapes: Sequence[Sequence[int]], fn: Callable[..., Any], np_fn: Cal
              low: float = -2.0, high: float = 2.0, atol: float | None = None, rtol: float | None = None, check_dtype: bool = True,
              inputs: Sequence[np.ndarray] | None = None) -> None:
   """Apply `fn` to Tensors and `np_fn` (default: `fn`) to numpy arrays made from the same random inputs; compare."""
-  from plugrad.tensor import Tensor
   arrs = list(inputs) if inputs is not None else [rand_np(s, dtype, low, high, seed=i) for i, s in enumerate(shapes)]
   want = (np_fn or fn)(*arrs)
   got = fn(*[Tensor(a) for a in arrs])

@@ -1,110 +1,46 @@
-"""The IR: the `Ops` enum and `UOp`, an immutable, hash-consed graph node.
+"""The IR node: `UOp`, an immutable, hash-consed graph node (the op vocabulary is in `plugrad.uop.enums`).
 
 `UOp(op, dtype, src, arg, tag)` returns the existing node when an identical one is alive, so graph equality is
 object identity and `dict`/`set` lookups on nodes are O(1). Nodes hold no back-references; a node that nothing
 references is collected and leaves the cache. Operator overloads build ALU nodes, so index math reads like Python.
+
+UOp implements the primitive interface of the op mixins (`plugrad.mixin`), so movement and elementwise ops are written
+once for UOp and Tensor; autograd (`plugrad.gradient`) builds gradient graphs with them directly on UOps.
+
+Layering inside `plugrad.uop`: enums -> alu -> bounds/shape/render -> ops -> upat -> rewrite -> symbolic. The two
+UOp methods that run rule sets (`simplify`, `substitute`) call entry points that `rewrite.py` and `symbolic.py` hand
+to `register_rewriter` when they are imported (dependency inversion instead of an import cycle); `plugrad.uop`'s
+`__init__` imports both, and importing any `plugrad.uop.*` module runs that `__init__` first.
 """
 from __future__ import annotations
 
 import math
-import operator
 import weakref
-from enum import Enum, auto
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
-from plugrad.dtype import ConstType, DType, PtrDType, dtypes, truncate
+from plugrad.dtype import ConstType, DType, PtrDType, dtypes
+from plugrad.mixin.math import MathOps
+from plugrad.mixin.movement import MovementOps, SymbolicDim
+from plugrad.uop.alu import exec_alu, python_alu  # noqa: F401  (re-exported: the ALU's Python semantics)
+from plugrad.uop.bounds import min_max
+from plugrad.uop.enums import GroupOp, Ops
+from plugrad.uop.render import render_expr
+from plugrad.uop.shape import device_of, shape_of
 
-
-class Ops(Enum):
-  """Every operation in the IR. Groups are in `GroupOp`; the comment above each block says what its nodes mean."""
-  # graph roots and ordering: SINK gathers outputs; AFTER(x, *deps) is x, ordered after deps; GROUP bundles without value
-  SINK = auto(); AFTER = auto(); GROUP = auto(); NOOP = auto()
-  # function calls: CALL(body, *args) runs body (a graph over PARAM placeholders) on args; PARAM(arg=slot index)
-  CALL = auto(); PARAM = auto()
-  # constants and variables: CONST(arg=value), VCONST(arg=tuple), DEFINE_VAR(arg=(name, min, max)), BIND(var, CONST)
-  CONST = auto(); VCONST = auto(); DEFINE_VAR = auto(); BIND = auto()
-  # buffers and devices (tensor level): BUFFER(UNIQUE, DEVICE, arg=size), BUFFER_VIEW, COPY, ASSIGN, CONTIGUOUS, DETACH
-  UNIQUE = auto(); DEVICE = auto(); BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto()
-  CONTIGUOUS = auto(); DETACH = auto(); KERNEL = auto()
-  # movement (tensor level, arg is the new shape/order/padding)
-  RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
-  # reduce: REDUCE_AXIS(x, arg=(op, axes)) at tensor level; REDUCE(x, *ranges, arg=op) in kernels
-  REDUCE_AXIS = auto(); REDUCE = auto()
-  # memory (kernel level): DEFINE_GLOBAL/LOCAL/REG(arg=slot) pointers, INDEX(ptr, idx[, gate]), LOAD(index[, alt]), STORE(index, val)
-  DEFINE_GLOBAL = auto(); DEFINE_LOCAL = auto(); DEFINE_REG = auto(); INDEX = auto(); LOAD = auto(); STORE = auto()
-  # ranges and control flow: RANGE(end, arg=id) is a loop variable, END(value, *ranges) closes loops; SPECIAL is a gpu id
-  RANGE = auto(); END = auto(); IF = auto(); ENDIF = auto(); BARRIER = auto(); SPECIAL = auto()
-  # vectors: VECTORIZE(*scalars), GEP(vec, arg=lanes)
-  VECTORIZE = auto(); GEP = auto()
-  # tensor cores: WMMA(a, b, c, arg=TensorCore name) is one warp's D = A @ B + C on per-lane fragments (codegen/tc.py)
-  WMMA = auto()
-  # type conversion
-  CAST = auto(); BITCAST = auto()
-  # unary ALU
-  EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIPROCAL = auto(); NEG = auto(); TRUNC = auto()
-  # binary ALU (IDIV and MOD truncate toward zero, as C does; MAX propagates nan, as numpy.maximum)
-  ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); POW = auto()
-  CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); XOR = auto(); OR = auto(); AND = auto(); SHL = auto(); SHR = auto()
-  THREEFRY = auto()
-  # ternary ALU
-  WHERE = auto(); MULACC = auto()
-  # escape hatch: CUSTOM(arg=format string) renders literally
-  CUSTOM = auto()
-  # AT(x, gate, *idxs): the scalar value of tensor x at integer indices idxs (scheduler-internal; loads gated by gate)
-  AT = auto()
-
-  def __repr__(self) -> str: return f"Ops.{self.name}"
-  __hash__ = object.__hash__  # members are singletons; Enum's own __hash__ is a slow Python-level call
+_rewriters: dict[str, Callable] = {}
 
 
-class GroupOp:
-  """Named sets of ops used by rules and checks."""
-  Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC})
-  Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
-                      Ops.XOR, Ops.OR, Ops.AND, Ops.SHL, Ops.SHR, Ops.THREEFRY})
-  Ternary = frozenset({Ops.WHERE, Ops.MULACC})
-  ALU = Unary | Binary | Ternary
-  Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
-  Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.XOR, Ops.OR, Ops.AND})
-  Associative = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX})
-  Movement = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP})
-  Buffer = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_REG})
-  Memory = frozenset({Ops.INDEX, Ops.LOAD, Ops.STORE})
-  Reduce = frozenset({Ops.REDUCE_AXIS, Ops.REDUCE})
-  Control = frozenset({Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF, Ops.BARRIER, Ops.SPECIAL})
-  Irreducible = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.SPECIAL, Ops.RANGE})
+def register_rewriter(name: str, fn: Callable) -> None:
+  """Install the implementation of a UOp method that runs a rule set ("simplify": uop -> uop, from uop/symbolic.py;
+  "substitute": (uop, mapping, walk, name) -> uop, from uop/rewrite.py). Called once, at those modules' import."""
+  if name not in ("simplify", "substitute"): raise ValueError(f"unknown UOp rewriter {name!r} (simplify, substitute)")
+  _rewriters[name] = fn
 
 
-# ***** python semantics of the ALU ops (constant folding and the PYTHON device) *****
-def _cdiv(a, b): return int(a / b) if isinstance(a, float) or isinstance(b, float) else (abs(a) // abs(b)) * (1 if (a < 0) == (b < 0) else -1)
-def _cmod(a, b): return a - b * _cdiv(a, b)
-def _safe_log2(x): return math.log2(x) if x > 0 else (-math.inf if x == 0 else math.nan)
-def _safe_sqrt(x): return math.sqrt(x) if x >= 0 else math.nan
-def _safe_recip(x): return 1 / x if x != 0 else math.copysign(math.inf, x)
-def _safe_exp2(x):
-  try: return 2.0 ** x
-  except OverflowError: return math.inf
-def _safe_sin(x): return math.sin(x) if math.isfinite(x) else math.nan
-def _safe_fdiv(a, b): return a / b if b != 0 else (math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1, b))
-def _safe_pow(a, b):
-  try: return a ** b if not (a < 0 and b != int(b)) else math.nan
-  except (OverflowError, ZeroDivisionError): return math.inf
-
-python_alu: dict[Ops, Callable] = {
-  Ops.EXP2: _safe_exp2, Ops.LOG2: _safe_log2, Ops.SIN: _safe_sin, Ops.SQRT: _safe_sqrt, Ops.RECIPROCAL: _safe_recip,
-  Ops.NEG: lambda x: (not x) if isinstance(x, bool) else -x, Ops.TRUNC: lambda x: x if not math.isfinite(x) else float(math.trunc(x)),
-  Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.FDIV: _safe_fdiv, Ops.POW: _safe_pow,
-  Ops.MAX: lambda a, b: a if a > b or a != a else b,
-  Ops.IDIV: lambda a, b: _cdiv(a, b) if b != 0 else 0, Ops.MOD: lambda a, b: _cmod(a, b) if b != 0 else 0,
-  Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq, Ops.XOR: operator.xor, Ops.OR: operator.or_, Ops.AND: operator.and_,
-  Ops.SHL: lambda a, b: a << b, Ops.SHR: lambda a, b: a >> b, Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c}
-
-
-def exec_alu(op: Ops, dtype: DType, operands: Iterable[ConstType]) -> ConstType:
-  """Evaluate ALU `op` on Python numbers with the result truncated to `dtype` (C semantics: IDIV/MOD truncate)."""
-  vals = tuple(operands)
-  if dtype.count > 1: return tuple(exec_alu(op, dtype.scalar(), [v[i] if isinstance(v, tuple) else v for v in vals]) for i in range(dtype.count))
-  return truncate(dtype)(python_alu[op](*vals))
+def _rewriter(name: str) -> Callable:
+  if (fn := _rewriters.get(name)) is None:
+    raise RuntimeError(f"UOp.{name} needs plugrad.uop.{'symbolic' if name == 'simplify' else 'rewrite'}, which is not imported yet")
+  return fn
 
 
 # ***** structural checks: malformed nodes fail at construction, naming the op *****
@@ -146,7 +82,7 @@ def _float_key(op, dtype, src, arg: float, tag) -> tuple:
 
 
 # ***** the node *****
-class UOp:
+class UOp(MathOps, MovementOps):
   """An immutable IR node. Build with `UOp(op, dtype, src, arg, tag)`; identical nodes are the same object."""
   __slots__ = ("op", "dtype", "src", "arg", "tag", "_cache", "__weakref__")
   _nodes: dict[tuple, weakref.ref] = {}
@@ -211,8 +147,7 @@ class UOp:
 
   def substitute(self, mapping: dict[UOp, UOp], walk: bool = False, name: str | None = None) -> UOp:
     """Replace nodes by identity using `mapping`; walk=True does one pass without rewriting inside replacements."""
-    from plugrad.uop.rewrite import graph_rewrite, pm_substitute
-    return graph_rewrite(self, pm_substitute, ctx=mapping, bottom_up=True, walk=walk, name=name or "substitute")
+    return _rewriter("substitute")(self, mapping, walk, name or "substitute")
 
   # ----- construction helpers -----
   @staticmethod
@@ -263,11 +198,7 @@ class UOp:
     elif isinstance(y, UOp): x = y.ufix(x)
     else: raise TypeError("UOp.where needs at least one UOp branch to take the dtype from")
     return UOp(Ops.WHERE, x.dtype, (self, x, y))
-  def maximum(self, x) -> UOp: return self.alu(Ops.MAX, self.ufix(x))
   def minimum(self, x) -> UOp: return -(-self).maximum(-self.ufix(x))
-  def eq(self, x) -> UOp: return self.alu(Ops.CMPEQ, self.ufix(x))
-  def ne(self, x) -> UOp: return self.alu(Ops.CMPNE, self.ufix(x))
-  def logical_not(self) -> UOp: return self.ne(True)
   def sink(self, *srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, (self, *srcs))
   @staticmethod
   def sink_of(*srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, srcs)
@@ -279,25 +210,38 @@ class UOp:
       raise TypeError(f"can't combine float {x} with a {self.dtype} expression")
     return self.const_like(x)
 
-  # ----- operator overloads (identity `==` is kept: use .eq/.ne for comparisons) -----
+  # ----- primitives of the shared op mixins (plugrad/mixin): arithmetic, comparisons, movement, reduce -----
+  def _operands(self, x, reverse: bool = False) -> tuple[UOp, UOp]:
+    other = self.ufix(x)
+    return (other, self) if reverse else (self, other)
+  def _alu(self, op: Ops, *src: UOp, dtype: DType | None = None) -> UOp: return self.alu(op, *src) if dtype is None else UOp(op, dtype, (self, *src))
+  def _mop(self, op: Ops, arg: Any) -> UOp: return UOp(op, self.dtype, (self,), arg)
+  def _rop(self, op: Ops, axes: tuple[int, ...]) -> UOp: return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, axes))
+  def _full(self, shape: tuple, value: ConstType, dtype: DType) -> UOp:
+    """A tensor-level constant of `shape` on self's device (a CONST with a DEVICE source, reshaped and expanded)."""
+    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=self.device),), dtypes.as_const(value, dtype))
+    if not shape: return c
+    c = UOp(Ops.RESHAPE, dtype, (c,), (1,) * len(shape))
+    return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
+  def full_like(self, value: ConstType, dtype: DType | None = None) -> UOp:
+    """A tensor-level constant with self's shape and device (self's dtype unless given)."""
+    return self._full(self.shape, value, dtype or self.dtype)
+  def contiguous(self) -> UOp: return UOp(Ops.CONTIGUOUS, self.dtype, (self,))
+  @property
+  def device(self) -> str:
+    """The device of a tensor-level node (from the DEVICE/BUFFER/COPY it is built on)."""
+    return device_of(self)
+
+  # ----- operator overloads not shared with Tensor (identity `==` is kept: use .eq/.ne for comparisons) -----
   def _bin(self, op: Ops, x, reverse=False) -> UOp:
     other = self.ufix(x)
     return other.alu(op, self) if reverse else self.alu(op, other)
-  def __add__(self, x): return self._bin(Ops.ADD, x)
-  def __radd__(self, x): return self._bin(Ops.ADD, x, True)
-  def __sub__(self, x): return self._bin(Ops.ADD, -self.ufix(x))
-  def __rsub__(self, x): return self.ufix(x).alu(Ops.ADD, -self)
-  def __mul__(self, x): return self._bin(Ops.MUL, x)
-  def __rmul__(self, x): return self._bin(Ops.MUL, x, True)
   def __floordiv__(self, x): return self._bin(Ops.IDIV, x)
   def __rfloordiv__(self, x): return self._bin(Ops.IDIV, x, True)
   def __truediv__(self, x): return self._bin(Ops.FDIV, x)
   def __rtruediv__(self, x): return self._bin(Ops.FDIV, x, True)
   def __mod__(self, x): return self._bin(Ops.MOD, x)
   def __rmod__(self, x): return self._bin(Ops.MOD, x, True)
-  def __neg__(self):
-    if self.dtype.scalar() == dtypes.bool: return self.logical_not()
-    return self.alu(Ops.NEG) if dtypes.is_float(self.dtype) else self * -1
   def __and__(self, x): return self._bin(Ops.AND, x)
   def __rand__(self, x): return self._bin(Ops.AND, x, True)
   def __or__(self, x): return self._bin(Ops.OR, x)
@@ -306,8 +250,6 @@ class UOp:
   def __rxor__(self, x): return self._bin(Ops.XOR, x, True)
   def __lshift__(self, x): return self._bin(Ops.SHL, x)
   def __rshift__(self, x): return self._bin(Ops.SHR, x)
-  def __lt__(self, x): return self._bin(Ops.CMPLT, x)
-  def __gt__(self, x): return self._bin(Ops.CMPLT, x, True)
   def __le__(self, x): return (self > x).logical_not()
   def __ge__(self, x): return (self < x).logical_not()
   __hash__ = object.__hash__
@@ -326,7 +268,6 @@ class UOp:
   @property
   def _min_max(self) -> tuple[ConstType, ConstType]:
     if (c := self._cache) is not None and "mm" in c: return c["mm"]
-    from plugrad.uop.symbolic import min_max
     order: list[UOp] = []  # post-order of the nodes whose bounds are not known yet
     stack, seen = [(self, False)], set()
     while stack:
@@ -341,9 +282,7 @@ class UOp:
 
   def simplify(self) -> UOp:
     """This expression rewritten by the symbolic rule set."""
-    from plugrad.uop.symbolic import pm_symbolic
-    from plugrad.uop.rewrite import graph_rewrite
-    return graph_rewrite(self, pm_symbolic, name="simplify")
+    return _rewriter("simplify")(self)
 
   def ssimplify(self) -> UOp | ConstType:
     """simplify(), returning a Python number when the result is a constant."""
@@ -352,21 +291,18 @@ class UOp:
 
   def render(self, simplify: bool = True) -> str:
     """The expression as a string, e.g. `(a*4+b)`; nodes with no infix form render as `OP(...)`."""
-    from plugrad.uop.render import render_expr
     return render_expr(self.simplify() if simplify else self)
 
   @property
   def shape(self) -> tuple:
     """The tensor shape of a tensor-level node (ints or symbolic UOps); () for scalars."""
     if (c := self._cache) is not None and "shape" in c: return c["shape"]
-    from plugrad.uop.shape import shape_of
     ret = self._cached()["shape"] = shape_of(self)
     return ret
-  @property
-  def ndim(self) -> int: return len(self.shape)
   def numel(self):
-    from plugrad.uop.symbolic import prod
-    return prod(self.shape)
+    ret = 1
+    for s in self.shape: ret = ret * s
+    return ret
 
   def __repr__(self) -> str:
     if self.dtype == dtypes.index and all(n.op in GroupOp.ALU or n.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.BIND) for n in self.toposort()):
@@ -375,6 +311,9 @@ class UOp:
     return pretty(self)
 
   def __iter__(self) -> Iterator[UOp]: raise TypeError(f"UOp {self.op} is not iterable")
+
+
+SymbolicDim.register(UOp)  # a UOp is a valid (symbolic) dimension for the movement mixin's shape checks
 
 
 def pretty(u: UOp, max_lines: int = 60) -> str:

@@ -5,7 +5,12 @@ IDIV and MOD print as `//` and `%` but keep their C (truncating) meaning.
 """
 from __future__ import annotations
 
-from plugrad.uop.ops import Ops, UOp
+from typing import TYPE_CHECKING
+
+from plugrad.uop.enums import Ops
+
+if TYPE_CHECKING:
+  from plugrad.uop.ops import UOp
 
 _INFIX = {Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.FDIV: "/", Ops.SHL: "<<", Ops.SHR: ">>"}
 _BRACKETED = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import Ops, UOp, register_rewriter
 from plugrad.uop.upat import PatternMatcher, RuleError, UPat, _describe
 from plugrad.viz import capture
 
@@ -150,3 +150,10 @@ class _SubstituteMatcher(PatternMatcher):
 
 
 pm_substitute = _SubstituteMatcher([(UPat(name="x"), lambda ctx, x: ctx.get(x))])
+
+
+def _substitute(u: UOp, mapping: dict[UOp, UOp], walk: bool, name: str) -> UOp:
+  return graph_rewrite(u, pm_substitute, ctx=mapping, bottom_up=True, walk=walk, name=name)
+
+
+register_rewriter("substitute", _substitute)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plugrad.uop.ops import GroupOp, Ops
+from plugrad.uop.enums import GroupOp, Ops
 
 if TYPE_CHECKING:
   from plugrad.uop.ops import UOp
@@ -33,3 +33,21 @@ def shape_of(u: UOp) -> tuple:
   if op in GroupOp.ALU:  # the widest source: a WHERE may mix a tensor with scalar constants
     return max((s.shape for s in u.src), key=len)
   return src  # CAST, BITCAST, CONTIGUOUS, DETACH, COPY, ASSIGN, AFTER, BUFFER_VIEW ...
+
+
+def device_of(u: UOp) -> str:
+  """The device a tensor-level node lives on (from its DEVICE source, searched through its first sources); cached on
+  the node, since Tensor.device asks for it on every operation."""
+  if (c := u._cache) is not None and "device" in c: return c["device"]
+  x = u
+  while True:
+    if x.op is Ops.DEVICE: dev = x.arg
+    elif x.op is Ops.BUFFER: dev = x.src[1].arg
+    elif x.op is Ops.PARAM and isinstance(x.arg, tuple) and len(x.arg) == 4: dev = x.arg[3]
+    elif x.op is Ops.COPY: dev = x.src[1].arg
+    elif not x.src: raise RuntimeError(f"{u.op} has no device")
+    else:
+      x = next((s for s in x.src if s.op is not Ops.DEFINE_VAR and s.op is not Ops.BIND), x.src[0])
+      continue
+    u._cached()["device"] = dev
+    return dev

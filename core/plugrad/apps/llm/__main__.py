@@ -10,6 +10,9 @@ from typing import Any
 
 from plugrad.apps.llm.generate import LLM, ContextLengthExceeded, SamplingParams
 from plugrad.apps.llm.registry import DEFAULT_MODEL, resolve_model
+from plugrad.apps.llm.server import resolve_api_key, serve
+from plugrad.engine.realize import buffer_for
+from plugrad.uop.ops import Ops
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,8 +88,6 @@ def benchmark(llm: LLM, path: str, load_s: float, n_decode: int) -> None:
 
 def weight_bytes(m: Any) -> int:
   """Bytes of weights read per decoded token (the quantized blocks and float tensors the forward pass uses)."""
-  from plugrad.engine.realize import buffer_for
-  from plugrad.uop.ops import Ops
   seen: dict[int, int] = {}
   uops = [m.output, m.norm] + [v for layer in m.layers for v in vars(layer).values() if hasattr(v, "toposort")]
   for u in uops:
@@ -117,7 +118,6 @@ def answer(llm: LLM, messages: list[dict], p: SamplingParams) -> str:
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
   if args.serve is not None:
-    from plugrad.apps.llm.server import resolve_api_key
     try: args.api_key = resolve_api_key(args.api_key, args.api_key_file)
     except (OSError, ValueError) as e:
       print(f"error: {e}", file=sys.stderr)
@@ -130,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     benchmark(llm, path, load_s, args.benchmark)
     return 0
   if args.serve is not None:
-    from plugrad.apps.llm.server import serve
     serve(llm, args.host, args.serve, args.api_key, prefill_chunk=args.prefill_chunk,
           request_timeout=args.request_timeout)
     return 0

@@ -21,7 +21,9 @@ from plugrad.engine.realize import buffer_for
 from plugrad.schedule.kernelize import buffer_of
 from plugrad.tensor import Tensor
 
+from plugrad.apps.llm.chat import render_chat, validate_messages
 from plugrad.apps.llm.model import CACHE_PAD, PREFILL_MULTIPLE, Transformer
+from plugrad.apps.llm.tokenizer import Tokenizer
 
 
 class ContextLengthExceeded(ValueError):
@@ -202,7 +204,6 @@ class LLM:
   @staticmethod
   def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 1024, batch: int = 1) -> LLM:
     """A GGUF model with its tokenizer and template; `batch` KV-cache rows (the server's slots)."""
-    from plugrad.apps.llm.tokenizer import Tokenizer
     model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress, dense_prefill_bytes=dense_prefill_mb << 20, batch=batch)
     return LLM(model, Tokenizer.from_gguf_metadata(meta), meta.get("tokenizer.chat_template"), name)
 
@@ -221,7 +222,6 @@ class LLM:
 
   def chat_prompt(self, messages: list[dict[str, Any]], max_context: int | None = None) -> list[int]:
     """The token ids of `messages` under the chat template (a prompt that can't fit in `max_context` is refused early)."""
-    from plugrad.apps.llm.chat import render_chat, validate_messages
     eos = next(iter(sorted(self.tok.eos_ids)), None)
     bos = self._special(self.tok.bos_id)
     msgs = validate_messages(messages)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from plugrad.dtype import dtypes
+from plugrad.nn.state import gguf_load
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
@@ -395,7 +396,6 @@ class Transformer:
     """Load a GGUF file: (model, metadata). Quantized weights stay quantized in memory and are dequantized inside the
     kernels that use them (plus float32 prefill copies within `dense_prefill_bytes`, see `keep_dense_weights`).
     `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
-    from plugrad.nn.state import gguf_load
     meta, tensors = gguf_load(path)
     uops = {k: t.uop for k, t in tensors.items()}
     del tensors   # no live lazy Tensors while realizing (each realize walks them)

@@ -11,6 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from plugrad.tensor import Tensor
 from plugrad.testing.helpers import assert_close, rand_np
 
 MAX_DIM, MAX_NDIM, MAX_NUMEL = 4, 4, 96
@@ -29,7 +30,6 @@ def _split(n: int, draw) -> tuple[int, ...]:
 
 def _step(draw, t, a: np.ndarray, seed: int):
   """Apply one randomly chosen op to Tensor t and array a; returns the new pair and a description."""
-  from plugrad.tensor import Tensor
   shape = a.shape
   kind = draw(st.sampled_from(["unary", "binary", "reshape", "permute", "expand", "pad", "shrink", "flip", "reduce", "realize"]))
   if kind == "unary":
@@ -83,7 +83,6 @@ def _step(draw, t, a: np.ndarray, seed: int):
 @settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_random_op_chains(data):
-  from plugrad.tensor import Tensor
   shape = tuple(data.draw(st.lists(st.integers(1, MAX_DIM), min_size=1, max_size=3), label="shape"))
   a = rand_np(shape, seed=len(shape))
   t = Tensor(a)
@@ -97,7 +96,6 @@ def test_random_op_chains(data):
 
 def test_fuzz_chain_reference():
   """A fixed chain through every op kind (also documents what the fuzzer generates)."""
-  from plugrad.tensor import Tensor
   a, b = rand_np((2, 3, 4), seed=1), rand_np((2, 1, 4), seed=2)
   t = (Tensor(a) * Tensor(b)).permute(2, 0, 1)._pad(((0, 0), (1, 0), (0, 2))).flip((0, 2)).shrink(((1, 4), None, (1, 5)))
   t = t.reshape(3, 3, 2, 2).sum(axis=2).relu().max(axis=0, keepdim=True)

@@ -1,0 +1,10 @@
+"""Exceptions shared by every layer that validates user input to ops (no imports: the bottom of the import graph).
+
+`TensorError` is the exception for a bad shape or argument to a Tensor (or tensor-level UOp) op: a ValueError (Python's
+convention) and a RuntimeError (what tinygrad and torch raise for shape mismatches), so code written against either
+catches it.
+"""
+
+
+class TensorError(ValueError, RuntimeError):
+  """A bad shape or argument given to a Tensor op."""
