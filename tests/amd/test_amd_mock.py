@@ -12,12 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amd_helpers import ReferenceExecutor
+from test_amd_renderer import elementwise_ast
+from plugrad.codegen import get_program
 from plugrad.device import Buffer, Device
 from plugrad.dtype import dtypes
+from plugrad.engine.jit import TinyJit
 from plugrad.runtime.hcq import Var
+from plugrad.tensor import Tensor
 from plugrad_amd.device import AMDComputeQueue, AMDCopyQueue, AMDDevice, AMDProgram
 from plugrad_amd.mock import dispatch
 from plugrad_amd.mock.kfd import MockKFD
+from plugrad_amd.renderer import AMDGPURenderer
 
 pytestmark = pytest.mark.skipif(shutil.which("clang-19") is None, reason="clang-19 not installed (make sysdeps)")
 D0, D1 = "MOCK+AMD", "MOCK+AMD:1"
@@ -111,7 +116,6 @@ def test_queue_values_patched_at_submit():
 
 
 def test_dispatch_goes_to_the_executor(executor: ReferenceExecutor):
-  from plugrad.tensor import Tensor
   x = np.arange(10, dtype=np.float32)
   out = (Tensor(x, device=D0) * 2 + 1).numpy()
   assert np.array_equal(out, x * 2 + 1)
@@ -130,9 +134,6 @@ def test_no_executor_is_a_device_fault():
   d = fresh()
   prev = dispatch.set_executor(None)
   try:
-    from plugrad.codegen import get_program
-    from plugrad_amd.renderer import AMDGPURenderer
-    from test_amd_renderer import elementwise_ast
     spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
     prg = d.load(spec.name, d.compiler.compile_cached(spec.src))
     a, b = d.allocator.alloc(64), d.allocator.alloc(64)
@@ -153,8 +154,6 @@ def test_malformed_packets_fault_naming_the_packet():
 
 
 def test_jit_replays_copy_graphs():
-  from plugrad.engine.jit import TinyJit
-  from plugrad.tensor import Tensor
   @TinyJit
   def move(x: Tensor) -> Tensor: return x.to(D1).realize()
   for i in range(4):
@@ -165,8 +164,6 @@ def test_jit_replays_copy_graphs():
 
 
 def test_jit_replays_kernels_as_one_batched_submission(executor: ReferenceExecutor):
-  from plugrad.engine.jit import TinyJit
-  from plugrad.tensor import Tensor
   @TinyJit
   def f(x: Tensor) -> Tensor: return ((x * 2).contiguous() + 1).contiguous() * 3
   d = Device[D0]

@@ -21,7 +21,7 @@ import importlib
 import struct
 from typing import Any
 
-from plugrad.device import BufferOptions
+from plugrad.device import BufferOptions, parse_device
 from plugrad.helpers import getenv
 from plugrad.runtime.hcq import Command, HCQAllocator, HCQArgsState, HCQBuffer, HCQCompiled, HCQProgram, HWQueue, Signal, Var
 from plugrad_amd import TOPOLOGY, gfx_arch, read_properties
@@ -372,7 +372,6 @@ class AMDDevice(HCQCompiled):
   """An AMD GPU through /dev/kfd (`AMD`, `AMD:1`, `AMD::gfx942`), or the mock KFD (`MOCK+AMD`)."""
   def __init__(self, device: str, os_iface: Any = None) -> None:
     """`os_iface` replaces the OS layer (tests pass their own MockKFD); by default the interface part of `device` picks it."""
-    from plugrad.device import parse_device
     dn = parse_device(device)
     if os_iface is not None: self.os = os_iface
     elif dn.iface == "MOCK": self.os = importlib.import_module("plugrad_amd.mock.kfd").MockKFD.instance()
