@@ -68,11 +68,12 @@ def test_cmpx_writes_exec_and_f64_ordered_compare():
   a, b = rand_u32(), rand_u32()
   w = run_asm("v_cmpx_gt_i32_e32 v1, v2", v={1: a, 2: b})
   assert w.s[126] == mask(i32(a) > i32(b))
-  w = run_asm("v_cmpx_lt_i32_e64 v1, v2", v={1: a, 2: b})
-  assert w.s[126] == mask(i32(a) < i32(b))
   x, y = rand_f32(), rand_f32()
-  w = run_asm("v_cmpx_ngt_f32_e64 v1, v2", v={1: x.view(U32), 2: y.view(U32)})
-  with np.errstate(invalid="ignore"): assert w.s[126] == mask(~(x > y))
+  for form in ("e32", "e64"):
+    w = run_asm(f"v_cmpx_lt_i32_{form} v1, v2", v={1: a, 2: b}, exec_mask=0x0FFFFFFF)
+    assert w.s[126] == mask(i32(a) < i32(b)) & 0x0FFFFFFF  # lanes off in EXEC stay off
+    w = run_asm(f"v_cmpx_ngt_f32_{form} v1, v2", v={1: x.view(U32), 2: y.view(U32)})
+    with np.errstate(invalid="ignore"): assert w.s[126] == mask(~(x > y))
   d = np.where(LANE % 3 == 0, np.nan, LANE * 1.5)
   bits = d.view(np.uint64)
   w = run_asm("v_cmp_o_f64_e64 s4, v[2:3], v[2:3]", v={2: (bits & 0xFFFFFFFF).astype(U32), 3: (bits >> 32).astype(U32)})
@@ -148,6 +149,8 @@ VOPD_Y = {  # Y: dst v11, srcs v4, v7 (other banks than X's)
   "v_dual_sub_f32 v11, v4, v7": lambda a, b, d: a - b, "v_dual_mov_b32 v11, v4": lambda a, b, d: a,
   "v_dual_fmac_f32 v11, v4, v7": lambda a, b, d: (a.astype(np.float64) * b + d).astype(np.float32),
   "v_dual_cndmask_b32 v11, v4, v7": lambda a, b, d: np.where(LANE % 2 == 1, b, a),
+  "v_dual_subrev_f32 v11, v4, v7": lambda a, b, d: b - a,
+  "v_dual_fmaak_f32 v11, v4, v7, 0x3fc00000": lambda a, b, d: (a.astype(np.float64) * b + 1.5).astype(np.float32),
   "v_dual_add_nc_u32 v11, v4, v7": "int_add", "v_dual_and_b32 v11, v4, v7": "int_and", "v_dual_lshlrev_b32 v11, v4, v7": "int_shl",
 }
 
