@@ -16,12 +16,12 @@ import time
 
 os.environ["EMULATE"] = "AMD"  # read when the PYTHON device is created: it emulates gfx1100's launch limits and WMMA
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from plugrad import Tensor  # noqa: E402
-from plugrad.device import Device  # noqa: E402
-from plugrad.dtype import dtypes  # noqa: E402
-from plugrad_amd.mock import rdna3  # noqa: E402
+from plugrad import Tensor
+from plugrad.device import Device
+from plugrad.dtype import dtypes
+from plugrad_amd.mock import rdna3
 
 RNG = np.random.default_rng(0)
 A = RNG.standard_normal(2**18).astype(np.float32)
