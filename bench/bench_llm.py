@@ -1,16 +1,27 @@
-"""LLM benchmark: plugrad vs llama.cpp (the xllamacpp wheel, bench-only: pip install xllamacpp) on the embedded
-SmolLM2-135M Q4_1, the same ~450-token prompt and 64 greedy decode tokens, plus the machine's read bandwidth.
+"""LLM benchmark: plugrad vs llama.cpp (the xllamacpp wheel, bench-only: pip install xllamacpp), both in this process,
+on the embedded SmolLM2-135M Q4_1 and on a synthetic qwen2-0.5B-shaped GGUF in the Q4_K_M mix (bench/llm_peer.py):
+the same ~450-token prompt and 64 greedy decode tokens, at default settings (llama.cpp: n_batch 512, `--threads`
+threads; plugrad: its default dense-prefill budget). The two engines are timed in alternating rounds (best of
+`--rounds`), with the load average recorded per round, because the machine may be shared. Also: the machine's read
+bandwidth, the decode floor (weight bytes read per token / bandwidth), plugrad's resident memory against the file
+size plus the KV cache.
 
-  .venv/bin/python bench/bench_llm.py [--tokens 450] [--decode 64] [--threads 2] [--skip-llamacpp]
+  .venv/bin/python bench/bench_llm.py [--model smollm2|qwen2|both] [--tokens 450] [--decode 64] [--threads 2]
+                                      [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P]
 """
 from __future__ import annotations
 
 import argparse
-import json
+import gc
+import math
 import os
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_peer import LlamaCpp, load_avg, read_bandwidth, rss_mb, synthetic_qwen2
 
 TEXT = ("The history of computing is a story of abstractions layered on abstractions. Early machines were programmed by "
         "rewiring panels; later, stored programs let the same hardware run many tasks. Compilers turned human-readable "
@@ -19,100 +30,107 @@ TEXT = ("The history of computing is a story of abstractions layered on abstract
         "model to the one above, and performance work is the art of knowing when to look beneath the abstraction. ")
 
 
-def read_bandwidth(mb: int = 512) -> tuple[float, float]:
-  """(numpy single-thread GB/s, plugrad GB/s using the device's threads) for summing a `mb` MB float32 array."""
-  from plugrad import Tensor
-  a = np.ones(mb * (1 << 20) // 4, np.float32)
-  a.sum()
-  t0 = time.perf_counter()
-  for _ in range(3): a.sum()
-  np_bw = 3 * a.nbytes / (time.perf_counter() - t0) / 1e9
-  t = Tensor(a).realize()
-  t.sum().realize()
-  best = float("inf")
-  for _ in range(3):
+class Ours:
+  """plugrad's batch-1 Generator on a model, warmed up (prefill and decode compiled and captured)."""
+
+  def __init__(self, path: str, prompt: list[int], name: str):
+    from plugrad.apps.llm.generate import LLM
+    from plugrad.device import Device
+    gc.collect()
+    Device[Device.DEFAULT].allocator.free_cache()   # what earlier measurements left cached must not count against us
+    self.rss_before = rss_mb()
     t0 = time.perf_counter()
-    t.sum().realize()
-    best = min(best, time.perf_counter() - t0)
-  return np_bw, a.nbytes / best / 1e9
+    self.llm = LLM.load(path, max_context=1024, name=name)
+    self.load_s = time.perf_counter() - t0
+    self.g, self.prompt = self.llm.gen, prompt
+    t0 = time.perf_counter()
+    self.g.forward(self.llm.chat_prompt([{"role": "user", "content": "Hi!"}]), 0)
+    self.ttft_cold = time.perf_counter() - t0 + self.load_s
+    self.g.forward(prompt[:7], 0)                      # second prefill call: JIT capture
+    for i in (7, 8, 9): self.g.forward([prompt[i]], i)   # decode: run, capture, replay
+    self.run(4)
+    self.rss_after = rss_mb()
+    self.rss = self.rss_after - self.rss_before
+
+  def run(self, n_decode: int) -> tuple[float, float]:
+    """(prefill tok/s, decode tok/s) of the prompt from position 0 and n_decode greedy tokens after it."""
+    t0 = time.perf_counter()
+    logits = self.g.forward(self.prompt, 0)
+    pre = len(self.prompt) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for i in range(n_decode): logits = self.g.forward([int(np.argmax(logits))], len(self.prompt) + i)
+    return pre, n_decode / (time.perf_counter() - t0)
 
 
-def bench_plugrad(path: str, prompt: list[int], n_decode: int) -> dict:
+def peak_gflops(threads: int) -> float:
+  """f32 FMA peak of `threads` cores: clock (/proc/cpuinfo) x 2 FMA units x 16 lanes (AVX-512) x 2 FLOPs."""
+  mhz = max((float(line.split(":")[1]) for line in open("/proc/cpuinfo") if line.startswith("cpu MHz")), default=2000.0)
+  return threads * mhz / 1e3 * 2 * 16 * 2
+
+
+def kv_bytes(m) -> int:
+  return sum(c.nbytes() for layer in m.layers for c in (layer.cache_k, layer.cache_v))
+
+
+def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> None:
   from plugrad.apps.llm.__main__ import weight_bytes
-  from plugrad.apps.llm.generate import LLM
-  t0 = time.perf_counter()
-  llm = LLM.load(path, max_context=1024, name="smollm2-135m")
-  load_s = time.perf_counter() - t0
-  g = llm.gen
-  t0 = time.perf_counter()
-  short = llm.chat_prompt([{"role": "user", "content": "Hi!"}])
-  g.forward(short, 0)
-  ttft = time.perf_counter() - t0 + load_s
-  g.forward(prompt[:7], 0)                       # second prefill call: JIT capture
-  g.forward([prompt[7]], 7), g.forward([prompt[8]], 8), g.forward([prompt[9]], 9)   # decode: run, capture, replay
-  best_pre = float("inf")
-  for _ in range(2):
-    t0 = time.perf_counter()
-    logits = g.forward(prompt, 0)
-    best_pre = min(best_pre, time.perf_counter() - t0)
-  toks, t0 = [], time.perf_counter()
-  for i in range(n_decode):
-    toks.append(int(np.argmax(logits)))
-    logits = g.forward([toks[-1]], len(prompt) + i)
-  dec = time.perf_counter() - t0
-  wb = weight_bytes(llm.model)
-  return {"load_s": load_s, "ttft_cold_s": ttft, "prefill_tok_s": len(prompt) / best_pre, "decode_tok_s": n_decode / dec,
-          "decode_gb_s": wb * n_decode / dec / 1e9, "weight_mb": wb / 1e6, "tokens": toks}
-
-
-def bench_llamacpp(path: str, prompt: list[int], n_decode: int, threads: int) -> dict:
-  import xllamacpp as xl
-  p = xl.CommonParams()
-  p.model.path = path
-  p.n_ctx, p.n_batch, p.n_ubatch, p.n_parallel = 1024, 512, 512, 1
-  p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
-  p.warmup = True
-  srv = xl.Server(p)
-  def run() -> dict:
-    req = {"prompt": prompt, "n_predict": n_decode, "temperature": 0.0, "top_k": 1, "cache_prompt": False, "ignore_eos": True}
-    r = srv.handle_completions(req)
-    return json.loads(r) if isinstance(r, str) else r
-  run()
-  best: dict = {}
-  for _ in range(2):
-    t = run()["timings"]
-    if not best or t["prompt_per_second"] > best["prompt_per_second"]: best["prompt_per_second"] = t["prompt_per_second"]
-    best["predicted_per_second"] = max(best.get("predicted_per_second", 0), t["predicted_per_second"])
-  return {"prefill_tok_s": best["prompt_per_second"], "decode_tok_s": best["predicted_per_second"]}
-
-
-def main() -> None:
-  ap = argparse.ArgumentParser()
-  ap.add_argument("--tokens", type=int, default=450)
-  ap.add_argument("--decode", type=int, default=64)
-  ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-  ap.add_argument("--skip-llamacpp", action="store_true")
-  args = ap.parse_args()
-  from plugrad.apps.llm.registry import resolve_model
   from plugrad.apps.llm.tokenizer import Tokenizer
   from plugrad.nn.state import gguf_load
-  _, path = resolve_model("smollm2-135m")
   tok = Tokenizer.from_gguf_metadata(gguf_load(path)[0])
   ids = tok.encode(TEXT * 8)
   if len(ids) < args.tokens: raise SystemExit(f"the benchmark text has only {len(ids)} tokens")
   prompt = ids[:args.tokens]
+  gc.collect()
+  ours = Ours(path, prompt, name)
+  m = ours.llm.model
+  wb, kv, fsize = weight_bytes(m), kv_bytes(m), os.path.getsize(path)
+  print(f"\n== {name}: {path} ({fsize / 1e6:.1f} MB)")
+  print(f"plugrad: load {ours.load_s:.2f} s, cold time to first token {ours.ttft_cold:.1f} s; resident {ours.rss:.0f} MB = "
+        f"{ours.rss * 1e6 / (fsize + kv):.2f}x (file {fsize / 1e6:.0f} MB + KV cache {kv / 1e6:.0f} MB) after the prompt and decode "
+        f"ran (process: {ours.rss_before:.0f} MB before loading, {ours.rss_after:.0f} MB after)")
+  c, T = m.cfg, len(prompt)
+  block_params = m.param_count() - math.prod(m.tok_embd.shape) - (0 if m.output is m.tok_embd else math.prod(m.output.shape))
+  # the blocks' matmuls for every token, causal attention (q.k and p.v), the output layer for the last token
+  flops = 2 * block_params * T + 2 * c.n_layers * c.n_heads * c.head_dim * T * T + 2 * c.vocab_size * c.dim
+  peak = peak_gflops(args.threads)
+  print(f"decode floor: {wb / 1e6:.1f} MB of weights per token / {bw:.1f} GB/s = {wb / bw / 1e6:.2f} ms ({bw * 1e9 / wb:.0f} tok/s); "
+        f"prefill floor: {flops / 1e9:.1f} GFLOP / {peak:.0f} GFLOP/s f32 peak = {flops / peak / 1e9 * 1e3:.0f} ms "
+        f"({T * peak * 1e9 / flops:.0f} tok/s)")
+  ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads, poll=args.llamacpp_poll)
+  if ref is not None: ref.rates(prompt, 4)   # warm-up
+  best: dict[str, float] = {}
+  for r in range(args.rounds):
+    row = {"ours": ours.run(args.decode)}
+    if ref is not None: row["llama.cpp"] = ref.rates(prompt, args.decode)
+    print(f"round {r + 1} (load {load_avg()}): " + "; ".join(f"{k} prefill {p:.1f} tok/s, decode {d:.1f} tok/s" for k, (p, d) in row.items()))
+    for k, (p, d) in row.items():
+      best[k + " prefill"], best[k + " decode"] = max(best.get(k + " prefill", 0), p), max(best.get(k + " decode", 0), d)
+  print(f"best of {args.rounds}: plugrad prefill {best['ours prefill']:.1f} tok/s ({flops * best['ours prefill'] / T / 1e9:.1f} GFLOP/s), "
+        f"decode {best['ours decode']:.1f} tok/s ({wb * best['ours decode'] / 1e9:.2f} GB/s = "
+        f"{wb * best['ours decode'] / 1e9 / bw:.0%} of the read bandwidth)")
+  if ref is not None:
+    print(f"best of {args.rounds}: llama.cpp prefill {best['llama.cpp prefill']:.1f} tok/s, decode {best['llama.cpp decode']:.1f} tok/s")
+    print(f"ratio plugrad / llama.cpp: prefill {best['ours prefill'] / best['llama.cpp prefill']:.2f}x, "
+          f"decode {best['ours decode'] / best['llama.cpp decode']:.2f}x")
+  del ours, ref
+  gc.collect()
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--model", choices=("smollm2", "qwen2", "both"), default="both")
+  ap.add_argument("--tokens", type=int, default=450)
+  ap.add_argument("--decode", type=int, default=64)
+  ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--skip-llamacpp", action="store_true")
+  ap.add_argument("--llamacpp-poll", type=int, default=None, help="llama.cpp's thread polling level 0-100 (default: its own, 50)")
+  args = ap.parse_args()
+  from plugrad.apps.llm.registry import resolve_model
   np_bw, pg_bw = read_bandwidth()
-  print(f"read bandwidth: numpy 1 thread {np_bw:.1f} GB/s, plugrad sum {pg_bw:.1f} GB/s")
-  ours = bench_plugrad(path, prompt, args.decode)
-  print(f"plugrad: load {ours['load_s']:.2f} s, cold time to first token (load + compile + short prefill) {ours['ttft_cold_s']:.1f} s")
-  print(f"plugrad: prefill {len(prompt)} tok {ours['prefill_tok_s']:.1f} tok/s, decode {args.decode} tok {ours['decode_tok_s']:.1f} tok/s,",
-        f"{ours['decode_gb_s']:.2f} GB/s of weights ({ours['weight_mb']:.1f} MB/token, {ours['decode_gb_s'] / max(np_bw, pg_bw):.0%} of read bw)")
-  if args.skip_llamacpp: return
-  ref = bench_llamacpp(path, prompt, args.decode, args.threads)
-  print(f"llama.cpp: prefill {ref['prefill_tok_s']:.1f} tok/s, decode {ref['decode_tok_s']:.1f} tok/s "
-        f"({ref['decode_tok_s'] * ours['weight_mb'] / 1e3:.2f} GB/s of weights)")
-  pre, dec = ours["prefill_tok_s"] / ref["prefill_tok_s"], ours["decode_tok_s"] / ref["decode_tok_s"]
-  print(f"ratio plugrad / llama.cpp: prefill {pre:.2f}x, decode {dec:.2f}x")
+  print(f"load {load_avg()}; read bandwidth: numpy 1 thread {np_bw:.1f} GB/s, plugrad sum {pg_bw:.1f} GB/s")
+  if args.model in ("smollm2", "both"): bench_model("smollm2-135m", resolve_model("smollm2-135m")[1], args, max(np_bw, pg_bw))
+  if args.model in ("qwen2", "both"): bench_model("qwen2-0.5b-shaped", str(synthetic_qwen2()), args, max(np_bw, pg_bw))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
+import sys
 import threading
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_peer import LlamaCpp, load_avg
 
 SYSTEM = ("You are a meticulous assistant for a company that builds compilers. Always answer in plain English, cite the "
           "relevant part of the question, prefer short sentences, and never invent facts. ") * 12
@@ -78,7 +81,9 @@ def prefix_ttft(llm) -> dict:
       if isinstance(item, Finished): return time.perf_counter() - t0, item.cached_tokens, len(ids)
     raise RuntimeError("no result")
   async def run() -> list:
-    await ttft("warm-up", "a different system prompt " * 40)   # the prefill graph is compiled and captured here
+    await ttft("warm-up", "a different system prompt " * 40)   # the prefill graphs are compiled and captured here:
+    await ttft("warm-up 2", "a different system prompt " * 40)  # a cached prefix, then a short prefill twice
+    await ttft("warm-up 3", "a different system prompt " * 40)
     for s in engine.slots: s.cached = []                        # forget every cached prefix: the next request is cold
     return [await ttft(QUESTIONS[0]), await ttft(QUESTIONS[1])]
   (t1, _, n1), (t2, c2, n2) = asyncio.run(run())
@@ -87,19 +92,8 @@ def prefix_ttft(llm) -> dict:
 
 
 def llamacpp(path: str, ps: list[list[int]], n_decode: int, threads: int) -> dict:
-  import xllamacpp as xl
-  p = xl.CommonParams()
-  p.model.path = path
-  p.n_parallel = len(ps)
-  p.n_ctx = 1024 * len(ps)   # 1024 per slot, as ours
-  p.n_batch = p.n_ubatch = 512
-  p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
-  p.warmup = True
-  srv = xl.Server(p)
-  def req(prompt: list[int]) -> dict:
-    r = srv.handle_completions({"prompt": prompt, "n_predict": n_decode, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
-                                "ignore_eos": True})
-    return json.loads(r) if isinstance(r, str) else r
+  srv = LlamaCpp(path, threads, ctx=1024, n_parallel=len(ps))   # 1024 positions per slot, as ours
+  def req(prompt: list[int]) -> dict: return srv.complete(prompt, n_decode)
   req(ps[0])
   one = req(ps[0])["timings"]["predicted_per_second"]
   out: list = [None] * len(ps)
@@ -126,6 +120,7 @@ def main() -> None:
   tok_llm = LLM.load(path, max_context=64, name="tokenizer", dense_prefill_mb=0)
   ps = prompts(tok_llm, args.parallel)
   del tok_llm
+  print(f"load {load_avg()}")
   r = decode_rates(path, ps, args.decode)
   one = r["single"]
   print(f"plugrad single stream (batch-1 Generator): {one:.1f} tok/s")
@@ -135,6 +130,7 @@ def main() -> None:
   print(f"prefix cache: {p['tokens']}-token prompt, time to first token {p['first'] * 1e3:.0f} ms cold; a second request sharing the "
         f"system prompt ({p['tokens2']} tokens, {p['cached']} cached): {p['second'] * 1e3:.0f} ms = {p['second'] / p['first']:.3f}x")
   if args.skip_llamacpp: return
+  print(f"load {load_avg()}")
   ref = llamacpp(path, ps, args.decode, args.threads)
   print(f"llama.cpp n_parallel={args.parallel}: single stream {ref['one']:.1f} tok/s, {args.parallel} concurrent: aggregate "
         f"{ref['aggregate']:.1f} tok/s (sum of per-request rates; {ref['wall_tok_s']:.1f} tok/s over the wall time incl. prefill)")

@@ -15,6 +15,9 @@ def tiny_config(arch: str = "llama", **kw) -> Config:
   base = dict(arch=arch, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48, vocab_size=64, norm_eps=1e-5,
               rope_theta=10000.0, rope_dim=8, rope_neox=arch != "llama")
   if arch in ("qwen3moe", "olmoe"): base.update(n_experts=4, n_experts_used=2, expert_norm=arch == "qwen3moe", ffn_dim=16)
+  if arch == "gemma3":   # 7 layers: 0-4 and 6 slide (window 4), 5 is global; head_dim 16 != dim / heads
+    base.update(n_layers=7, head_dim=16, rope_dim=16, norm_eps=1e-6, rope_theta=1e6, embed_scale=32 ** 0.5, sliding_window=4,
+                swa_pattern=6, rope_theta_local=10000.0, rope_scale=2.0, post_norms=True, act="gelu_tanh")
   base.update(kw)
   return Config(**base)
 
@@ -31,7 +34,10 @@ def tiny_weights(cfg: Config, seed: int = 0, tied: bool = True) -> dict[str, np.
               p + "attn_v.weight": r(cfg.n_kv_heads * hd, cfg.dim), p + "attn_output.weight": r(cfg.dim, cfg.n_heads * hd)})
     if cfg.arch == "qwen2":
       w.update({p + "attn_q.bias": r(cfg.n_heads * hd), p + "attn_k.bias": r(cfg.n_kv_heads * hd), p + "attn_v.bias": r(cfg.n_kv_heads * hd)})
-    if cfg.arch in ("qwen3", "qwen3moe"): w.update({p + "attn_q_norm.weight": 1 + r(hd, scale=0.1), p + "attn_k_norm.weight": 1 + r(hd, scale=0.1)})
+    if cfg.arch == "gemma3":
+      w.update({p + "post_attention_norm.weight": 1 + r(cfg.dim, scale=0.1), p + "post_ffw_norm.weight": 1 + r(cfg.dim, scale=0.1)})
+    if cfg.arch in ("qwen3", "qwen3moe", "gemma3"):
+      w.update({p + "attn_q_norm.weight": 1 + r(hd, scale=0.1), p + "attn_k_norm.weight": 1 + r(hd, scale=0.1)})
     if cfg.arch == "olmoe":
       w.update({p + "attn_q_norm.weight": 1 + r(cfg.n_heads * hd, scale=0.1), p + "attn_k_norm.weight": 1 + r(cfg.n_kv_heads * hd, scale=0.1)})
     if cfg.n_experts:
@@ -59,11 +65,15 @@ def _softmax(x):
   return e / e.sum(-1, keepdims=True)
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, cfg: Config) -> np.ndarray:
-  """x (T, H, D): llama.cpp's NORM rope on adjacent pairs or NEOX rope on halves."""
+def _gelu_tanh(x): return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _rope(x: np.ndarray, pos: np.ndarray, cfg: Config, theta: float | None = None, scale: float = 1.0) -> np.ndarray:
+  """x (T, H, D): llama.cpp's NORM rope on adjacent pairs or NEOX rope on halves (base `theta`, default the config's;
+  positions divided by `scale`)."""
   d = cfg.rope_dim or cfg.head_dim
-  inv = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
-  ang = pos[:, None] * inv[None]
+  inv = 1.0 / (theta or cfg.rope_theta) ** (np.arange(0, d, 2) / d)
+  ang = (pos / scale)[:, None] * inv[None]
   c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
   out = x.astype(np.float64).copy()
   if cfg.rope_neox: a, b = x[..., :d // 2], x[..., d // 2:d]
@@ -78,22 +88,26 @@ def np_forward(cfg: Config, w: dict[str, np.ndarray], tokens: list[int]) -> np.n
   """Logits (T, vocab) of every position, in float64, written straight from the architecture's definition."""
   w = {k: v.astype(np.float64) for k, v in w.items()}
   T, hd, H, KV = len(tokens), cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-  x, pos = w["token_embd.weight"][tokens], np.arange(T, dtype=np.float64)
-  mask = np.triu(np.full((T, T), -np.inf), 1)
+  x, pos = w["token_embd.weight"][tokens] * cfg.embed_scale, np.arange(T, dtype=np.float64)
+  causal = np.triu(np.full((T, T), -np.inf), 1)
   for i in range(cfg.n_layers):
     p = f"blk.{i}."
+    slides = cfg.arch == "gemma3" and i % 6 < 5 and cfg.sliding_window > 0   # gemma3: every 6th layer is global
+    mask = causal + (np.tril(np.full((T, T), -np.inf), -cfg.sliding_window) if slides else 0)   # keys >= window back hidden
+    theta, scale = (cfg.rope_theta_local, 1.0) if slides else (cfg.rope_theta, cfg.rope_scale)
     h = _rms(x, w[p + "attn_norm.weight"], cfg.norm_eps)
     q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0) for n in "qkv")
     if cfg.arch == "olmoe": q, k = _rms(q, w[p + "attn_q_norm.weight"], cfg.norm_eps), _rms(k, w[p + "attn_k_norm.weight"], cfg.norm_eps)
     q, k, v = q.reshape(T, H, hd), k.reshape(T, KV, hd), v.reshape(T, KV, hd)
-    if cfg.arch in ("qwen3", "qwen3moe"):
+    if cfg.arch in ("qwen3", "qwen3moe", "gemma3"):
       q, k = _rms(q, w[p + "attn_q_norm.weight"], cfg.norm_eps), _rms(k, w[p + "attn_k_norm.weight"], cfg.norm_eps)
-    q, k = _rope(q, pos, cfg), _rope(k, pos, cfg)
+    q, k = _rope(q, pos, cfg, theta, scale), _rope(k, pos, cfg, theta, scale)
     out = np.zeros((T, H, hd))
     for hh in range(H):
       kv = hh // (H // KV)
       out[:, hh] = _softmax(q[:, hh] @ k[:, kv].T / np.sqrt(hd) + mask) @ v[:, kv]
-    x = x + out.reshape(T, H * hd) @ w[p + "attn_output.weight"].T
+    a = out.reshape(T, H * hd) @ w[p + "attn_output.weight"].T
+    x = x + (_rms(a, w[p + "post_attention_norm.weight"], cfg.norm_eps) if cfg.arch == "gemma3" else a)
     h = _rms(x, w[p + "ffn_norm.weight"], cfg.norm_eps)
     if cfg.n_experts:
       probs = _softmax(h @ w[p + "ffn_gate_inp.weight"].T)
@@ -105,6 +119,9 @@ def np_forward(cfg: Config, w: dict[str, np.ndarray], tokens: list[int]) -> np.n
           g, u = w[p + "ffn_gate_exps.weight"][e] @ h[t], w[p + "ffn_up_exps.weight"][e] @ h[t]
           y[t] += we * (w[p + "ffn_down_exps.weight"][e] @ (_silu(g) * u))
       x = x + y
+    elif cfg.arch == "gemma3":
+      y = (_gelu_tanh(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+      x = x + _rms(y, w[p + "post_ffw_norm.weight"], cfg.norm_eps)
     else: x = x + (_silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
   return _rms(x, w["output_norm.weight"], cfg.norm_eps) @ w.get("output.weight", w["token_embd.weight"]).T
 

@@ -1,31 +1,88 @@
-"""The LLM's weight repacking (block scales decoded once at load) against the `gguf` package's own dequantize, for
-every type it repacks, including Q4_K (whose 18 bytes per 32 weights must not be mistaken for Q4_0's)."""
+"""The LLM's weight repacking (block scales decoded once at load, quants in their own arrays, Q5's high bits spread)
+against the `gguf` package's own dequantize, bit for bit, for every GGUF quantization type, over random blocks
+(hypothesis); and the matrix-vector / matrix-matrix products that fuse the repacked dequantization against float64."""
+import os
+
 import gguf
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from llm_helpers import tiny_config, tiny_weights
 
-from plugrad.apps.llm.model import repack
+from plugrad.apps.llm.generate import Generator
+from plugrad.device import Device, canonicalize
+from plugrad.apps.llm.model import _REPACKABLE, Transformer, linear, repack
+from plugrad.engine.realize import buffer_for
 from plugrad.nn.serialize import dequantize
 from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops
 
-# (elements, bytes) per block and the byte offsets of the float16 fields
-GEOMETRY = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2))}
+GEOMETRY = {q: g for g, q in _REPACKABLE.items()}   # type -> (elements, bytes) per block
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
+              "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+QTYPES = list(GEOMETRY)
+# Q5_0/Q5_1 share one high-bit array among 4, 2 or 1 neighbouring blocks of a row: rows of 4, 2 and 3 blocks
+SHAPES = [(q, 4) for q in QTYPES] + [("Q5_0", 2), ("Q5_0", 3), ("Q5_1", 3)]
 
 
-@pytest.mark.parametrize("qtype", list(GEOMETRY))
-def test_repack_matches_gguf(qtype):
-  elems, tsize, f16s = GEOMETRY[qtype]
-  rows, cols = 6, 512
-  rng = np.random.default_rng(11)
-  blocks = rng.integers(0, 256, (rows * cols // elems, tsize), dtype=np.uint8)
-  for off in f16s: blocks[:, off:off + 2] = rng.uniform(-2, 2, len(blocks)).astype(np.float16).view(np.uint8).reshape(-1, 2)
-  u = dequantize(Tensor(blocks).realize(), qtype).reshape(rows, cols).uop
-  packed = repack(u)
-  assert packed is not u, f"{qtype} was not repacked"
+def bits(a: np.ndarray) -> np.ndarray:
+  """float32 bit patterns, every NaN as one pattern (payloads aren't part of the contract)."""
+  return np.where(np.isnan(a), np.float32(np.nan), a).astype(np.float32).view(np.uint32)
+
+
+def packed(blocks: np.ndarray, qtype: str, rows: int) -> Tensor:
+  u = dequantize(Tensor(blocks).realize(), qtype).reshape(rows, -1).uop
+  p = repack(u)
+  assert p is not u, f"{qtype} was not repacked"
+  return Tensor(p)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # gguf multiplies nan/inf scales of random blocks
+@pytest.mark.parametrize("qtype,row_blocks", SHAPES)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_repack_is_bit_exact(qtype, row_blocks, data):
+  elems, tsize = GEOMETRY[qtype]
+  rows = 2
+  raw = data.draw(st.binary(min_size=rows * row_blocks * tsize, max_size=rows * row_blocks * tsize))
+  blocks = np.frombuffer(raw, np.uint8).reshape(rows * row_blocks, tsize).copy()
   ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype))
-  np.testing.assert_allclose(Tensor(packed).numpy(), ref, rtol=1e-6, atol=1e-6)
-  x = rng.standard_normal(cols).astype(np.float32)   # and fused into a matrix-vector product
-  np.testing.assert_allclose((Tensor(packed) @ Tensor(x)).numpy(), ref.astype(np.float64) @ x, rtol=1e-4, atol=1e-3 * np.abs(ref).max())
+  np.testing.assert_array_equal(bits(packed(blocks, qtype, rows).numpy()), bits(ref), err_msg=f"repacked {qtype}")
+  base = dequantize(Tensor(blocks).realize(), qtype).reshape(rows, -1).numpy()   # the loader's own dequantization too
+  np.testing.assert_array_equal(bits(base), bits(ref), err_msg=f"dequantize {qtype}")
+
+
+def finite_blocks(qtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
+  b = rng.integers(0, 256, (n, GEOMETRY[qtype][1]), dtype=np.uint8)
+  for off in F16_FIELDS[qtype]: b[:, off:off + 2] = rng.uniform(-2, 2, n).astype(np.float16).view(np.uint8).reshape(-1, 2)
+  return b
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_fused_products_match_float64(qtype):
+  """One token (the decode matvec, dequantization fused), 5 tokens fused (short prefill) and 5 tokens through the
+  dequantized (in, out) buffer (long prefill), against float64."""
+  elems, _ = GEOMETRY[qtype]
+  rows, cols = 12, 4 * 256
+  rng = np.random.default_rng(sum(map(ord, qtype)))
+  blocks = finite_blocks(qtype, rows * cols // elems, rng)
+  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype)).astype(np.float64)
+  w = packed(blocks, qtype, rows)
+  x = rng.standard_normal((1, 5, cols)).astype(np.float32)
+  want = x.astype(np.float64) @ ref.T
+  tol = dict(rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(cols))
+  np.testing.assert_allclose(Tensor(x[:, :1]).linear(w.transpose()).numpy(), want[:, :1], **tol, err_msg="matvec")
+  np.testing.assert_allclose(Tensor(x).linear(w.transpose()).numpy(), want, **tol, err_msg="fused matmul")
+  np.testing.assert_allclose(linear(Tensor(x), w).numpy(), want, **tol, err_msg="matmul through the dequantized buffer")
+
+
+def test_repacked_bytes_stay_close_to_the_file():
+  """The repacked arrays of a (4864, 896)-shaped Q5_0 weight (the qwen2-0.5B FFN) take at most 1.1x its blocks."""
+  blocks = finite_blocks("Q5_0", 64 * 896 // 32, np.random.default_rng(0))
+  w = packed(blocks, "Q5_0", 64)
+  nbytes = sum(buffer_for(n).nbytes for n in set(w.uop.toposort()) if n.op is Ops.BUFFER)
+  assert nbytes <= 1.1 * blocks.nbytes, (nbytes, blocks.nbytes)
 
 
 def test_unquantized_weights_are_not_repacked():
@@ -34,23 +91,42 @@ def test_unquantized_weights_are_not_repacked():
 
 
 def test_dense_prefill_weights_give_the_same_logits():
-  """Quantized block weights kept as dense float32 copies for prefill (the default when they fit the budget) give
-  the same prefill logits as dequantizing inside every prefill, and decode still reads the quantized weights."""
-  from llm_helpers import tiny_config, tiny_weights
-
-  from plugrad.apps.llm.generate import Generator
-  from plugrad.apps.llm.model import Transformer
+  """Quantized block weights kept as dense float32 copies for prefill (`dense_prefill_bytes`) give the same prefill
+  logits as the default (dequantized inside every prefill), and decode still reads the quantized weights."""
   cfg = tiny_config("llama")
   w = tiny_weights(cfg, 5, True)
   def quantized(k: str, v: np.ndarray) -> Tensor:
     if not k.startswith("blk.") or v.ndim != 2 or v.shape[1] % 32: return Tensor(v)
     blocks = gguf.quants.quantize(v.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
     return dequantize(Tensor(blocks.reshape(-1, 34)).realize(), "Q8_0").reshape(v.shape)
-  models = [Transformer(cfg, {k: quantized(k, v) for k, v in w.items()}, max_context=48, dense_prefill_bytes=b) for b in (0, 1 << 30)]
+  models = [Transformer(cfg, {k: quantized(k, v) for k, v in w.items()}, max_context=96, dense_prefill_bytes=b) for b in (0, 1 << 30)]
   assert not any(layer.dense for layer in models[0].layers) and all(layer.dense for layer in models[1].layers)
   toks = [3, 9, 4, 1, 7, 2, 8, 5, 6, 10, 11]
+  long = [(7 * i) % 60 + 1 for i in range(70)]   # past SHORT_PREFILL: the (in, out) buffer path
   outs = []
   for m in models:
     g = Generator(m)
-    outs.append((g.forward(toks, 0), g.forward([12], len(toks))))
+    outs.append((g.forward(toks, 0), g.forward([12], len(toks)), g.forward(long, 0)))
   for a, b in zip(*outs): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_embedding_rows_from_the_quantized_table():
+  """Token embeddings are gathered from the quantized table by a kernel (EMBED_ROWS rows per call), bit-identical to
+  the `gguf` package's dequantized rows, for any count of ids."""
+  cfg = tiny_config("llama")
+  w = tiny_weights(cfg, 2, True)
+  blocks = gguf.quants.quantize(w["token_embd.weight"], gguf.GGMLQuantizationType.Q8_0)
+  table = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0)
+  tensors = {k: Tensor(v) for k, v in w.items()}
+  tensors["token_embd.weight"] = dequantize(Tensor(blocks.reshape(-1, 34)).realize(), "Q8_0").reshape(table.shape)
+  m = Transformer(cfg, tensors, max_context=16)
+  for ids in ([5], [63, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], list(range(16))):
+    np.testing.assert_array_equal(m.embed(ids), table[ids])
+  with pytest.raises(IndexError, match="token id out of range"): m.embed([64])
+
+
+def test_loading_releases_the_file_mapping(tiny_gguf):
+  """After loading, the GGUF file is no longer mapped (its pages would count as resident memory): the tensors are copies."""
+  m, _ = Transformer.from_gguf(tiny_gguf, max_context=16)
+  assert Device[canonicalize(f"DISK:{os.path.abspath(tiny_gguf)}")]._mm is None
+  assert m.embed([1]).shape == (1, m.cfg.dim)

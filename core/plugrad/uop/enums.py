@@ -18,6 +18,8 @@ class Ops(Enum):
   # buffers and devices (tensor level): BUFFER(UNIQUE, DEVICE, arg=size), BUFFER_VIEW, COPY, ASSIGN, CONTIGUOUS, DETACH
   UNIQUE = auto(); DEVICE = auto(); BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto()
   CONTIGUOUS = auto(); DETACH = auto(); KERNEL = auto()
+  # multi-device tensors: MULTI(*one node per device, arg=shard axis or None when replicated); schedule/multi.py lowers ops over it
+  MULTI = auto()
   # movement (tensor level, arg is the new shape/order/padding)
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
   # reduce: REDUCE_AXIS(x, arg=(op, axes)) at tensor level; REDUCE(x, *ranges, arg=op) in kernels

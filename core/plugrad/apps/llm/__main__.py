@@ -26,8 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--top_k", type=int, default=0)
   ap.add_argument("--top_p", type=float, default=1.0)
   ap.add_argument("--system", default=None, help="system message")
-  ap.add_argument("--dense_prefill_mb", type=int, default=1024,
-                  help="keep float32 copies of the quantized weights for prefill when they fit in this many MB (0: never; default 1024)")
+  ap.add_argument("--dense_prefill_mb", type=int, default=0,
+                  help="keep float32 copies of the quantized weights for prefill when they fit in this many MB (default 0: never)")
   ap.add_argument("--benchmark", nargs="?", const=64, type=int, metavar="N", help="measure prefill and N decode steps (default 64)")
   ap.add_argument("--serve", nargs="?", const=11434, type=int, metavar="PORT", help="OpenAI-compatible server (default port 11434)")
   ap.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default 127.0.0.1)")

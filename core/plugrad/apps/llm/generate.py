@@ -25,6 +25,13 @@ from plugrad.apps.llm.chat import render_chat, validate_messages
 from plugrad.apps.llm.model import CACHE_PAD, PREFILL_MULTIPLE, Transformer
 from plugrad.apps.llm.tokenizer import Tokenizer
 
+# prefills of at most this many (padded) tokens run the graph whose matmuls dequantize weights in their inner loop;
+# longer ones dequantize each weight into an (in, out) buffer first (or read the model's dense copies, if it keeps them)
+SHORT_PREFILL = 64
+# longer prefills run in chunks of this many tokens: the intermediate buffers (attention scores: heads x chunk x
+# context) are sized for the largest chunk
+PREFILL_CHUNK = 512
+
 
 class ContextLengthExceeded(ValueError):
   """A prompt (plus at least one generated token) doesn't fit in max_context."""
@@ -83,19 +90,21 @@ class Generator:
     self.model, self.max_context = model, model.max_context
     self.cached: list[int] = []   # tokens whose keys/values are in the cache, from position 0
     m = PREFILL_MULTIPLE
-    self.v_len = Variable("T", 1, (self.max_context + m - 1) // m)   # the padded prefill length is m*T
+    self.v_len = Variable("T", 1, (min(self.max_context, PREFILL_CHUNK) + m - 1) // m)   # the padded prefill length is m*T
+    self.v_short = Variable("Ts", 1, min(SHORT_PREFILL, self.max_context + m - 1) // m)   # the same for a short prefill
     self.v_start, self.v_last = Variable("start", 0, self.max_context - 1), Variable("last", 1, self.max_context - 1)
     self.v_keys = Variable("S", 1, (self.max_context + CACHE_PAD) // m)   # keys read: m*S >= start + m*T, the rest masked
     dim = model.cfg.dim
-    rows = (self.max_context + m - 1) // m * m
+    rows = (min(self.max_context, PREFILL_CHUNK) + m - 1) // m * m
     self.inp = Tensor.zeros(model.batch, rows, dim).contiguous().realize()   # prefill embeddings, written in place
     self.inp1 = Tensor.zeros(model.batch, 1, dim).contiguous().realize()                 # decode embedding
     self.prefill_jit, self.decode_jit = TinyJit(self._prefill), TinyJit(self._decode)
+    self.short_jit = TinyJit(functools.partial(self._prefill, fused=True))
     self.finish_reason: str | None = None
 
-  def _prefill(self, T: Any, start: Any, last: Any, keys: Any) -> Tensor:
+  def _prefill(self, T: Any, start: Any, last: Any, keys: Any, fused: bool = False) -> Tensor:
     m = PREFILL_MULTIPLE
-    return self.model.forward(self.inp[:, :T * m], start, last, keys * m).realize()
+    return self.model.forward(self.inp[:, :T * m], start, last, keys * m, fused=fused).realize()
   def _decode(self, start: Any, keys: Any) -> Tensor:
     return self.model.forward(self.inp1, start, keys_len=keys * PREFILL_MULTIPLE).realize()
 
@@ -113,6 +122,10 @@ class Generator:
     if n == 0: raise ValueError("forward needs at least one token")
     if start < 0 or start + n > self.max_context:
       raise ContextLengthExceeded(f"positions [{start}, {start + n}) don't fit in max_context={self.max_context}")
+    if n > PREFILL_CHUNK:
+      for i in range(0, n - PREFILL_CHUNK, PREFILL_CHUNK): self.forward(tokens[i:i + PREFILL_CHUNK], start + i)
+      done = (n - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+      return self.forward(tokens[done:], start + done)
     emb = self.model.embed(tokens)
     if n == 1:
       self._write(self.inp1, emb)
@@ -122,7 +135,8 @@ class Generator:
       padded = -(-n // m)
       self._write(self.inp, np.concatenate([emb, np.zeros((padded * m - n, emb.shape[1]), np.float32)]))
       keys = -(-(start + padded * m) // m)
-      out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1), self.v_keys.bind(keys))
+      jit, v_len = (self.short_jit, self.v_short) if padded * m <= SHORT_PREFILL else (self.prefill_jit, self.v_len)
+      out = jit(v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1), self.v_keys.bind(keys))
     self.cached = self.cached[:start] + list(tokens)
     return out.numpy()[0]
 
@@ -202,7 +216,7 @@ class LLM:
     return Generator(self.model)
 
   @staticmethod
-  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 1024, batch: int = 1) -> LLM:
+  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 0, batch: int = 1) -> LLM:
     """A GGUF model with its tokenizer and template; `batch` KV-cache rows (the server's slots)."""
     model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress, dense_prefill_bytes=dense_prefill_mb << 20, batch=batch)
     return LLM(model, Tokenizer.from_gguf_metadata(meta), meta.get("tokenizer.chat_template"), name)
@@ -272,27 +286,41 @@ class BatchGenerator:
     m, cfg = PREFILL_MULTIPLE, model.cfg
     rows = self.max_context + CACHE_PAD
     self.scratch = rows - 1
-    self.v_len = Variable("T", 1, (self.max_context + m - 1) // m)
+    self.v_len = Variable("T", 1, (min(self.max_context, PREFILL_CHUNK) + m - 1) // m)
+    self.v_short = Variable("Ts", 1, min(SHORT_PREFILL, self.max_context + m - 1) // m)
     self.v_start, self.v_last = Variable("start", 0, self.max_context - 1), Variable("last", 1, self.max_context - 1)
     self.v_keys = Variable("S", 1, rows // m)
     self.v_slot = Variable("slot", 0, self.slots - 1)
     self.v_pos = [Variable(f"pos{b}", 0, rows - 1) for b in range(self.slots)]
     half = cfg.head_dim // 2
     # Tensor.empty: a buffer of its own each (equal zeros(...).contiguous() graphs would be one hash-consed buffer)
-    self.inp = Tensor.empty(1, (self.max_context + m - 1) // m * m, cfg.dim)
+    self.inp = Tensor.empty(1, (min(self.max_context, PREFILL_CHUNK) + m - 1) // m * m, cfg.dim)
     self.inp_b, self.cos_b, self.sin_b = Tensor.empty(self.slots, 1, cfg.dim), Tensor.empty(self.slots, 1, half), Tensor.empty(self.slots, 1, half)
     self.mask_b = Tensor.empty(self.slots, 1, 1, 1, rows // m * m)
-    Tensor.realize_all(self.inp, self.inp_b, self.cos_b, self.sin_b, self.mask_b)
+    self.inp1 = Tensor.empty(1, 1, cfg.dim)
+    # the sliding-window layers' RoPE rows and mask (the global ones' when no layer slides)
+    self.window = max((layer.window for layer in model.layers), default=0)
+    local = model.cos_l is not model.cos
+    self.cos_lb, self.sin_lb = (Tensor.empty(self.slots, 1, half), Tensor.empty(self.slots, 1, half)) if local else (self.cos_b, self.sin_b)
+    self.mask_lb = Tensor.empty(self.slots, 1, 1, 1, rows // m * m) if self.window else self.mask_b
+    Tensor.realize_all(*{t.uop: t for t in (self.inp, self.inp_b, self.cos_b, self.sin_b, self.mask_b, self.inp1, self.cos_lb, self.sin_lb,
+                                            self.mask_lb)}.values())
     self.cos_np, self.sin_np = model.cos.numpy(), model.sin.numpy()
-    self.prefill_jit, self.decode_jit = TinyJit(self._prefill), TinyJit(self._decode)
+    self.cos_lnp, self.sin_lnp = (model.cos_l.numpy(), model.sin_l.numpy()) if local else (None, None)
+    self.prefill_jit, self.decode_jit, self.decode1_jit = TinyJit(self._prefill), TinyJit(self._decode), TinyJit(self._decode1)
+    self.short_jit = TinyJit(functools.partial(self._prefill, fused=True))
 
-  def _prefill(self, T: Any, start: Any, last: Any, keys: Any, slot: Any) -> Tensor:
+  def _prefill(self, T: Any, start: Any, last: Any, keys: Any, slot: Any, fused: bool = False) -> Tensor:
     m = PREFILL_MULTIPLE
-    return self.model.forward(self.inp[:, :T * m], start, last, keys * m, slot=slot).realize()
+    return self.model.forward(self.inp[:, :T * m], start, last, keys * m, slot=slot, fused=fused).realize()
 
   def _decode(self, keys: Any, *pos: Any) -> Tensor:
     n = keys * PREFILL_MULTIPLE
-    return self.model.forward_slots(self.inp_b, list(pos), self.cos_b, self.sin_b, n, self.mask_b[:, :, :, :, 0:n]).realize()
+    return self.model.forward_slots(self.inp_b, list(pos), (self.cos_b, self.sin_b, self.cos_lb, self.sin_lb), n,
+                                    (self.mask_b[:, :, :, :, 0:n], self.mask_lb[:, :, :, :, 0:n])).realize()
+
+  def _decode1(self, start: Any, keys: Any, slot: Any) -> Tensor:
+    return self.model.forward(self.inp1, start, keys_len=keys * PREFILL_MULTIPLE, slot=slot).realize()
 
   def prefill(self, slot: int, tokens: Sequence[int], start: int) -> np.ndarray:
     """Run `tokens` at positions [start, start + len) of sequence `slot` (its cache must hold the tokens before start);
@@ -302,23 +330,35 @@ class BatchGenerator:
     if not 0 <= slot < self.slots: raise IndexError(f"slot {slot} out of range [0, {self.slots})")
     if start < 0 or start + n > self.max_context:
       raise ContextLengthExceeded(f"positions [{start}, {start + n}) don't fit in max_context={self.max_context}")
+    if n > PREFILL_CHUNK:
+      for i in range(0, n - PREFILL_CHUNK, PREFILL_CHUNK): self.prefill(slot, tokens[i:i + PREFILL_CHUNK], start + i)
+      done = (n - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+      return self.prefill(slot, tokens[done:], start + done)
     if n == 1: return self.decode({slot: (tokens[0], start)})[slot]   # the prefill graph's last row index starts at 1
     emb = self.model.embed(tokens)
     padded = -(-n // m)
     Generator._write(self.inp, np.concatenate([emb, np.zeros((padded * m - n, emb.shape[1]), np.float32)]))
-    out = self.prefill_jit(self.v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1),
-                           self.v_keys.bind(-(-(start + padded * m) // m)), self.v_slot.bind(slot))
+    jit, v_len = (self.short_jit, self.v_short) if padded * m <= SHORT_PREFILL else (self.prefill_jit, self.v_len)
+    out = jit(v_len.bind(padded), self.v_start.bind(start), self.v_last.bind(n - 1),
+              self.v_keys.bind(-(-(start + padded * m) // m)), self.v_slot.bind(slot))
     return out.numpy()[0]
 
   def decode(self, steps: dict[int, tuple[int, int]]) -> dict[int, np.ndarray]:
-    """One token for each listed slot ({slot: (token, position)}), all in one batched step: {slot: logits}."""
+    """One token for each listed slot ({slot: (token, position)}), all in one batched step: {slot: logits}. A single
+    slot runs the batch-1 decode graph on its cache row instead (the batched step computes every row)."""
     if not steps: return {}
     B, m = self.slots, PREFILL_MULTIPLE
+    for b, (_, p) in steps.items():
+      if not 0 <= b < B: raise IndexError(f"slot {b} out of range [0, {B})")
+      if not 0 <= p < self.max_context: raise ContextLengthExceeded(f"position {p} doesn't fit in max_context={self.max_context}")
+    if len(steps) == 1 and B > 1:
+      (b, (tok, p)), = steps.items()
+      Generator._write(self.inp1, self.model.embed([tok]))
+      return {b: self.decode1_jit(self.v_start.bind(p), self.v_keys.bind(-(-(p + 1) // m)), self.v_slot.bind(b)).numpy()[0]}
     pos = [self.scratch] * B
     emb = np.zeros((B, self.model.cfg.dim), np.float32)
-    for b, (tok, p) in steps.items():
-      if not 0 <= p < self.max_context: raise ContextLengthExceeded(f"position {p} doesn't fit in max_context={self.max_context}")
-      pos[b], emb[b] = p, self.model.embed([tok])[0]
+    rows = self.model.embed([tok for tok, _ in steps.values()])   # one gather for all rows
+    for (b, (_, p)), e in zip(steps.items(), rows): pos[b], emb[b] = p, e
     keys = -(-(max(p for _, p in steps.values()) + 1) // m)
     mask = np.full((B, self.mask_b.shape[-1]), -np.inf, np.float32)
     for b in range(B): mask[b, :pos[b] + 1 if b in steps else 1] = 0.0   # idle rows: one (garbage) key keeps them finite
@@ -326,5 +366,11 @@ class BatchGenerator:
     Generator._write(self.cos_b, self.cos_np[pos])
     Generator._write(self.sin_b, self.sin_np[pos])
     Generator._write(self.mask_b, mask)
+    if self.cos_lnp is not None:
+      Generator._write(self.cos_lb, self.cos_lnp[pos])
+      Generator._write(self.sin_lb, self.sin_lnp[pos])
+    if self.window:   # the sliding-window layers see only the last `window` positions of each row
+      for b in steps: mask[b, :max(0, pos[b] + 1 - self.window)] = -np.inf
+      Generator._write(self.mask_lb, mask)
     out = self.decode_jit(self.v_keys.bind(keys), *[v.bind(p) for v, p in zip(self.v_pos, pos)]).numpy()
     return {b: out[b] for b in steps}

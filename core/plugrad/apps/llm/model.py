@@ -11,13 +11,18 @@ the last position, so one graph serves every prompt length when T and start are 
 """
 from __future__ import annotations
 
+import functools
+import gc
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from plugrad.device import Device, canonicalize
 from plugrad.dtype import dtypes
+from plugrad import TinyJit, Variable
 from plugrad.nn.state import gguf_load
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
@@ -30,11 +35,13 @@ sint = int | UOp
 # so the causal mask hides them from every real query and the next write overwrites their cache rows
 PREFILL_MULTIPLE = 8
 CACHE_PAD = 2 * PREFILL_MULTIPLE - 1   # positions past max_context a padded prefill may write or read (masked)
+EMBED_ROWS = 8   # embedding rows gathered per kernel call
 
 # llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x[2i], x[2i+1]) (the converter permuted q/k
 # rows into that order), "neox" rotates halves (x[i], x[i + d/2]).
-NEOX_ARCHS = {"qwen2", "qwen2moe", "qwen3", "qwen3moe", "olmoe", "olmo2", "phi3", "gemma", "gemma2", "stablelm", "falcon"}
-SUPPORTED_ARCHS = {"llama", "mistral", "granite", "qwen2", "qwen3", "qwen3moe", "olmoe"}
+NEOX_ARCHS = {"qwen2", "qwen2moe", "qwen3", "qwen3moe", "olmoe", "olmo2", "phi3", "gemma", "gemma2", "gemma3", "stablelm", "falcon"}
+SUPPORTED_ARCHS = {"llama", "mistral", "granite", "qwen2", "qwen3", "qwen3moe", "olmoe", "gemma3"}
+GEMMA3_SWA_PATTERN = 6   # gemma3: every 6th layer attends globally, the 5 before it through the sliding window
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,17 @@ class Config:
   n_experts_used: int = 0
   expert_norm: bool = False   # renormalize the top-k router weights to sum to 1 (qwen3moe) or not (olmoe)
   context_length: int = 4096  # what the model was trained for (informational)
+  embed_scale: float = 1.0    # token embeddings are multiplied by this (gemma3: sqrt(dim))
+  sliding_window: int = 0     # sliding-window layers see the keys of the last `sliding_window` positions (itself included)
+  swa_pattern: int = 0        # layer i slides when i % swa_pattern < swa_pattern - 1 (gemma3: 6); 0: no layer slides
+  rope_theta_local: float = 0.0   # RoPE base of the sliding-window layers (0: rope_theta)
+  rope_scale: float = 1.0     # linear RoPE scaling of the other layers: positions divided by it
+  post_norms: bool = False    # RMSNorm of each block's attention and FFN outputs before their residual add (gemma3)
+  act: str = "silu"           # the FFN gate's activation: "silu" or "gelu_tanh"
+
+  def slides(self, i: int) -> bool:
+    """Whether layer i attends through the sliding window."""
+    return bool(self.sliding_window and self.swa_pattern and i % self.swa_pattern < self.swa_pattern - 1)
 
   @staticmethod
   def from_gguf(meta: dict[str, Any], vocab_size: int | None = None) -> Config:
@@ -71,11 +89,18 @@ class Config:
     n_experts = g("expert_count", 0)
     ffn = g("expert_feed_forward_length", 0) if n_experts else g("feed_forward_length")
     vocab = vocab_size or meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    extra: dict[str, Any] = {}
+    if arch == "gemma3":
+      scaling = meta.get(f"{arch}.rope.scaling.type")
+      if scaling not in (None, "none", "linear"): raise ValueError(f"gemma3 rope scaling {scaling!r} isn't supported (linear is)")
+      extra = dict(embed_scale=math.sqrt(dim), sliding_window=int(g("attention.sliding_window")), swa_pattern=GEMMA3_SWA_PATTERN,
+                   rope_theta_local=10000.0, rope_scale=float(g("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+                   post_norms=True, act="gelu_tanh")
     return Config(arch=arch, dim=dim, n_layers=g("block_count"), n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_dim=ffn,
                   vocab_size=vocab, norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=float(g("rope.freq_base", 10000.0)),
                   rope_dim=g("rope.dimension_count", head_dim), rope_neox=arch in NEOX_ARCHS, n_experts=n_experts,
                   n_experts_used=g("expert_used_count", 0), expert_norm=bool(g("expert_weights_norm", arch == "qwen3moe")),
-                  context_length=g("context_length", 4096))
+                  context_length=g("context_length", 4096), **extra)
 
 
 def rms_norm(x: Tensor, w: Tensor | None, eps: float) -> Tensor:
@@ -94,11 +119,13 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, dense: UOp | None = No
   return x.linear(Tensor(dense) if dense is not None else w.transpose().contiguous(), b)
 
 
-def rope_tables(head_dim: int, rope_dim: int, max_context: int, theta: float, freq_factors: np.ndarray | None = None) -> tuple[Tensor, Tensor]:
-  """(cos, sin), each (max_context, rope_dim // 2), realized; freq_factors divide the frequencies (Llama 3 rope_freqs)."""
+def rope_tables(head_dim: int, rope_dim: int, max_context: int, theta: float, freq_factors: np.ndarray | None = None,
+                scale: float = 1.0) -> tuple[Tensor, Tensor]:
+  """(cos, sin), each (max_context, rope_dim // 2), realized; freq_factors divide the frequencies (Llama 3 rope_freqs),
+  `scale` the positions (linear RoPE scaling)."""
   inv = 1.0 / (theta ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
   if freq_factors is not None: inv = inv / freq_factors.astype(np.float64)
-  ang = np.arange(max_context, dtype=np.float64)[:, None] * inv[None, :]
+  ang = np.arange(max_context, dtype=np.float64)[:, None] / scale * inv[None, :]
   return Tensor(np.cos(ang).astype(np.float32)).realize(), Tensor(np.sin(ang).astype(np.float32)).realize()
 
 
@@ -108,7 +135,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   pair axis instead of a concatenation (cat of symbolic shapes leaves unsimplified sizes, see the report)."""
   B, T, H, D = x.shape
   half = D // 2
-  sign = Tensor([-1.0, 1.0])
+  sign = Tensor([-1.0, 1.0], device=x.device)
   x = x.contiguous()   # read twice below (direct and flipped): don't let the projection producing x run twice
   cb = B if cos.ndim == 3 else 1
   if neox:
@@ -116,6 +143,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   else:
     xp, c, s = x.reshape(B, T, H, half, 2), cos.reshape(cb, T, 1, half, 1), sin.reshape(cb, T, 1, half, 1)
   return (xp * c + xp.flip(3 if neox else 4) * s * sign).reshape(B, T, H, D)
+
+
+def causal_mask(T: sint, S: sint, start: sint, window: int = 0, device: str | tuple[str, ...] | None = None) -> Tensor:
+  """(1, 1, 1, T, S) on `device`: 0 where query t (at position start + t) may read key s, -inf elsewhere: keys after
+  it, and with a `window` the keys `window` or more positions before it."""
+  m = Tensor.full((1, 1, 1, T, S), float("-inf"), device=device).triu(start + 1)
+  return m if not window else m + Tensor.full((1, 1, 1, T, S), float("-inf"), device=device).tril(start - window)
 
 
 def attend(q: Tensor, keys_t: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -153,37 +187,121 @@ def _blocks_of(u: UOp) -> tuple[UOp, int, int] | None:
   return None
 
 
-# (elements, bytes) per block -> ggml type, for the types repack handles
-_REPACKABLE = {(32, 18): "Q4_0", (32, 20): "Q4_1", (32, 34): "Q8_0", (256, 144): "Q4_K"}
+# (elements, bytes) per block -> ggml type: every quantized type GGUF files use is repacked
+_REPACKABLE = {(32, 18): "Q4_0", (32, 20): "Q4_1", (32, 22): "Q5_0", (32, 24): "Q5_1", (32, 34): "Q8_0", (256, 84): "Q2_K",
+               (256, 110): "Q3_K", (256, 144): "Q4_K", (256, 176): "Q5_K", (256, 210): "Q6_K"}
 
 
-def _nibbles_of(qs: np.ndarray, groups: int) -> Tensor:
-  """uint8 (n, groups*width) -> float32 (n, groups*2*width): per group of `width` bytes, low nibbles then high ones."""
+def _fields(qs: np.ndarray, groups: int, bits: int, count: int) -> Tensor:
+  """uint8 (n, groups*width) -> uint8 (n, groups*count*width): per group of `width` bytes, the `bits`-wide field k
+  (k < count, from bit k*bits) of every byte, field 0 of all the group's bytes first. One shift and one mask per
+  element, shifts constant along a run of `width` consecutive elements (so a vector of lanes shares its shift);
+  int32 (n, groups*count*width)."""
   n, width = qs.shape[0], qs.shape[1] // groups
-  a, sh = Tensor(np.ascontiguousarray(qs)).reshape(n, groups, 1, width)._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 1, 2, 1))
-  return (a._alu(Ops.SHR, sh) & 15).reshape(n, groups * 2 * width).cast(dtypes.float32)
+  sh = np.arange(count, dtype=np.int32) * bits   # shifted as int32: x86 has per-lane shifts of 32-bit lanes, not of bytes
+  a, s = Tensor(np.ascontiguousarray(qs)).cast(dtypes.int32).reshape(n, groups, 1, width)._broadcasted(Tensor(sh).reshape(1, 1, count, 1))
+  return (a._alu(Ops.SHR, s) & ((1 << bits) - 1)).reshape(n, groups * count * width)
+
+
+def _spread_bits(qh: np.ndarray, per: int) -> np.ndarray:
+  """Bit planes (n, nbytes) whose element e's bit is bit e % 8 of byte e // 8 (Q5_0/Q5_1's qh, several blocks' qh
+  side by side) -> bytes (n, per) where element e's bit is bit e // per of byte e % per (8*nbytes <= 8*per):
+  `_fields(.., 1, 1, 8*nbytes // per)` then reads runs of `per` consecutive elements with one shift."""
+  n, nb = qh.shape
+  bits = np.unpackbits(qh, axis=1, bitorder="little").reshape(n, 8 * nb // per, per)   # [n, k, i]: element k*per + i
+  return (bits.astype(np.uint8) << np.arange(8 * nb // per, dtype=np.uint8).reshape(1, -1, 1)).sum(axis=1, dtype=np.uint8)
+
+
+def _f16_col(raw: np.ndarray, col: int) -> np.ndarray:
+  return np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16).astype(np.float32)   # (n, 1)
+
+
+def _k_scale_min(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Q4_K/Q5_K's 8 6-bit (scale, min) pairs packed in the 12 bytes at column 4, as float32 (n, 8)."""
+  d_, m_, md = (raw[:, 4 + 4 * i:8 + 4 * i].astype(np.int32) for i in range(3))
+  sc = np.concatenate([d_ & 63, (md & 15) | ((d_ >> 2) & 0x30)], axis=1).astype(np.float32)
+  mn = np.concatenate([m_ & 63, (md >> 4) | ((m_ >> 2) & 0x30)], axis=1).astype(np.float32)
+  return sc, mn
+
+
+def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Tensor:
+  """float32 (n, block elements) of the blocks `raw` (uint8 (n, block bytes)) as a lazy graph over repacked arrays:
+  the float16 scales (and mins, and the K types' sub-block scales, multiplied by them) decoded once into float32, the
+  quants kept in their own contiguous arrays (high bits spread so a run of lanes shares one shift). The arithmetic is
+  the `gguf` package's, in its order, so the values are bit-identical to its dequantize. `row_blocks`: blocks per
+  weight row (Q5_0/Q5_1 share one 16-byte high-bit array among up to 4 neighbouring blocks of a row)."""
+  n = raw.shape[0]
+  f16 = functools.partial(_f16_col, raw)
+  def T(a: np.ndarray) -> Tensor: return Tensor(np.ascontiguousarray(a, dtype=np.float32))
+  if qtype in ("Q4_0", "Q4_1"):
+    q = _fields(raw[:, -16:], 1, 4, 2).cast(dtypes.float32)    # low nibbles are elements 0..15, high 16..31
+    return T(f16(0)) * (q - 8.0) if qtype == "Q4_0" else T(f16(0)) * q + T(f16(2))
+  if qtype in ("Q5_0", "Q5_1"):   # the 5th bits of g blocks (32*g elements) in 16 bytes: bit k of byte i is element 16k + i
+    o, g = 2 if qtype == "Q5_0" else 4, next(g for g in (4, 2, 1) if row_blocks % g == 0)
+    ql = _fields(raw[:, o + 4:o + 20].reshape(n // g, 16 * g), g, 4, 2)
+    qh = _fields(_spread_bits(raw[:, o:o + 4].reshape(n // g, 4 * g), 16), 1, 1, 2 * g)
+    q = (ql | (qh << 4)).cast(dtypes.float32).reshape(n // g, g, 32)
+    d = T(f16(0)).reshape(n // g, g, 1)
+    return (d * (q - 16.0) if qtype == "Q5_0" else d * q + T(f16(2)).reshape(n // g, g, 1)).reshape(n, 32)
+  if qtype == "Q8_0": return Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)).cast(dtypes.float32) * T(f16(0))
+  if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
+    sc = raw[:, :16]
+    dl, ml = T(f16(80) * (sc & 15).astype(np.float32)).reshape(n, 16, 1), T(f16(82) * (sc >> 4).astype(np.float32)).reshape(n, 16, 1)
+    q = _fields(raw[:, 16:80], 2, 2, 4).cast(dtypes.float32).reshape(n, 16, 16)
+    return (dl * q - ml).reshape(n, 256)
+  if qtype == "Q3_K":   # 16 sub-blocks of 16: w = d*(s - 32)*(q2 - 4*(1 - hbit)), 6-bit s packed in 12 bytes
+    s = raw[:, 96:108]
+    lo = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(n, 16)
+    hi = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16)
+    scale = (((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)).astype(np.float32)
+    dl = T(f16(108) * scale).reshape(n, 16, 1)
+    ql = _fields(raw[:, 32:96], 2, 2, 4)
+    qh = (_fields(raw[:, :32], 1, 1, 8) ^ 1) << 2
+    return (dl * (ql - qh).cast(dtypes.float32).reshape(n, 16, 16)).reshape(n, 256)   # small ints: exact in int32 and float
+  if qtype in ("Q4_K", "Q5_K"):   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j]
+    sc, mn = _k_scale_min(raw)
+    d, dm = T(f16(0) * sc).reshape(n, 8, 1), T(f16(2) * mn).reshape(n, 8, 1)
+    if qtype == "Q4_K": q = _fields(raw[:, 16:], 4, 4, 2)
+    else: q = _fields(raw[:, 48:], 4, 4, 2) | (_fields(raw[:, 16:48], 1, 1, 8) << 4)
+    return (d * q.cast(dtypes.float32).reshape(n, 8, 32) - dm).reshape(n, 256)
+  if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
+    d = T(f16(208) * raw[:, 192:208].view(np.int8).astype(np.float32)).reshape(n, 16, 1)
+    q = _fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)
+    return (d * (q.cast(dtypes.float32) - 32.0).reshape(n, 16, 16)).reshape(n, 256)
+  raise ValueError(f"no repacked layout for {qtype}")
 
 
 def repack(u: UOp) -> UOp:
-  """Q4_0 / Q4_1 / Q8_0 / Q4_K weights re-laid out for fast fused dequantization: the float16 block scales (and mins,
-  and Q4_K's 6-bit sub-block scales) decoded once into float32 arrays, the quants in their own contiguous array.
-  Dequantizing an element then costs a shift, a mask and a multiply-add. Other tensors are returned unchanged."""
+  """A dequantized GGUF weight (any of the `_REPACKABLE` types) re-laid out for fast fused dequantization (see
+  `_repack_blocks`): dequantizing an element then costs a few shifts and masks and a multiply(-add). Other tensors
+  are returned unchanged."""
   if (found := _blocks_of(u)) is None or (qtype := _REPACKABLE.get(found[1:])) is None: return u
-  b, _, tsize = found
-  raw = Tensor(b).numpy().reshape(-1, tsize)
-  n = raw.shape[0]
-  def f16(col: int) -> np.ndarray: return np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16).astype(np.float32).reshape(n, 1)
-  if qtype == "Q4_K":   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j], the 6-bit (sc, mn) pairs packed in 12 bytes
-    d_, m_, md = (raw[:, 4 + 4 * i:8 + 4 * i].astype(np.int32) for i in range(3))
-    sc = np.concatenate([d_ & 63, (md & 15) | ((d_ >> 2) & 0x30)], axis=1).astype(np.float32)
-    mn = np.concatenate([m_ & 63, (md >> 4) | ((m_ >> 2) & 0x30)], axis=1).astype(np.float32)
-    q = _nibbles_of(raw[:, 16:], 4).reshape(n, 8, 32)
-    w = Tensor((f16(0) * sc).reshape(n, 8, 1)) * q - Tensor((f16(2) * mn).reshape(n, 8, 1))
-  elif qtype == "Q8_0": w = Tensor(f16(0)) * Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)).cast(dtypes.float32)
-  else:
-    q = _nibbles_of(raw[:, tsize - 16:], 1)   # low nibbles are elements 0..15, high 16..31
-    w = Tensor(f16(0)) * (q - 8.0 if qtype == "Q4_0" else q) + (Tensor(f16(2)) if qtype == "Q4_1" else 0.0)
-  return w.reshape(u.shape).uop
+  b, elems, tsize = found
+  with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
+    return _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype, u.shape[-1] // elems).reshape(u.shape).uop
+
+
+def _read_all(uops: dict[str, UOp], progress: Callable[[Iterable], Iterable] | None) -> dict[str, UOp]:
+  """The tensors with each one's bytes read from the file into memory once (their COPY nodes realized)."""
+  copies: dict[UOp, UOp] = {}
+  for name in (progress(list(uops)) if progress is not None else uops):
+    todo = [n for n in uops[name].toposort() if n.op is Ops.COPY and n not in copies]
+    if todo:
+      ts = [Tensor(n) for n in todo]
+      Tensor.realize_all(*ts)
+      copies.update({n: t.uop for n, t in zip(todo, ts)})
+  return {k: u.substitute(copies) for k, u in uops.items()}
+
+
+def release_file(path: str) -> None:
+  """Give back the memory of loading: the file's mapping (its pages count as resident while mapped; the tensors read
+  from it are copies), the raw blocks repacking replaced (freed by a garbage collection: lazy graphs hold cycles) and
+  what the allocators cache."""
+  dev = Device[canonicalize(f"DISK:{os.path.abspath(path)}")]
+  if hasattr(dev, "release"): dev.release()
+  gc.collect()
+  for d in {canonicalize(Device.DEFAULT)}:
+    if hasattr(alloc := Device[d].allocator, "free_cache"): alloc.free_cache()
 
 
 class Block:
@@ -200,6 +318,9 @@ class Block:
     self.wq, self.wk, self.wv, self.wo = get("attn_q.weight"), get("attn_k.weight"), get("attn_v.weight"), get("attn_output.weight")
     self.bq, self.bk, self.bv = get("attn_q.bias", False), get("attn_k.bias", False), get("attn_v.bias", False)
     self.q_norm, self.k_norm = get("attn_q_norm.weight", False), get("attn_k_norm.weight", False)
+    self.post_attn_norm = get("post_attention_norm.weight", cfg.post_norms)
+    self.post_ffn_norm = get("post_ffw_norm.weight", cfg.post_norms)
+    self.window = cfg.sliding_window if cfg.slides(i) else 0
     if cfg.n_experts:
       self.router, self.gate_exps = get("ffn_gate_inp.weight"), get("ffn_gate_exps.weight")
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
@@ -210,8 +331,10 @@ class Block:
     self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
 
-  def lin(self, x: Tensor, w: UOp, b: UOp | None = None) -> Tensor:
-    """`linear` with this block's weight w, reading its dense prefill copy when the model keeps one."""
+  def lin(self, x: Tensor, w: UOp, b: UOp | None = None, fused: bool = False) -> Tensor:
+    """`linear` with this block's weight w, reading its dense prefill copy when the model keeps one; `fused`: the
+    dequantization inside the matmul even for several tokens (short prefills: no (in, out) buffer to fill first)."""
+    if fused: return x.linear(_t(w).transpose(), _t(b))
     return linear(x, _t(w), _t(b), self.dense.get(w))
 
   def dense_weights(self) -> list[UOp]:
@@ -225,32 +348,33 @@ class Block:
     B, T, H, D = x.shape                                                        # over the whole projection (olmoe)
     return rms_norm(x.reshape(B, T, H * D), w, self.cfg.norm_eps).reshape(B, T, H, D)
 
-  def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor, fused: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """q (B, heads, T, head_dim), k and v (B, kv_heads, T, head_dim) of x (B, T, dim), RoPE applied."""
     c = self.cfg
     B, T, _ = x.shape
-    q = self.lin(x, self.wq, self.bq).reshape(B, T, c.n_heads, c.head_dim)
-    k = self.lin(x, self.wk, self.bk).reshape(B, T, c.n_kv_heads, c.head_dim)
-    v = self.lin(x, self.wv, self.bv).reshape(B, T, c.n_kv_heads, c.head_dim)
+    q = self.lin(x, self.wq, self.bq, fused).reshape(B, T, c.n_heads, c.head_dim)
+    k = self.lin(x, self.wk, self.bk, fused).reshape(B, T, c.n_kv_heads, c.head_dim)
+    v = self.lin(x, self.wv, self.bv, fused).reshape(B, T, c.n_kv_heads, c.head_dim)
     q, k = self._qk_norm(q, _t(self.q_norm)), self._qk_norm(k, _t(self.k_norm))
     q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-  def attention(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None, slot: sint | None = None) -> Tensor:
+  def attention(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None, slot: sint | None = None,
+                fused: bool = False) -> Tensor:
     """Self-attention of x's T tokens at [start, start + T) over the cached keys [0, keys_len) (default start + T;
     a padded prefill reads a multiple of PREFILL_MULTIPLE keys, the extra ones masked). With `slot`, x is one
     sequence (B = 1) living in that row of the batched caches."""
     c = self.cfg
     B, T, _ = x.shape
-    q, k, v = self._qkv(x, cos, sin)
+    q, k, v = self._qkv(x, cos, sin, fused)
     end = keys_len if keys_len is not None else T if isinstance(start, int) and start == 0 else start + T  # 0+T != T structurally
     ck, cv = (self.cache_k, self.cache_v) if slot is None else (self.cache_k[slot:slot + 1], self.cache_v[slot:slot + 1])
     keys = written(ck, start, T, k.transpose(2, 3), axis=3)[:, :, :, 0:end]
     values = written(cv, start, T, v)[:, :, 0:end]
-    one = isinstance(T, int) and T == 1 and keys_len is None   # one token over exactly its keys: nothing to mask
-    mask = None if one else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
+    one = isinstance(T, int) and T == 1 and keys_len is None and not self.window   # one token over exactly its keys: nothing to mask
+    mask = None if one else causal_mask(T, end, start, self.window, x.device)
     out = attend(q, keys, values, mask)
-    return self.lin(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), self.wo)
+    return self.lin(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), self.wo, None, fused)
 
   def attention_slots(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
     """One new token per row of the batch, row b at its own position positions[b] (cos/sin: (B, 1, head_dim/2)); each row
@@ -267,8 +391,11 @@ class Block:
     out = attend(q, keys, values, mask)
     return self.lin(out.transpose(1, 2).reshape(B, 1, c.n_heads * c.head_dim), self.wo)
 
-  def ffn(self, x: Tensor) -> Tensor:
-    if not self.cfg.n_experts: return self.lin(self.lin(x, self.w_gate).silu() * self.lin(x, self.w_up), self.w_down)
+  def ffn(self, x: Tensor, fused: bool = False) -> Tensor:
+    if not self.cfg.n_experts:
+      g = self.lin(x, self.w_gate, None, fused)
+      g = g.silu() if self.cfg.act == "silu" else g.gelu(approximate="tanh")
+      return self.lin(g * self.lin(x, self.w_up, None, fused), self.w_down, None, fused)
     return self.moe(x)
 
   def moe(self, x: Tensor) -> Tensor:
@@ -291,14 +418,18 @@ class Block:
     d = (h * _t(self.down_exps).reshape(1, 1, c.n_experts, D, c.ffn_dim)).sum(-1)
     return (d * wts.reshape(B, T, c.n_experts, 1)).sum(2)
 
-  def __call__(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None, slot: sint | None = None) -> Tensor:
+  def __call__(self, x: Tensor, start: sint, cos: Tensor, sin: Tensor, keys_len: sint | None = None, slot: sint | None = None,
+               fused: bool = False) -> Tensor:
     # the residual stream is materialized after each half: otherwise every later kernel re-adds all earlier outputs
-    h = (x + self.attention(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), start, cos, sin, keys_len, slot)).contiguous()
-    return (h + self.ffn(rms_norm(h, _t(self.ffn_norm), self.cfg.norm_eps))).contiguous()
+    h = (x + self._post(self.attention(self._pre(x, self.attn_norm), start, cos, sin, keys_len, slot, fused), self.post_attn_norm)).contiguous()
+    return (h + self._post(self.ffn(self._pre(h, self.ffn_norm), fused), self.post_ffn_norm)).contiguous()
+
+  def _pre(self, x: Tensor, w: UOp | None) -> Tensor: return rms_norm(x, _t(w), self.cfg.norm_eps)
+  def _post(self, y: Tensor, w: UOp | None) -> Tensor: return y if w is None else rms_norm(y, _t(w), self.cfg.norm_eps)
 
   def slots_step(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
-    h = (x + self.attention_slots(rms_norm(x, _t(self.attn_norm), self.cfg.norm_eps), positions, cos, sin, keys_len, mask)).contiguous()
-    return (h + self.ffn(rms_norm(h, _t(self.ffn_norm), self.cfg.norm_eps))).contiguous()
+    h = (x + self._post(self.attention_slots(self._pre(x, self.attn_norm), positions, cos, sin, keys_len, mask), self.post_attn_norm)).contiguous()
+    return (h + self._post(self.ffn(self._pre(h, self.ffn_norm)), self.post_ffn_norm)).contiguous()
 
 
 class Transformer:
@@ -306,11 +437,12 @@ class Transformer:
   the tokens at positions [start, start + T) -> logits (B, vocab) of the last one (float32)."""
 
   def __init__(self, cfg: Config, weights: dict[str, Tensor], max_context: int = 4096, batch: int = 1,
-               dense_prefill_bytes: int = 1 << 30):
+               dense_prefill_bytes: int = 0):
     if (cfg.rope_dim or cfg.head_dim) != cfg.head_dim:
       raise ValueError(f"partial rotary embeddings (rope dim {cfg.rope_dim} < head dim {cfg.head_dim}) aren't supported")
     if not isinstance(max_context, int) or max_context < 2: raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
     self.cfg, self.max_context, self.batch = cfg, max_context, batch
+    self.devices: tuple[str, ...] | None = None   # set by parallel.shard_transformer: inputs are replicated onto them
     if "token_embd.weight" not in weights: raise ValueError("model file lacks tensor 'token_embd.weight'")
     self.tok_embd = weights["token_embd.weight"].uop
     if tuple(self.tok_embd.shape) != (cfg.vocab_size, cfg.dim):
@@ -323,8 +455,12 @@ class Transformer:
     Tensor.realize_all(*[c.assign(0.0) for c in caches])   # one realize for all caches
     ff = weights.get("rope_freqs.weight")
     self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context + CACHE_PAD, cfg.rope_theta,
-                                     None if ff is None else Tensor(ff.uop).numpy())
-    self._embd_np: np.ndarray | None = None
+                                     None if ff is None else Tensor(ff.uop).numpy(), cfg.rope_scale)
+    self.cos_l, self.sin_l = self.cos, self.sin   # the sliding-window layers' RoPE tables
+    if any(layer.window for layer in self.layers) and cfg.rope_theta_local and (cfg.rope_theta_local, 1.0) != (cfg.rope_theta, cfg.rope_scale):
+      self.cos_l, self.sin_l = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context + CACHE_PAD, cfg.rope_theta_local)
+    self._row_vars = [Variable(f"tok{i}", 0, cfg.vocab_size - 1) for i in range(EMBED_ROWS)]
+    self._rows_jit = TinyJit(self._gather_rows)
     self.keep_dense_weights(dense_prefill_bytes)
 
   def keep_dense_weights(self, budget: int) -> bool:
@@ -338,36 +474,46 @@ class Transformer:
     for (layer, w), t in zip(ws, ts): layer.dense[w] = t.uop
     return True
 
-  def embedding_table(self) -> np.ndarray:
-    """The dequantized token embeddings on the host (float32; float16 when that would exceed 512 MB)."""
-    if self._embd_np is None:
-      t = Tensor(self.tok_embd).contiguous()   # a new node: the quantized tok_embd stays lazy for the output layer
-      big = self.cfg.vocab_size * self.cfg.dim * 4 > 512 << 20
-      self._embd_np = (t.cast(dtypes.float16) if big else t).numpy()
-    return self._embd_np
+  def _gather_rows(self, *ids: Any) -> Tensor:
+    return Tensor.cat(*[Tensor(self.tok_embd)[i:i + 1] for i in ids]).realize()
 
   def embed(self, tokens: Iterable[int]) -> np.ndarray:
+    """The embeddings (n, dim) of token ids, float32 on the host. The rows are dequantized from the (quantized) table
+    by a kernel that reads only them, EMBED_ROWS at a time (one TinyJit, the row indices bound Variables), so no
+    dequantized copy of the table is kept."""
     ids = np.asarray(list(tokens), dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
       raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
-    return self.embedding_table()[ids].astype(np.float32)
+    k = EMBED_ROWS
+    padded = np.concatenate([ids, np.zeros(-len(ids) % k, np.int64)])
+    rows = [self._rows_jit(*[v.bind(int(i)) for v, i in zip(self._row_vars, padded[j:j + k])]).numpy() for j in range(0, len(padded), k)]
+    out = np.concatenate(rows)[:len(ids)] if rows else np.zeros((0, self.cfg.dim), np.float32)
+    return out * np.float32(self.cfg.embed_scale) if self.cfg.embed_scale != 1.0 else out
 
-  def forward(self, x: Tensor, start: sint, last: sint | None = None, keys_len: sint | None = None, slot: sint | None = None) -> Tensor:
+  def forward(self, x: Tensor, start: sint, last: sint | None = None, keys_len: sint | None = None, slot: sint | None = None,
+              fused: bool = False) -> Tensor:
     """Logits of row `last` (default T - 1) of the T tokens x runs at [start, start + T), attending to the cached
     keys [0, keys_len) (default start + T); a padded prefill passes its last real row and a padded key count. With
-    `slot`, x (1, T, dim) is the sequence cached in that row of the batch."""
+    `slot`, x (1, T, dim) is the sequence cached in that row of the batch. `fused`: the matmuls dequantize the
+    weights in their inner loop (fast for a few tokens) instead of into an (in, out) buffer first."""
     T = x.shape[1]
+    if self.devices is not None: x = x.to(self.devices)
     cos, sin = self.cos[start:start + T], self.sin[start:start + T]
-    for layer in self.layers: x = layer(x, start, cos, sin, keys_len, slot)
+    cos_l, sin_l = (cos, sin) if self.cos_l is self.cos else (self.cos_l[start:start + T], self.sin_l[start:start + T])
+    for layer in self.layers: x = layer(x, start, *((cos_l, sin_l) if layer.window else (cos, sin)), keys_len, slot, fused)
     if last is None: last = T - 1
     last = x[:, last:last + 1] if not (isinstance(T, int) and T == 1) else x
     h = rms_norm(last.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps)
     return linear(h, _t(self.output)).cast(dtypes.float32)
 
-  def forward_slots(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
+  def forward_slots(self, x: Tensor, positions: list[sint], ropes: tuple[Tensor, Tensor, Tensor, Tensor], keys_len: sint,
+                    masks: tuple[Tensor, Tensor]) -> Tensor:
     """Logits (B, vocab) of one new token per batch row, row b at position positions[b] of its own cache row (see
-    `Block.attention_slots`): the batched decode step of continuous batching."""
-    for layer in self.layers: x = layer.slots_step(x, positions, cos, sin, keys_len, mask)
+    `Block.attention_slots`): the batched decode step of continuous batching. ropes: (cos, sin, cos, sin) rows of
+    the global and the sliding-window layers; masks: (global, sliding-window) masks."""
+    for layer in self.layers:
+      w = bool(layer.window)
+      x = layer.slots_step(x, positions, ropes[2 * w], ropes[2 * w + 1], keys_len, masks[w])
     h = rms_norm(x, _t(self.norm), self.cfg.norm_eps)   # (B, 1, dim): one token per row, so the output layer reads the quantized table
     return linear(h, _t(self.output)).cast(dtypes.float32).reshape(x.shape[0], -1)
 
@@ -376,39 +522,39 @@ class Transformer:
     shapes and a causal mask, for tests."""
     x = Tensor(self.embed(tokens)[None])
     T = len(tokens)
-    cos, sin = self.cos[0:T], self.sin[0:T]
     for layer in self.layers:
       c = self.cfg
+      cos, sin = (self.cos_l, self.sin_l) if layer.window else (self.cos, self.sin)
       h = rms_norm(x, _t(layer.attn_norm), c.norm_eps)
       q = linear(h, _t(layer.wq), _t(layer.bq)).reshape(1, T, c.n_heads, c.head_dim)
       k = linear(h, _t(layer.wk), _t(layer.bk)).reshape(1, T, c.n_kv_heads, c.head_dim)
       v = linear(h, _t(layer.wv), _t(layer.bv)).reshape(1, T, c.n_kv_heads, c.head_dim)
       q, k = layer._qk_norm(q, _t(layer.q_norm)), layer._qk_norm(k, _t(layer.k_norm))
-      q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
-      o = q.transpose(1, 2).scaled_dot_product_attention(k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
-      x = (x + linear(o.transpose(1, 2).reshape(1, T, c.n_heads * c.head_dim), _t(layer.wo))).contiguous()
-      x = (x + layer.ffn(rms_norm(x, _t(layer.ffn_norm), c.norm_eps))).contiguous()
+      q, k = apply_rope(q, cos[0:T], sin[0:T], c.rope_neox), apply_rope(k, cos[0:T], sin[0:T], c.rope_neox)
+      if layer.window: o = attend(q.transpose(1, 2), k.permute(0, 2, 3, 1), v.transpose(1, 2), causal_mask(T, T, 0, layer.window, x.device))
+      else: o = q.transpose(1, 2).scaled_dot_product_attention(k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+      a = linear(o.transpose(1, 2).reshape(1, T, c.n_heads * c.head_dim), _t(layer.wo))
+      x = (x + layer._post(a, layer.post_attn_norm)).contiguous()
+      x = (x + layer._post(layer.ffn(rms_norm(x, _t(layer.ffn_norm), c.norm_eps)), layer.post_ffn_norm)).contiguous()
     return linear(rms_norm(x, _t(self.norm), self.cfg.norm_eps), _t(self.output))[0].numpy()
 
   @staticmethod
   def from_gguf(path: str, max_context: int = 4096, progress: Callable[[Iterable], Iterable] | None = None,
-                dense_prefill_bytes: int = 1 << 30, batch: int = 1) -> tuple[Transformer, dict[str, Any]]:
+                dense_prefill_bytes: int = 0, batch: int = 1) -> tuple[Transformer, dict[str, Any]]:
     """Load a GGUF file: (model, metadata). Quantized weights stay quantized in memory and are dequantized inside the
     kernels that use them (plus float32 prefill copies within `dense_prefill_bytes`, see `keep_dense_weights`).
     `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
     meta, tensors = gguf_load(path)
     uops = {k: t.uop for k, t in tensors.items()}
     del tensors   # no live lazy Tensors while realizing (each realize walks them)
-    copies: dict[UOp, UOp] = {}
-    for name in (progress(list(uops)) if progress is not None else uops):   # read each tensor's bytes into memory once
-      todo = [n for n in uops[name].toposort() if n.op is Ops.COPY and n not in copies]
-      if todo:
-        ts = [Tensor(n) for n in todo]
-        Tensor.realize_all(*ts)
-        copies.update({n: t.uop for n, t in zip(todo, ts)})
-    weights = {k: Tensor(repack(u.substitute(copies))) for k, u in uops.items()}
+    weights = {k: Tensor(repack(u)) for k, u in _read_all(uops, progress).items()}
+    del uops
+    release_file(path)
     cfg = Config.from_gguf(meta, weights["token_embd.weight"].shape[0] if "token_embd.weight" in weights else None)
-    return Transformer(cfg, weights, max_context, batch=batch, dense_prefill_bytes=dense_prefill_bytes), meta
+    model = Transformer(cfg, weights, max_context, batch=batch, dense_prefill_bytes=dense_prefill_bytes)
+    del weights
+    release_file(path)
+    return model, meta
 
   def param_count(self) -> int:
     """Parameters (elements of every weight, the tied output counted once)."""

@@ -1,0 +1,138 @@
+"""Shared by the LLM benchmarks: llama.cpp (the xllamacpp wheel, bench-only: pip install xllamacpp) as the peer, the
+synthetic qwen2-0.5B-shaped GGUF they also run, and the machine's load and memory figures.
+
+The synthetic model has Qwen2.5-0.5B's shapes (24 layers, dim 896, ffn 4864, 14/2 heads of 64, vocab 151936, tied
+embeddings, q/k/v biases) and the tensor types llama.cpp's Q4_K_M recipe gives it (rows of 896 aren't a multiple of
+256, so most K types fall back: Q5_0 for attention and gate/up, Q8_0 for the embeddings and half the attn_v, Q6_K or
+Q4_K for ffn_down, whose rows are 4864 long), with random quantized blocks and sane scales (speed does not depend on
+the values). Its tokenizer is SmolLM2's, padded with unused tokens up to 151936. It is written on first use into the
+bench cache directory, never committed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CACHE = Path(os.environ.get("PLUGRAD_BENCH_CACHE", Path.home() / ".cache" / "plugrad-bench"))
+
+QWEN2 = {"layers": 24, "dim": 896, "ffn": 4864, "heads": 14, "kv_heads": 2, "vocab": 151936}
+
+
+def load_avg() -> str:
+  """`uptime`'s three load averages."""
+  return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def rss_mb() -> float:
+  """This process's resident memory (VmRSS) in MB."""
+  for line in Path("/proc/self/status").read_text().splitlines():
+    if line.startswith("VmRSS:"): return int(line.split()[1]) / 1024
+  return float("nan")
+
+
+def _blocks(rng: np.random.Generator, qtype: Any, rows: int, cols: int) -> np.ndarray:
+  """Random uint8 blocks (rows, cols // block * bytes) of `qtype` whose float16 scales are small and finite."""
+  import gguf
+  elems, tsize = gguf.GGML_QUANT_SIZES[qtype]
+  b = rng.integers(0, 256, (rows * cols // elems, tsize), dtype=np.uint8)
+  T = gguf.GGMLQuantizationType
+  f16_cols = {T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}[qtype]
+  for c in f16_cols: b[:, c:c + 2] = rng.uniform(-0.02, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+  if qtype == T.Q6_K: b[:, 192:208] = rng.integers(-8, 8, (len(b), 16)).astype(np.int8).view(np.uint8)
+  if qtype == T.Q4_K: b[:, 2:4] = np.float16(0.001).reshape(1, 1).view(np.uint8)
+  return b.reshape(rows, -1)
+
+
+def synthetic_qwen2(path: Path | None = None) -> Path:
+  """The synthetic qwen2-0.5B-shaped Q4_K_M-mix GGUF (see the module docstring), written once; its path."""
+  import gguf
+  from plugrad.apps.llm.registry import resolve_model
+  path = path or CACHE / "qwen2-0.5b-shaped-q4_k_m-mix.gguf"
+  if path.exists(): return path
+  path.parent.mkdir(parents=True, exist_ok=True)
+  c, T = QWEN2, gguf.GGMLQuantizationType
+  src = gguf.GGUFReader(resolve_model("smollm2-135m")[1])
+  def field(k: str) -> Any: return src.fields[k].contents()
+  tokens, types = list(field("tokenizer.ggml.tokens")), list(field("tokenizer.ggml.token_type"))
+  pad = c["vocab"] - len(tokens)
+  tmp = path.with_suffix(".tmp")
+  w = gguf.GGUFWriter(str(tmp), "qwen2")
+  w.add_name("synthetic qwen2-0.5B-shaped (random weights)")
+  w.add_context_length(32768), w.add_embedding_length(c["dim"]), w.add_feed_forward_length(c["ffn"])
+  w.add_block_count(c["layers"]), w.add_head_count(c["heads"]), w.add_head_count_kv(c["kv_heads"])
+  w.add_rope_freq_base(1e6), w.add_layer_norm_rms_eps(1e-6), w.add_file_type(15)   # MOSTLY_Q4_K_M
+  w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
+  w.add_token_list(tokens + [f"<|unused_{i}|>" for i in range(pad)]), w.add_token_types(types + [1] * pad)
+  w.add_token_merges(list(field("tokenizer.ggml.merges")))
+  w.add_bos_token_id(int(field("tokenizer.ggml.bos_token_id"))), w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id")))
+  w.add_chat_template(field("tokenizer.chat_template"))
+  rng = np.random.default_rng(0)
+  d, f = c["dim"], c["ffn"]
+  kv = c["kv_heads"] * d // c["heads"]
+  def q(name: str, qtype: Any, rows: int, cols: int) -> None: w.add_tensor(name, _blocks(rng, qtype, rows, cols), raw_dtype=qtype)
+  def f32(name: str, v: np.ndarray) -> None: w.add_tensor(name, v.astype(np.float32))
+  q("token_embd.weight", T.Q8_0, c["vocab"], d)
+  f32("output_norm.weight", np.ones(d))
+  for i in range(c["layers"]):
+    p = f"blk.{i}."
+    f32(p + "attn_norm.weight", np.ones(d)), f32(p + "ffn_norm.weight", np.ones(d))
+    q(p + "attn_q.weight", T.Q5_0, d, d), q(p + "attn_k.weight", T.Q5_0, kv, d), q(p + "attn_output.weight", T.Q5_0, d, d)
+    q(p + "attn_v.weight", T.Q8_0 if i % 2 == 0 else T.Q5_0, kv, d)
+    for b, n in (("attn_q.bias", d), ("attn_k.bias", kv), ("attn_v.bias", kv)): f32(p + b, rng.uniform(-0.1, 0.1, n))
+    q(p + "ffn_gate.weight", T.Q5_0, f, d), q(p + "ffn_up.weight", T.Q5_0, f, d)
+    q(p + "ffn_down.weight", T.Q6_K if i % 2 == 0 else T.Q4_K, d, f)
+  w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+  w.close()
+  tmp.rename(path)
+  return path
+
+
+class LlamaCpp:
+  """A llama.cpp server engine in this process (`xllamacpp.Server`) with `threads` threads and `n_parallel` slots of
+  `ctx` positions each (`poll`: how much its idle threads spin, 0-100); `complete` runs one greedy completion of token
+  ids and returns its result (with `timings`)."""
+
+  def __init__(self, path: str | Path, threads: int, ctx: int = 1024, n_parallel: int = 1, poll: int | None = None):
+    import xllamacpp as xl
+    p = xl.CommonParams()
+    if poll is not None: p.cpuparams.poll = p.cpuparams_batch.poll = poll   # llama.cpp's default: 50 (its threads spin-wait)
+    p.model.path = str(path)
+    p.n_parallel = n_parallel
+    p.n_ctx = ctx * n_parallel
+    p.n_batch = p.n_ubatch = 512
+    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
+    p.warmup = True
+    self.srv = xl.Server(p)
+
+  def complete(self, prompt: list[int], n_predict: int) -> dict:
+    r = self.srv.handle_completions({"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
+                                     "cache_prompt": False, "ignore_eos": True})
+    return json.loads(r) if isinstance(r, str) else r
+
+  def rates(self, prompt: list[int], n_predict: int) -> tuple[float, float]:
+    """(prefill tok/s, decode tok/s) of one completion, from llama.cpp's own timings."""
+    t = self.complete(prompt, n_predict)["timings"]
+    return t["prompt_per_second"], t["predicted_per_second"]
+
+
+def read_bandwidth(mb: int = 512) -> tuple[float, float]:
+  """(numpy single-thread GB/s, plugrad GB/s using the device's threads) for summing a `mb` MB float32 array."""
+  from plugrad import Tensor
+  a = np.ones(mb * (1 << 20) // 4, np.float32)
+  a.sum()
+  t0 = time.perf_counter()
+  for _ in range(3): a.sum()
+  np_bw = 3 * a.nbytes / (time.perf_counter() - t0) / 1e9
+  t = Tensor(a).realize()
+  t.sum().realize()
+  best = float("inf")
+  for _ in range(3):
+    t0 = time.perf_counter()
+    t.sum().realize()
+    best = min(best, time.perf_counter() - t0)
+  return np_bw, a.nbytes / best / 1e9
