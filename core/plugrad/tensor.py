@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from plugrad.device import Device, canonicalize
+from plugrad.device import BufferOptions, Device, canonicalize
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.engine.inline import inline_calls
 from plugrad.engine.realize import buffer_for, run_schedule
@@ -30,6 +30,7 @@ from plugrad.mixin.movement import MovementOps, argshape, check_shape
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
+from plugrad.tensor_ops.linalg import LinalgMixin
 from plugrad.tensor_ops.movement import MovementMixin
 from plugrad.tensor_ops.nn import NnMixin
 from plugrad.tensor_ops.reduce import ReduceMixin
@@ -177,7 +178,7 @@ def _cast_np(arr: np.ndarray, dtype: DType, device: str) -> UOp:
   return Tensor(_np_to_uop(arr.astype(np.float32), device)).cast(dtype).uop
 
 
-class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin, MathOps, MovementOps):
+class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin, LinalgMixin, MathOps, MovementOps):
   """A lazily evaluated n-dimensional array on a device."""
   __slots__ = ("uop", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False
@@ -325,6 +326,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     self.uop = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,))).realize().uop
 
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def contiguous_backward(self) -> Tensor:
+    """The same values; the gradient flowing back through this point is made contiguous (its own buffer), so a
+    backward pass computes it once instead of fusing it into every consumer (tinygrad's contiguous_backward)."""
+    return Tensor(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)), requires_grad=self.requires_grad)
   def replace(self, x: Tensor) -> Tensor:
     """Make this tensor compute `x` (same shape and dtype) and return it (tinygrad's replace)."""
     if x.shape != self.shape or x.dtype != self.dtype:
@@ -416,6 +421,22 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     shape = check_shape(argshape(shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     return Tensor(_view(new_buffer(_canon_device(device), prod(shape), dt), shape), **kw)
+
+  @staticmethod
+  def from_blob(ptr: int, shape: Sequence[int], dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
+    """A tensor over memory someone else owns at address `ptr` (e.g. `numpy_array.ctypes.data`), not a copy: writes
+    show in it, and the memory must outlive the tensor (tinygrad's from_blob). Host-memory devices only (CPU, PYTHON)."""
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0: raise TensorError(f"from_blob needs a non-null integer pointer, got {ptr!r}")
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+      raise TensorError(f"from_blob needs a shape of ints >= 0, got {shape}")
+    t = Tensor.empty(*shape, dtype=dtype, device=device, **kw)
+    buf = buffer_for(buffer_of(t.uop))
+    if not getattr(buf.allocator, "external_memory", False):
+      raise TensorError(f"from_blob: device {t.device} can't wrap external memory (its allocator has no external_ptr support); use CPU or PYTHON")
+    buf.options = BufferOptions(external_ptr=ptr)
+    buf.allocate()
+    return t
 
   @staticmethod
   def from_sint(x: sint, device: str | None = None) -> Tensor:

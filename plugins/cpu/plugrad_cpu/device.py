@@ -31,6 +31,7 @@ MIN_WORK_PER_THREAD = 1 << 16  # estimated ops (loads, stores, ALU) one extra co
 
 class CPUAllocator(LRUAllocator):
   """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices)."""
+  external_memory = True
   def _alloc(self, size: int, options: BufferOptions) -> np.ndarray:
     if options.external_ptr is not None: return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(options.external_ptr))
     raw = np.empty(size + 64, np.uint8)
