@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from plugrad.device import BufferOptions, Device, canonicalize
+from plugrad.download import fetch
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.engine.inline import inline_calls
 from plugrad.engine.realize import buffer_for, run_schedule
@@ -437,6 +438,14 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     buf.options = BufferOptions(external_ptr=ptr)
     buf.allocate()
     return t
+
+  @staticmethod
+  def from_url(url: str, gunzip: bool = False, device: str | None = None, **fetch_kw: Any) -> Tensor:
+    """The bytes at `url` (http(s):// or file://; gunzipped when `gunzip`) as a uint8 tensor: on DISK, memory-mapped
+    from the downloaded file in $PLUGRAD_CACHE_DIR/downloads (tinygrad's from_url), or copied to `device`. Only this
+    call downloads; `fetch_kw` (name, timeout, size, sha256, use_cache) go to plugrad.download.fetch."""
+    t = Tensor(fetch(url, gunzip=gunzip, **fetch_kw))
+    return t if device is None else t.to(device)
 
   @staticmethod
   def from_sint(x: sint, device: str | None = None) -> Tensor:
