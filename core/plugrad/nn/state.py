@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from plugrad.schedule.kernelize import is_buffer_view
+from plugrad.schedule.kernelize import device_of, is_buffer_view
+from plugrad.schedule.multi import bounds_of, devices_of, multi
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops
 
@@ -49,6 +50,16 @@ class LoadResult(NamedTuple):
   unexpected_keys: list[str]
 
 
+def _load_multi(v: Tensor, src: Tensor) -> None:
+  """Write `src` into multi-device `v` shard by shard: src is split like v first, so each device copies only its rows."""
+  m = v.uop
+  bounds = bounds_of(m)
+  val = src.shard(devices_of(m), m.arg, None if bounds is None else [e - b for b, e in bounds]) if src.uop.op is not Ops.MULTI else src
+  if not all(is_buffer_view(s) or s.op is Ops.ASSIGN for s in m.src):  # lazy shards: fresh buffers of the shard shapes
+    v.uop = multi([Tensor.empty(*s.shape, dtype=v.dtype, device=device_of(s)).uop for s in m.src], m.arg)
+  v.assign(val)
+
+
 def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True, consume: bool = False, verbose: bool = False,
                     realize: bool = True) -> LoadResult:
   """Copy state_dict's tensors into model's tensors of the same name. strict: every model key must be present and no
@@ -73,6 +84,11 @@ def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True,
   written: list[Tensor] = []
   for k, v, src in plan:
     if src is not v and src.uop is not v.uop:
+      if v.uop.op is Ops.MULTI:  # sharded weights: each device loads only its shard (from DISK: its byte range)
+        _load_multi(v, src)
+        written.append(v)
+        if consume: del state_dict[k]
+        continue
       if not is_buffer_view(v.uop) and v.uop.op is not Ops.ASSIGN:  # lazy (e.g. random init): give it its own buffer first
         v.uop = Tensor.empty(*v.shape, dtype=v.dtype, device=v.device).uop
       v.assign(src.to(v.device))

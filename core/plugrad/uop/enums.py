@@ -21,6 +21,8 @@ class Ops(Enum):
   # autograd markers (tensor level, the value of src[0] to the scheduler): CONTIGUOUS_BACKWARD(x) makes x's gradient
   # contiguous; CUSTOM_GRAD(value, x1, g1, x2, g2, ...) is value, whose gradient to each x_i is the incoming one times g_i
   CONTIGUOUS_BACKWARD = auto(); CUSTOM_GRAD = auto()
+  # multi-device tensors: MULTI(*one node per device, arg=shard axis or None when replicated); schedule/multi.py lowers ops over it
+  MULTI = auto()
   # movement (tensor level, arg is the new shape/order/padding)
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
   # reduce: REDUCE_AXIS(x, arg=(op, axes)) at tensor level; REDUCE(x, *ranges, arg=op) in kernels

@@ -24,10 +24,13 @@ def shape_of(u: UOp) -> tuple:
   if op is Ops.PARAM and isinstance(arg, tuple) and len(arg) == 4: return (arg[2],)  # scheduler buffer placeholder
   if op is Ops.BUFFER_VIEW: return (arg[0],)
   if op in (Ops.RESHAPE, Ops.EXPAND): return tuple(arg)
+  if op is Ops.MULTI:  # the logical shape: the shards' sizes along the shard axis add up (replicas all have the shape)
+    first = u.src[0].shape
+    return first if arg is None else tuple(sum(s.shape[arg] for s in u.src) if i == arg else d for i, d in enumerate(first))
   src = u.src[0].shape if u.src else ()
   if op is Ops.PERMUTE: return tuple(src[i] for i in arg)
   if op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(src, arg))
-  if op is Ops.SHRINK: return tuple(e - b for b, e in arg)
+  if op is Ops.SHRINK: return tuple(e if isinstance(b, int) and b == 0 else e - b for b, e in arg)  # (0, e): e itself, the same node
   if op is Ops.FLIP: return src
   if op is Ops.REDUCE_AXIS: return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
   if op in GroupOp.ALU:  # the widest source: a WHERE may mix a tensor with scalar constants
@@ -37,7 +40,7 @@ def shape_of(u: UOp) -> tuple:
 
 def device_of(u: UOp) -> str:
   """The device a tensor-level node lives on (from its DEVICE source, searched through its first sources); cached on
-  the node, since Tensor.device asks for it on every operation."""
+  the node, since Tensor.device asks for it on every operation. A MULTI node's device is the tuple of its shards'."""
   if (c := u._cache) is not None and "device" in c: return c["device"]
   x = u
   while True:
@@ -45,6 +48,7 @@ def device_of(u: UOp) -> str:
     elif x.op is Ops.BUFFER: dev = x.src[1].arg
     elif x.op is Ops.PARAM and isinstance(x.arg, tuple) and len(x.arg) == 4: dev = x.arg[3]
     elif x.op is Ops.COPY: dev = x.src[1].arg
+    elif x.op is Ops.MULTI: dev = tuple(device_of(s) for s in x.src)  # a multi-device tensor: one device per shard
     elif not x.src: raise RuntimeError(f"{u.op} has no device")
     else:
       x = next((s for s in x.src if s.op is not Ops.DEFINE_VAR and s.op is not Ops.BIND), x.src[0])

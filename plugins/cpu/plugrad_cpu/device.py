@@ -17,7 +17,7 @@ import time
 import weakref
 from typing import Any
 import numpy as np
-from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program
+from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program, parse_device
 from plugrad.helpers import cache_dir, getenv
 from plugrad.codegen.cstyle import CStyleRenderer, Stmt
 from plugrad.codegen.opt import eval_index
@@ -350,8 +350,12 @@ class CPUDevice(Compiled):
   smoke_kernel = "void smoke(int *a) { for (int i = 0; i < 3; i++) a[i] *= 2; }"
 
   def __init__(self, device: str) -> None:
-    self.threads = getenv("CPU_THREADS", os.cpu_count() or 1)
-    if self.threads < 1: raise ValueError(f"CPU_THREADS must be >= 1, got {self.threads}")
+    # CPU:0, CPU:1, ... are independent devices (own allocator and buffers) sharing the process-wide worker pool, whose
+    # launches are serialized: a kernel of any CPU device may use CPU_THREADS cores while it runs; CPU_THREADS_<i> caps CPU:i
+    idx = parse_device(device).index
+    self.threads = getenv(f"CPU_THREADS_{idx}", getenv("CPU_THREADS", os.cpu_count() or 1))
+    if self.threads < 1:
+      raise ValueError(f"CPU_THREADS{'_' + str(idx) if os.environ.get(f'CPU_THREADS_{idx}') else ''} must be >= 1, got {self.threads}")
     super().__init__(device, CPUAllocator(), [ClangRenderer], ClangCompiler(), CPUProgram)
     if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
       self.renderer.vectorizes_reductions = True

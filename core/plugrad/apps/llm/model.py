@@ -108,7 +108,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, neox: bool) -> Tensor:
   pair axis instead of a concatenation (cat of symbolic shapes leaves unsimplified sizes, see the report)."""
   B, T, H, D = x.shape
   half = D // 2
-  sign = Tensor([-1.0, 1.0])
+  sign = Tensor([-1.0, 1.0], device=x.device)
   x = x.contiguous()   # read twice below (direct and flipped): don't let the projection producing x run twice
   cb = B if cos.ndim == 3 else 1
   if neox:
@@ -248,7 +248,7 @@ class Block:
     keys = written(ck, start, T, k.transpose(2, 3), axis=3)[:, :, :, 0:end]
     values = written(cv, start, T, v)[:, :, 0:end]
     one = isinstance(T, int) and T == 1 and keys_len is None   # one token over exactly its keys: nothing to mask
-    mask = None if one else Tensor.full((1, 1, 1, T, end), float("-inf")).triu(start + 1)
+    mask = None if one else Tensor.full((1, 1, 1, T, end), float("-inf"), device=x.device).triu(start + 1)
     out = attend(q, keys, values, mask)
     return self.lin(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), self.wo)
 
@@ -311,6 +311,7 @@ class Transformer:
       raise ValueError(f"partial rotary embeddings (rope dim {cfg.rope_dim} < head dim {cfg.head_dim}) aren't supported")
     if not isinstance(max_context, int) or max_context < 2: raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
     self.cfg, self.max_context, self.batch = cfg, max_context, batch
+    self.devices: tuple[str, ...] | None = None   # set by parallel.shard_transformer: inputs are replicated onto them
     if "token_embd.weight" not in weights: raise ValueError("model file lacks tensor 'token_embd.weight'")
     self.tok_embd = weights["token_embd.weight"].uop
     if tuple(self.tok_embd.shape) != (cfg.vocab_size, cfg.dim):
@@ -357,6 +358,7 @@ class Transformer:
     keys [0, keys_len) (default start + T); a padded prefill passes its last real row and a padded key count. With
     `slot`, x (1, T, dim) is the sequence cached in that row of the batch."""
     T = x.shape[1]
+    if self.devices is not None: x = x.to(self.devices)
     cos, sin = self.cos[start:start + T], self.sin[start:start + T]
     for layer in self.layers: x = layer(x, start, cos, sin, keys_len, slot)
     if last is None: last = T - 1
