@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate test-mock-amd test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server
+.PHONY: setup test test-python test-emulate test-mock-amd test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
 
 # the amd plugin's bindings are checked in make test (tests/amd/test_amd_autogen.py: struct layouts against a gcc-compiled
 # probe of the headers, and a regeneration of the quick targets diffed against the committed files), so the header
@@ -92,6 +92,10 @@ fuzz-server: setup
 demo: setup
 	$(PY) -m plugrad.devices
 	$(PY) examples/demo.py
+
+# train the ~10M-parameter llama of examples/train_llama.py on the stdlib's source (tokens/s vs PyTorch in the same run)
+train-llama: setup
+	$(PY) examples/train_llama.py --preset 10m $(ARGS)
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -1,12 +1,12 @@
 """Roofline distance of the GPU kernels codegen makes, counted on the emulated GPU (EMULATE=<target> DEV=PYTHON).
 
-For sum / softmax / float16 matmul this runs each kernel on the PYTHON device's GPU emulator and reads its counters
+For sum / softmax / layernorm / float16 matmul this runs each kernel on the PYTHON device's GPU emulator and reads its counters
 (plugrad.plugins.python.GPU_COUNTERS): 32-byte global-memory sectors moved per warp instruction, barriers, lane
 utilization, WMMAs. The hardware-time estimate is max(sector bytes / bandwidth, FLOPs / peak) with the target's
 figures (codegen/targets.py: H200 for CUDA); the roofline is max(unique bytes / bandwidth, FLOPs / peak). The ratio
 says how far the kernel's memory traffic and math are from the floor. It ignores caches (every sector a warp
 instruction touches counts, so re-reads an L2 would serve count as DRAM traffic), latency and occupancy.
-Usage: python bench/bench_gpu_emu.py [TARGET]   (sizes are small: the emulator is pure Python)
+Usage: python bench/bench_gpu_emu.py [TARGET] [MATMUL_N ...]   (default 128 256; sizes are small: the emulator is pure Python)
 """
 from __future__ import annotations
 
@@ -41,16 +41,18 @@ def main() -> None:
   a = Tensor(rng.standard_normal((256, 1024)).astype(np.float32), device="PYTHON").realize()
   v = Tensor(rng.standard_normal(2**18).astype(np.float32), device="PYTHON").realize()
   s = Tensor(rng.standard_normal((64, 1024)).astype(np.float32), device="PYTHON").realize()
-  n = 128
-  x = Tensor(rng.standard_normal((n, n)).astype(np.float16), device="PYTHON").realize()
-  y = Tensor(rng.standard_normal((n, n)).astype(np.float16), device="PYTHON").realize()
+  sizes = [int(x) for x in sys.argv[2:]] or [128, 256]
   print(f"target {os.environ['EMULATE']}")
   print("| kernel | launches | MB moved | MB floor | barriers (per warp) | lanes active | WMMA | est. us | roofline us | distance |")
   print("|---|---|---|---|---|---|---|---|---|---|")
   print(measure("sum(1) 256x1024 f32", lambda: a.sum(1), 4 * (256 * 1024 + 256), 256 * 1024, "float32"))
   print(measure("sum 2**18 f32", lambda: v.sum(), 4 * (2**18 + 1), 2**18, "float32"))
   print(measure("softmax(1) 64x1024 f32", lambda: s.softmax(1), 4 * 2 * 64 * 1024, 5 * 64 * 1024, "float32"))
-  print(measure(f"matmul {n}^3 f16", lambda: (x @ y), 2 * 3 * n * n, 2 * n**3, "float16"))
+  print(measure("layernorm 64x1024 f32", lambda: s.layernorm(), 4 * 2 * 64 * 1024, 7 * 64 * 1024, "float32"))
+  for n in sizes:
+    x = Tensor(rng.standard_normal((n, n)).astype(np.float16), device="PYTHON").realize()
+    y = Tensor(rng.standard_normal((n, n)).astype(np.float16), device="PYTHON").realize()
+    print(measure(f"matmul {n}^3 f16", lambda: (x @ y), 2 * 3 * n * n, 2 * n**3, "float16"))
 
 
 if __name__ == "__main__": main()

@@ -9,8 +9,9 @@ Not a test. Run from the repo root (unset the OpenBLAS overrides some machines s
 Each row times the user-visible op (`Tensor` expression -> `realize()`, warm: compiled and scheduled before) and
 its numpy peer, best of several runs; `ratio` is numpy's time / plugrad's (> 1: plugrad is faster). Floors: bytes
 that must move / 25 GB/s (the dev machine's read bandwidth with both cores; --bw overrides) and FLOPs / peak, where
-peak = cores x clock (/proc/cpuinfo) x FP32 FLOPs per cycle per core (2 FMA pipes of 256 bits = 32, assumed for
-AVX2/AVX-512 parts; --flops-per-cycle overrides). `x floor` is how many times slower than the floor a result is.
+peak = cores x clock x FP32 FLOPs per cycle per core, both measured (`measure_peak`: a dependent integer-add chain
+gives the clock, independent vector FMA chains the FLOPs per cycle; best of many short runs, since a shared machine
+preempts long ones; --flops-per-cycle overrides). `x floor` is how many times slower than the floor a result is.
 Overheads: a 10-op elementwise chain, cold (fresh process, empty PLUGRAD_CACHE_DIR: schedule + codegen + compile)
 and warm (same program again), its cProfile breakdown, and the per-launch cost of the CPU launcher options.
 """
@@ -30,6 +31,16 @@ import numpy as np
 from plugrad.tensor import Tensor
 
 
+def best2(fa, fb, reps: int) -> tuple[float, float]:
+  """Best times of `fa` and `fb` run alternately (ours, the peer, ours, ...): load from other processes hits both alike."""
+  fa(); fb()
+  ta, tb = [], []
+  for _ in range(reps):
+    st = time.perf_counter(); fa(); ta.append(time.perf_counter() - st)
+    st = time.perf_counter(); fb(); tb.append(time.perf_counter() - st)
+  return min(ta), min(tb)
+
+
 def best(fn, reps: int) -> float:
   fn()
   ts = []
@@ -38,13 +49,82 @@ def best(fn, reps: int) -> float:
   return min(ts)
 
 
+PEAK_SRC = r"""
+typedef float vf __attribute__((vector_size(LANES * 4)));
+#ifdef __clang__
+#define FMA_FN static vf fma_v(vf a, vf b, vf c) { _Pragma("clang fp contract(fast)") return a * b + c; }
+#else
+#define FMA_FN __attribute__((optimize("fp-contract=fast"))) static vf fma_v(vf a, vf b, vf c) { return a * b + c; }
+#endif
+FMA_FN
+/* CHAINS independent FMA chains of LANES floats: FLOPs = 2 * LANES * CHAINS * iters */
+float peak(long long iters, float seed) {
+  vf acc[CHAINS], m = (vf){} + 0.999f, c = (vf){} + seed;
+  for (int j = 0; j < CHAINS; j++) acc[j] = (vf){} + (float)j;
+  for (long long i = 0; i < iters; i++) {
+#pragma unroll
+    for (int j = 0; j < CHAINS; j++) acc[j] = fma_v(acc[j], m, c);
+  }
+  float s = 0; for (int j = 0; j < CHAINS; j++) for (int l = 0; l < LANES; l++) s += acc[j][l];
+  return s;
+}
+/* a chain of dependent integer adds, 8 per trip: one add per cycle, so adds / seconds is the clock */
+long long clock_chain(long long iters, long long y) {
+  long long x = 0;
+  for (long long i = 0; i < iters; i++) {
+    __asm__ volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+                     "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0" : "+r"(x) : "r"(y));
+  }
+  return x;
+}
+"""
+
+
+def measure_peak(threads: int) -> dict:
+  """The clock (a dependent integer-add chain: one add per cycle) and the FP32 FMA peak (independent vector FMA
+  chains, `threads` threads at once), measured with the CPU device's compiler; FLOPs per cycle per core follow."""
+  import platform
+  import threading
+
+  from plugrad.device import Device
+  from plugrad_cpu.device import load_library, simd_shape
+  lanes, regs = simd_shape()
+  chains = max(8, regs - 8)
+  dev = Device["CPU"]
+  src = PEAK_SRC.replace("LANES", str(lanes)).replace("CHAINS", str(chains))
+  if platform.machine() not in ("x86_64", "AMD64"): src = src.split("/* a chain")[0]
+  lib = load_library(dev.compiler.compile_cached(src), "the peak benchmark")
+  lib.peak.restype, lib.peak.argtypes = ctypes.c_float, [ctypes.c_longlong, ctypes.c_float]
+  def timed(fn, n, k, arg=1.0):  # short runs, best of many: a shared machine's cores get preempted in long ones
+    ts = []
+    for _ in range(30):
+      th = [threading.Thread(target=fn, args=(n, arg)) for _ in range(k)]
+      st = time.perf_counter()
+      for t in th: t.start()
+      for t in th: t.join()
+      ts.append(time.perf_counter() - st)
+    return min(ts)
+  n = 200_000
+  t1, tn = timed(lib.peak, n, 1), timed(lib.peak, n, threads)
+  out = {"lanes": lanes, "chains": chains, "gflops_1core": 2 * lanes * chains * n / t1 / 1e9,
+         "gflops_all": threads * 2 * lanes * chains * n / tn / 1e9}
+  if hasattr(lib, "clock_chain"):
+    lib.clock_chain.restype, lib.clock_chain.argtypes = ctypes.c_longlong, [ctypes.c_longlong, ctypes.c_longlong]
+    m = 1_000_000
+    out["ghz"] = 8 * m / timed(lib.clock_chain, m, 1, 1) / 1e9
+    out["flops_per_cycle"] = out["gflops_1core"] / out["ghz"]
+  return out
+
+
 def machine(bw: float, fpc: int | None) -> dict:
-  cores = os.cpu_count() or 1
+  cores = int(os.environ.get("CPU_THREADS", 0)) or os.cpu_count() or 1  # the cores plugrad runs on (the peak's core count)
   info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
   mhz = next((float(ln.split(":")[1]) for ln in info.splitlines() if ln.startswith("cpu MHz")), 2000.0)
   flags = next((ln.split(":")[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
   model = next((ln.split(":")[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
   simd = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
+  pk = measure_peak(cores)
+  if fpc is None and "ghz" in pk: mhz, fpc = pk["ghz"] * 1e3, round(pk["flops_per_cycle"])
   fpc = fpc or (32 if "fma" in flags else 8)
   blas = "?"
   try:
@@ -53,7 +133,7 @@ def machine(bw: float, fpc: int | None) -> dict:
                      for d in threadpool_info() if d.get("user_api") == "blas")
   except ImportError: blas = "threadpoolctl not installed"
   return {"model": model, "cores": cores, "mhz": mhz, "simd": simd, "fma": "fma" in flags, "flops_per_cycle": fpc,
-          "peak_gflops": cores * mhz * 1e6 * fpc / 1e9, "bw_gbs": bw, "numpy": np.__version__, "blas": blas,
+          "peak_gflops": cores * mhz * 1e6 * fpc / 1e9, "peak_measured": pk, "bw_gbs": bw, "numpy": np.__version__, "blas": blas,
           "cpu_threads": os.environ.get("CPU_THREADS", str(cores)),
           "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}}
 
@@ -79,11 +159,29 @@ def bench_ops(q: bool, m: dict, reps: int) -> list[dict]:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
   rows.append(row(f"softmax ({s},{s})", best(lambda: tx.softmax(-1).realize(), reps), best(np_softmax, reps), "GB/s", 8 * s * s, 8 * s * s / bw))
-  for s in ((256, 512, 1024) if q else (256, 512, 1024, 2048)):
-    x, y = rng.standard_normal((s, s), dtype=np.float32), rng.standard_normal((s, s), dtype=np.float32)
+  # square, then the LLM's shapes: a few tokens (skinny M) against a large K
+  shapes = [(s, s, s) for s in ((256, 512, 1024) if q else (256, 512, 1024, 2048, 4096))]
+  shapes += [(16, 4096, 4096), (64, 4096, 4096), (128, 576, 1536)] if not q else [(16, 2048, 2048)]
+  for m_, k_, n_ in shapes:
+    x, y = rng.standard_normal((m_, k_), dtype=np.float32), rng.standard_normal((k_, n_), dtype=np.float32)
     tx, ty = Tensor(x).realize(), Tensor(y).realize()
+    fl = 2 * m_ * k_ * n_
+    err = float(np.abs((tx @ ty).numpy() - x @ y).max())
+    if err > 1e-3 * k_ ** 0.5: raise RuntimeError(f"matmul {m_}x{k_}x{n_} differs from numpy by {err}")
+    r = max(2, reps // 2) if fl > 1e10 else reps * 2
+    t_pg, t_np = best2(lambda: (tx @ ty).realize(), lambda: x @ y, r)
+    rows.append(row(f"matmul {m_}" if m_ == k_ == n_ else f"matmul {m_}x{k_}x{n_}", t_pg, t_np, "GFLOPS", fl, fl / peak))
+  for dt, npdt in (("float16", np.float16), ("bfloat16", None)):  # 16-bit inputs, float32 accumulation and output
+    s = 1024
+    x, y = rng.standard_normal((s, s), dtype=np.float32), rng.standard_normal((s, s), dtype=np.float32)
+    tx, ty = Tensor(x).cast(dt).realize(), Tensor(y).cast(dt).realize()
+    x16, y16 = tx.cast("float32").numpy(), ty.cast("float32").numpy()  # numpy's peer: the same values in float32 (no f16 BLAS)
+    f = lambda: tx.matmul(ty, dtype="float32").realize()
+    err = float(np.abs(f().numpy() - x16 @ y16).max())
+    if err > 1e-2: raise RuntimeError(f"{dt} matmul differs from numpy by {err}")
     fl = 2 * s ** 3
-    rows.append(row(f"matmul {s}", best(lambda: (tx @ ty).realize(), reps), best(lambda: x @ y, reps), "GFLOPS", fl, fl / peak))
+    t_pg, t_np = best2(f, lambda: x16 @ y16, reps)
+    rows.append(row(f"matmul {s} {dt} in, f32 acc", t_pg, t_np, "GFLOPS", fl, fl / peak))
   rows.append(bench_conv(4 if q else 32, peak, reps))
   rows.append(bench_q4_matvec(2048 if q else 8192, 4096, bw, reps))
   return rows
@@ -194,8 +292,11 @@ def main() -> None:
   reps = 3 if args.quick else 5
   res = {"machine": m, "ops": bench_ops(args.quick, m, reps), "overhead": bench_overhead(), "launch_us": bench_launch(500 if args.quick else 2000)}
   if args.json: print(json.dumps(res, indent=1)); return
-  print(f"{m['model']}: {m['cores']} cores @ {m['mhz']:.0f} MHz, {m['simd']}{'+fma' if m['fma'] else ''}; peak {m['peak_gflops']:.0f} GFLOPS "
-        f"({m['flops_per_cycle']} FLOPs/cycle/core), bandwidth floor {m['bw_gbs']} GB/s; numpy {m['numpy']}, BLAS: {m['blas']}; "
+  pk = m["peak_measured"]
+  print(f"{m['model']}: {m['cores']} cores @ {m['mhz']:.0f} MHz (measured), {m['simd']}{'+fma' if m['fma'] else ''}; "
+        f"peak {m['peak_gflops']:.0f} GFLOPS ({m['flops_per_cycle']} FLOPs/cycle/core; FMA chains measured {pk['gflops_1core']:.0f} GFLOPS "
+        f"on 1 core, {pk['gflops_all']:.0f} on {m['cores']} at once), load {os.getloadavg()[0]:.1f}, bandwidth floor {m['bw_gbs']} GB/s; "
+        f"numpy {m['numpy']}, BLAS: {m['blas']}; "
         f"CPU_THREADS={m['cpu_threads']}; OPENBLAS env: {m['openblas_env'] or 'unset'}")
   heads = ("benchmark", "plugrad ms", "numpy ms", "plugrad", "numpy", "ratio", "floor ms", "x floor")
   print("| " + " | ".join(f"{h:{'<' if i == 0 else '>'}{w - 2}s}" for i, (h, w) in enumerate(zip(heads, (30, 12, 11, 16, 16, 8, 10, 9)))) + " |")

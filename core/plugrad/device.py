@@ -92,6 +92,8 @@ class Allocator:
 
   Opaque handles returned by `alloc` are passed back to the same allocator and to the device's Program class.
   """
+  external_memory: bool = False  # True where `BufferOptions(external_ptr=...)` wraps host memory (Tensor.from_blob)
+
   def __init__(self, dev: Compiled | None = None) -> None: self.dev = dev
 
   def alloc(self, size: int, options: BufferOptions | None = None) -> Any:

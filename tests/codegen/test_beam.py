@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from plugrad import Tensor
-from plugrad.codegen.opt import Opt
+from plugrad.codegen.opt import Opt, heuristic_opts
+from plugrad.device import Buffer, Device
 from plugrad.engine import search
 
 
@@ -23,4 +24,45 @@ def test_beam_on_cpu_finds_correct_opts_and_caches_them(monkeypatch, tmp_path):
   opts = search.beam_opts(ast, "CPU")  # from the disk cache: no search
   assert not calls and all(isinstance(o, Opt) for o in opts)
   monkeypatch.delenv("BEAM")
+  assert search.beam_opts(ast, "CPU") == opts  # reused without BEAM
+  monkeypatch.setenv("BEAM_REUSE", "0")
   assert search.beam_opts(ast, "CPU") is None
+
+
+def test_beam_cache_keeps_opt_args(monkeypatch, tmp_path):
+  """A TC tile (Opt.arg) survives the disk cache; entries written before Opt had an arg still load."""
+  monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("BEAM", "1")
+  ast = (Tensor.empty(16, 32, device="CPU") * 2).sum(1).schedule()[-1].ast
+  want = [Opt("TC", -1, 0, (4, 8, 2, 2, 2)), Opt("UPCAST", 0, 4)]
+  monkeypatch.setattr(search, "beam_search", lambda *args: list(want))
+  assert search.beam_opts(ast, "CPU") == want
+  monkeypatch.setattr(search, "beam_search", lambda *args: [])
+  assert search.beam_opts(ast, "CPU") == want  # from the cache file
+  path = next((tmp_path / "beam").iterdir())
+  path.write_text('[["UPCAST", 0, 4]]')
+  assert search.beam_opts(ast, "CPU") == [Opt("UPCAST", 0, 4)]
+
+
+def test_beam_times_packed_candidates_and_keeps_the_fastest(monkeypatch, tmp_path):
+  """On a matmul the search starts from the heuristic (PACK included), times PACK/BLOCK/OUTER candidates with their
+  packing kernels; PACK on a range with nothing to pack times as inf; results stay correct."""
+  monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("BEAM", "2")
+  monkeypatch.setenv("BEAM_ROUNDS", "1")
+  monkeypatch.setenv("BEAM_CANDIDATES", "8")
+  rng = np.random.default_rng(1)
+  a, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 256)).astype(np.float32)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  ast = t.schedule()[-1].ast
+  heur = heuristic_opts(ast, Device["CPU"].renderer)
+  assert any(o.kind == "PACK" for o in heur)
+  acts = search._actions(ast, False, ast, ())
+  assert {o.kind for o in acts} >= {"UPCAST", "BLOCK", "OUTER", "PACK"}
+  found = search.beam_search(ast, "CPU", 2)
+  globs = sorted((n for n in ast.toposort() if n.op.name == "DEFINE_GLOBAL"), key=lambda n: n.arg)
+  bufs = [Buffer("CPU", max(g.dtype.size, 1), g.dtype.base).ensure_allocated() for g in globs]
+  t_found = min(search._time(ast, found, "CPU", bufs) for _ in range(3))
+  t_heur = min(search._time(ast, heur, "CPU", bufs) for _ in range(3))
+  assert t_found < float("inf") and t_heur < float("inf") and search._time(ast, [Opt("PACK", 2, 32)], "CPU", bufs) == float("inf")
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)

@@ -3,6 +3,9 @@ symbolic sizes), each GPU optimization (kernel AST and values against numpy), th
 and the tensor-core lane layouts."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,7 +15,9 @@ from plugrad.codegen.gpuopt import apply_gpu_opt, choose_gpu_opts
 from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.codegen.targets import TARGETS
 from plugrad.dtype import AddrSpace, dtypes
+from plugrad.device import Device
 from plugrad.engine.realize import buffer_for, run_schedule
+from plugrad.schedule import kernelize
 from plugrad.plugins.python import GPU_COUNTERS, BarrierError, PythonDevice, PythonProgram, PythonRenderer, reset_gpu_counters
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import sym_infer
@@ -42,7 +47,7 @@ def _run_item(it, dev: PythonDevice, opts: list[Opt] | None, var_vals: dict | No
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
   ast = it.ast
   if opts is not None:
-    for o in opts: ast = apply_gpu_opt(ast, o)
+    for o in opts: ast = apply_gpu_opt(ast, o, dev.renderer)
   spec = get_program(ast, dev.renderer) if opts is None else _program_noopt(ast, dev.renderer)
   prg = PythonProgram(dev, spec.name, dev.compiler.compile(spec.src))
   vv = {v.arg[0]: x for v, x in it.var_vals.items()} if var_vals is None else var_vals
@@ -285,28 +290,132 @@ def test_wmma_lanes_hold_their_fragments(monkeypatch, target: str):
 
 @pytest.mark.parametrize("target", ["CUDA", "CUDA_SM80", "AMD", "AMD_RDNA4", "AMD_CDNA3"])
 def test_tc_matmul(monkeypatch, target: str):
+  """The heuristic's tensor-core kernel: several warps per workgroup, A/B tiles staged in shared memory."""
   a, b = RNG.standard_normal((32, 48)).astype(np.float16), RNG.standard_normal((48, 64)).astype(np.float16)
   out, spec = run_emulated(t_(a) @ t_(b), emu_device(monkeypatch, target))
-  assert Ops.WMMA in ops_of(spec) and spec.local_size == [TARGETS[target].warp_size, 1, 1]
+  assert {Ops.WMMA, Ops.DEFINE_LOCAL, Ops.BARRIER} <= ops_of(spec) and spec.local_size[0] == TARGETS[target].warp_size
+  assert spec.local_size[1] * spec.local_size[2] > 1, "one warp per workgroup: the tile isn't shared"
   np.testing.assert_allclose(out.reshape(32, 64).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
 
 
-def test_tc_bf16_and_non_matching_dtypes(monkeypatch):
-  dev = emu_device(monkeypatch, "CUDA_SM80")
-  a, b = RNG.standard_normal((16, 32)).astype(np.float32), RNG.standard_normal((32, 8)).astype(np.float32)
-  out, spec = run_emulated((t_(a).cast(dtypes.bfloat16) @ t_(b).cast(dtypes.bfloat16)).cast(dtypes.float32), dev)
-  assert "WMMA_16_8_16_bfloat16_float" in {u.arg for u in spec.uops if u.op is Ops.WMMA}
-  ref = a.astype(np.float32) @ b.astype(np.float32)
-  np.testing.assert_allclose(out.astype(np.float32), ref.reshape(-1), rtol=3e-2, atol=0.15)
-  out, spec = run_emulated(t_(a) @ t_(b), dev)  # float32 inputs: no tensor core on these targets
-  assert Ops.WMMA not in ops_of(spec)
-  np.testing.assert_allclose(out.reshape(16, 8), ref, rtol=1e-5, atol=1e-5)
+TILES = [(), (2, 1), (1, 2, 2, 1), (1, 1, 1, 1, 1), (2, 2, 2, 2, 1), (1, 4, 1, 2, 1), (2, 2, 2, 2, 2), (1, 1, 1, 1, 2)]
+
+
+@pytest.mark.parametrize("target", ["CUDA", "AMD"])
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)) or "plain")
+def test_tc_tiles(monkeypatch, target: str, tile: tuple):
+  """Every TC tile (um, un, wm, wn, stage): um*un accumulators per warp sharing fragments, wm x wn warps, staging."""
+  a, b = RNG.standard_normal((64, 32)).astype(np.float16), RNG.standard_normal((32, 128)).astype(np.float16)
+  dev = emu_device(monkeypatch, target)
+  reset_gpu_counters()
+  out, spec = run_emulated(t_(a) @ t_(b), dev, [Opt("TC", -1, 0, tile)])
+  um, un, wm, wn, stage = tile + (1, 1, 1, 1, 0)[len(tile):]
+  np.testing.assert_allclose(out.reshape(64, 128).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
+  assert sum(u.op is Ops.WMMA for u in spec.uops) == um * un
+  assert spec.local_size == ([TARGETS[target].warp_size] + [w for w in (wn, wm) if w > 1] + [1, 1])[:3]
+  assert sum(u.op is Ops.BARRIER for u in spec.uops) == min(stage, 2) and sum(u.op is Ops.DEFINE_LOCAL for u in spec.uops) == (0, 2, 3)[stage]
+  n, m, kk = TARGETS[target].tensor_cores[0].dims
+  assert GPU_COUNTERS["wmma"] == 64 * 128 * 32 // (n * m * kk)
+  if stage:  # 16-byte loads of A rows (and of B rows when the tile is a whole 32-byte sector wide): no byte moved is wasted
+    assert any(u.op is Ops.LOAD and u.dtype.count == 8 and u.src[0].src[0].op is Ops.DEFINE_GLOBAL for u in spec.uops)
+    if n * un * wn * 2 >= 32: assert GPU_COUNTERS["global_load_sectors"] * 32 == GPU_COUNTERS["global_load_bytes"]
+  if stage == 2 and n * un * wn * 2 >= 32:  # the output through shared memory: 16-byte stores of whole rows
+    assert GPU_COUNTERS["global_store_sectors"] * 32 == GPU_COUNTERS["global_store_bytes"]
+
+
+TC_SHAPES = {  # operands contiguous along the other axis (staged with vectors along rows), a batch range, a fused epilogue
+  "transA": (lambda a, b: a.T @ b, ((32, 48), (32, 64))), "transB": (lambda a, b: a @ b.T, ((48, 32), (64, 32))),
+  "batch": (lambda a, b: a @ b, ((3, 32, 16), (3, 16, 32))), "bias_relu": (lambda a, b: (a @ b + 1).relu(), ((32, 32), (32, 64)))}
+
+
+@pytest.mark.parametrize("target", ["CUDA", "AMD"])
+@pytest.mark.parametrize("name", list(TC_SHAPES))
+def test_tc_matmul_shapes(monkeypatch, name: str, target: str):
+  fn, shapes = TC_SHAPES[name]
+  a, b = (RNG.standard_normal(sh).astype(np.float16) for sh in shapes)
+  out, spec = run_emulated(fn(t_(a), t_(b)), emu_device(monkeypatch, target))
+  assert {Ops.WMMA, Ops.BARRIER} <= ops_of(spec)
+  want = fn(a.astype(np.float32), b.astype(np.float32)) if name != "bias_relu" else np.maximum(a.astype(np.float32) @ b.astype(np.float32) + 1, 0)
+  np.testing.assert_allclose(out.reshape(want.shape).astype(np.float32), want, rtol=2e-3, atol=2e-2)
+
+
+def test_tc_staging_reads_each_tile_once(monkeypatch):
+  """Staged: each workgroup reads its A rows and B columns once (2 * 128*128*128 * 2 bytes / 64 per tile side);
+  unstaged: every warp gathers its own fragments, 2-byte loads that waste most of each sector."""
+  a, b = (RNG.standard_normal((128, 128)).astype(np.float16) for _ in range(2))
+  moved = {}
+  for tile in ((2, 4, 2, 2, 0), (2, 4, 2, 2, 1)):
+    reset_gpu_counters()
+    out, spec = run_emulated(t_(a) @ t_(b), emu_device(monkeypatch, "CUDA"), [Opt("TC", -1, 0, tile)])
+    np.testing.assert_allclose(out.reshape(128, 128).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=5e-2)
+    moved[tile[-1]] = GPU_COUNTERS["global_load_sectors"] * 32
+  assert moved[1] == 2 * 128 * 128 * 2 * (128 // 64) and moved[0] > 4 * moved[1]
+
+
+def test_tc_tile_errors(monkeypatch):
+  dev = emu_device(monkeypatch, "CUDA")
+  ast = (t_(np.ones((32, 32), np.float16)) @ t_(np.ones((32, 32), np.float16))).schedule()[-1].ast
+  for tile, msg in (((4, 1, 2, 1), "doesn't divide"), ((1, 1, 1, 1, 3), "stage 0, 1 or 2"), ((1, 0), ">= 1"), ((1,) * 6, "up to 5")):
+    with pytest.raises(ValueError, match=msg): apply_gpu_opt(ast, Opt("TC", -1, 0, tile), dev.renderer)
+
+
+def test_tc_heuristic_tile_from_target_data(monkeypatch):
+  """128 x 128 workgroup tiles of 2 x 2 warps when the output allows; the accumulators and shared memory fit the target."""
+  a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
+  ast = (a @ a).schedule()[-1].ast
+  cuda, amd = (choose_gpu_opts(ast, emu_device(monkeypatch, t).renderer) for t in ("CUDA", "AMD"))
+  # CUDA's C rows (8 halves) are narrower than a sector: its output is staged too (exactly the 48 KB of shared memory)
+  assert cuda == [Opt("TC", -1, 0, (4, 8, 2, 2, 2))] and amd == [Opt("TC", -1, 0, (4, 4, 2, 2, 1))]
+  small = emu_device(monkeypatch, "CUDA", shared_max=4096)  # the double-buffered tiles must fit in shared memory
+  um, un, wm, wn, _ = choose_gpu_opts(ast, small.renderer)[0].arg
+  assert 2 * (16 * um * wm + 8 * un * wn) * 16 * 2 <= 4096
+
+
+def test_vector_access_must_be_aligned(monkeypatch):
+  """A 16-byte load at an address that isn't a multiple of 16 faults on hardware: the emulator raises."""
+  buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float16.ptr(64), arg=0)
+  out = UOp(Ops.DEFINE_GLOBAL, dtypes.float16.ptr(64), arg=1)
+  lane = UOp(Ops.SPECIAL, dtypes.int32, (_i(4),), "lidx0")
+  def prog(off: int):
+    v = UOp(Ops.LOAD, dtypes.float16.vec(8), (UOp(Ops.INDEX, buf.dtype, (buf, lane * _i(8) + _i(off))),))
+    st = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, lane * _i(8))), v))
+    return [buf, out, *[u for u in st.toposort() if u.op not in (Ops.DEFINE_GLOBAL,)]]
+  dev = emu_device(monkeypatch)
+  x = np.arange(64, dtype=np.float16)
+  for off in (0, 4):
+    uops = prog(off)
+    prg = PythonProgram(dev, "k", dev.compiler.compile(PythonRenderer.render(dev.renderer, "k", uops)))
+    mem = [memoryview(bytearray(64 * 2)), memoryview(bytearray(x.tobytes()))]
+    mem = [mem[1], mem[0]]
+    reset_gpu_counters()
+    if off:
+      with pytest.raises(RuntimeError, match="misaligned"): prg(*mem, global_size=(1, 1, 1), local_size=(4, 1, 1))
+      continue
+    prg(*mem, global_size=(1, 1, 1), local_size=(4, 1, 1))
+    np.testing.assert_array_equal(np.frombuffer(mem[1], np.float16)[:32], x[:32])
+    assert GPU_COUNTERS["global_load_sectors"] == 2 and GPU_COUNTERS["global_store_sectors"] == 2
 
 
 def test_acceptance_f16_matmul_256_uses_wmma(monkeypatch):
-  a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
-  spec = get_program((a @ a).schedule()[-1].ast, emu_device(monkeypatch).renderer)
-  assert sum(u.op is Ops.WMMA for u in spec.uops) == 1 and spec.global_size == [32, 16, 1]
+  """Issue 13's acceptance line: a 256 x 256 float16 matmul on EMULATE=CUDA runs on tensor cores and matches numpy."""
+  a, b = RNG.standard_normal((256, 256)).astype(np.float16), RNG.standard_normal((256, 256)).astype(np.float16)
+  reset_gpu_counters()
+  out, spec = run_emulated(t_(a) @ t_(b), emu_device(monkeypatch))
+  assert sum(u.op is Ops.WMMA for u in spec.uops) == 4 * 8 and spec.global_size == [2, 2, 1] and spec.local_size == [32, 2, 2]
+  assert {Ops.DEFINE_LOCAL, Ops.BARRIER} <= ops_of(spec) and GPU_COUNTERS["wmma"] == 256**3 // (16 * 8 * 16)
+  ref = a.astype(np.float64) @ b.astype(np.float64)
+  np.testing.assert_allclose(out.reshape(256, 256).astype(np.float64), ref, rtol=2e-3, atol=3e-2)
+
+
+def test_backends_doc_lists_exactly_the_capabilities_codegen_reads():
+  """docs/backends.md's capability table names every renderer attribute core's codegen reads, and nothing else."""
+  root = Path(__file__).resolve().parents[2]
+  doc = (root / "docs" / "backends.md").read_text().split("**Capabilities codegen reads**", 1)[1]
+  table = doc[:doc.index("\n\n", doc.index("|---"))]
+  listed = {a for row in table.splitlines()[3:] for a in re.findall(r"`(\w+)`", row.split("|")[1])}
+  src = "\n".join(p.read_text() for p in (root / "core" / "plugrad" / "codegen").glob("*.py"))
+  read = set(re.findall(r'getattr\(renderer, "(\w+)"', src)) | set(re.findall(r"\brenderer\.(\w+)", src)) - {"render"}
+  assert listed == read, f"documented but not read: {sorted(listed - read)}; read but not documented: {sorted(read - listed)}"
 
 
 TWO_REDUCES = {"sum+max": (lambda t: t.sum(1) + t.max(1), lambda x: x.sum(1) + x.max(1)),
@@ -359,3 +468,84 @@ def test_symbolic_attention_flops_in_a_gpu_launch(monkeypatch):
     e = np.exp(sc - sc.max(-1, keepdims=True))
     np.testing.assert_allclose(out[:2 * k * 4].reshape(1, 2, k, 4), e / e.sum(-1, keepdims=True) @ qq, rtol=1e-5, atol=1e-6)
     assert isinstance(spec.flops, UOp) and sym_infer(spec.flops, {"k": k}) > 0
+
+
+# ----- row kernels: softmax in one kernel (scheduler + GROUPOUT)
+def gpu_scheduler(monkeypatch: pytest.MonkeyPatch, target: str = "CUDA") -> None:
+  """Schedule PYTHON tensors as for `target` (the scheduler's row-kernel decision reads the device's renderer)."""
+  ren = Device["PYTHON"].renderer
+  for k, v in TARGETS[target].renderer_attrs().items(): monkeypatch.setattr(ren, k, v, raising=False)
+  monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
+
+
+def kernels(t: Tensor) -> list:
+  return [it for it in t.schedule() if it.ast.op is Ops.SINK]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_row_kernels_scheduled_only_for_gpus(monkeypatch):
+  x = Tensor.empty(8, 1024, device="PYTHON")
+  assert len(kernels(x.softmax(-1))) == 3  # the CPU-style PYTHON renderer: max, sum, divide
+  gpu_scheduler(monkeypatch)
+  assert len(kernels(x.softmax(-1))) == 1 and len(kernels(x.log_softmax(-1))) == 1
+  assert len(kernels(Tensor.empty(8, 5000, device="PYTHON").softmax(-1))) == 3  # rows past ROW_MAX
+  assert len(kernels(Tensor.empty(8, 32, device="PYTHON").softmax(-1))) == 3  # shorter than a useful group
+  assert len(kernels(Tensor.empty(1024, 8, device="PYTHON").softmax(0))) == 3  # not the contiguous axis
+  # the row's max would run inside a reduction over rows: it keeps its own kernel
+  assert len(kernels((x - x.max(1, keepdim=True)).exp().sum(0))) == 2
+  assert len(kernels(x.layernorm())) == 1 and len(kernels(x * (x.square().mean(-1, keepdim=True) + 1e-6).rsqrt())) == 1
+
+
+def test_row_kernel_rows_must_be_cheap(monkeypatch):
+  """Regression: attention's softmax over scores that are themselves a matmul became one row kernel that recomputed
+  the scores for every row element (4100 workgroups, 30x the loads): rows holding a reduction keep their kernels."""
+  q, k = Tensor.empty(2, 64, 32, device="PYTHON"), Tensor.empty(2, 32, 128, device="PYTHON")
+  want = len(kernels((q @ k).softmax(-1)))
+  gpu_scheduler(monkeypatch)
+  assert len(kernels((q @ k).softmax(-1))) == want
+
+
+@pytest.mark.parametrize("target", ["CUDA", "AMD"])
+@pytest.mark.parametrize("shape", [(8, 1024), (5, 100), (2, 3, 256)], ids=lambda s: "x".join(map(str, s)))
+def test_row_kernels_read_rows_once(monkeypatch, target: str, shape: tuple):
+  gpu_scheduler(monkeypatch, target)
+  x = RNG.standard_normal(shape).astype(np.float32)
+  dev = emu_device(monkeypatch, target)
+  def layernorm(a: np.ndarray) -> np.ndarray:
+    m = a.mean(-1, keepdims=True)
+    return (a - m) / np.sqrt(((a - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+  for fn, ref in ((lambda t: t.softmax(-1), _softmax), (lambda t: t.log_softmax(-1), lambda a: np.log(_softmax(a))),
+                  (lambda t: t.layernorm(), layernorm)):
+    assert len(kernels(fn(t_(x)))) == 1
+    reset_gpu_counters()
+    out, spec = run_emulated(fn(t_(x)), dev)
+    np.testing.assert_allclose(out.reshape(shape), ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+    assert np.prod(spec.global_size) == np.prod(shape[:-1]) and GPU_COUNTERS["launches"] == 1  # one workgroup per row
+    if shape[-1] % 256 == 0: assert GPU_COUNTERS["global_load_bytes"] == x.nbytes  # each row element read once
+
+
+def test_second_group_keeps_the_first_groups_gates(monkeypatch):
+  """Regressions: GROUP of softmax's sum past N (100 over 64 threads) gated the loads of the already-grouped max inside
+  it, and GROUPOUT's gate on the copy past N gated the reductions' loads too (both gave wrong rows)."""
+  gpu_scheduler(monkeypatch)
+  x = RNG.standard_normal((5, 100)).astype(np.float32)
+  ast = kernels(t_(x).softmax(-1))[-1].ast
+  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
+  opts = [Opt("GROUPOUT", rngs[1].arg[0], 64)] + [Opt("GROUP", r.arg[0], 64) for r in rngs if r.arg[1] == "reduce"]
+  out, _ = run_emulated(t_(x).softmax(-1), emu_device(monkeypatch), opts)
+  np.testing.assert_allclose(out.reshape(5, 100), _softmax(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+def test_groupout_errors(monkeypatch):
+  gpu_scheduler(monkeypatch)
+  dev = emu_device(monkeypatch)
+  ast = kernels(t_(np.ones((4, 128), np.float32)).softmax(-1))[-1].ast
+  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
+  red = next(r for r in rngs if r.arg[1] == "reduce")
+  with pytest.raises(ValueError, match="global range"): apply_gpu_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer)
+  grouped = apply_gpu_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer)
+  with pytest.raises(ValueError, match="before GROUP"): apply_gpu_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer)

@@ -70,7 +70,10 @@ def test_matmul_vector_columns(m: int, k: int, n: int):
 def test_matmul_tile_and_outer_loop_order():
   a, b = rand(64, 32), rand(32, 512)
   opts = chosen(mm(a, b))
-  assert [o.kind for o in opts] == ["VECTOR", "UPCAST", "UPCAST", "OUTER"] and opts[-1].rid == 1  # column panels outermost
+  # column panels outermost, repacked (codegen/pack.py: 8 row blocks reuse each panel)
+  assert [o.kind for o in opts] == ["PACK", "VECTOR", "UPCAST", "UPCAST", "OUTER"] and opts[-1].rid == 1 and opts[0] == Opt("PACK", 1, 32)
+  opts = chosen(mm(rand(16, 32), b))  # two row blocks: not worth a copy
+  assert [o.kind for o in opts] == ["VECTOR", "UPCAST", "UPCAST", "OUTER"]
   got, _ = run(mm(a, b))
   np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
   ast = apply_opt(mm(a, b).schedule()[-1].ast, Opt("OUTER", 1, 0))

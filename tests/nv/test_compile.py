@@ -18,6 +18,7 @@ import pytest
 from plugrad.codegen import get_program
 from plugrad.dtype import dtypes
 from plugrad.runtime.compiler import CompileError
+from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 from plugrad_nv.renderer import CUDARenderer
 
@@ -121,6 +122,21 @@ def test_gpu_ops_compile_and_use_tensor_cores():
     if "__syncthreads" in src: assert "bar.sync" in ptx
     if "__shared__" in src: assert ".shared" in ptx
     assert nvrtc_compiler().compile(src)[8:] != b""
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
+def test_tiled_tensor_core_matmul_compiles(dt):
+  """The GPU heuristic's matmul (2 x 2 warps, 4 x 8 mma tiles each, A/B and the output staged in shared memory) for
+  sm_90: 16-byte global loads and stores, 16-byte shared stores of A/B, one bar.sync per K step (and one before the
+  output is written) and 32 mma.sync per warp and step in the PTX."""
+  a = Tensor.empty(256, 256, dtype=dt, device="CPU")
+  spec = get_program((a @ a).schedule()[-1].ast, CUDARenderer())
+  assert spec.global_size == [2, 2, 1] and spec.local_size == [32, 2, 2]
+  ptx = nvrtc_compiler(ptx=True).nvrtc_compile(spec.src, ptx=True).decode()
+  pats = (r"ld\.global(\.nc)?\.v4\.u32", r"st\.global\.v4\.u32", r"st\.shared\.v4\.u32", r"bar\.sync", r"mma\.sync\.aligned\.m16n8k16")
+  count = {p: len(re.findall(p, ptx)) for p in pats}
+  assert list(count.values()) == [4, 16, 4, 2, 32], count
+  if dt == dtypes.float16: assert nvrtc_compiler().compile(spec.src)[8:] != b""  # and to a cubin (bf16: the PTX above is the check)
 
 
 def test_conformance_kernels_compile_to_cubin(conformance_sources: list[str]):

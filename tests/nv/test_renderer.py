@@ -15,8 +15,11 @@ from gpu_programs import f16, f32, group_sum_program, linear, mma_coords, scale_
 
 from plugrad.codegen import get_program
 from plugrad.codegen.linearize import linearize
+from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for
+from plugrad.schedule import kernelize
+from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import sym_infer
 from plugrad_nv.renderer import CUDARenderer
@@ -128,9 +131,12 @@ def test_loop_kernel_without_ids():
 
 
 def test_no_comments_in_kernels():
-  for uops in (scale_program(300)[0], group_sum_program(3)[0], wmma_program()[0], wmma_program(dtypes.bfloat16)[0]):
-    src = CUDARenderer().render("k", uops)
-    assert "/*" not in src and "//" not in src
+  """No metadata rides in kernel sources: hand-built GPU programs and what codegen makes (group sums, tiled tensor cores)."""
+  srcs = [CUDARenderer().render("k", uops) for uops in (scale_program(300)[0], group_sum_program(3)[0], wmma_program()[0],
+                                                          wmma_program(dtypes.bfloat16)[0])]
+  a, h = Tensor.empty(4096, 1024, device="CPU"), Tensor.empty(256, 256, dtype=dtypes.float16, device="CPU")
+  srcs += [get_program(t.schedule()[-1].ast, CUDARenderer()).src for t in (a.sum(1), a.sum(), h @ h)]
+  for src in srcs: assert "/*" not in src and "//" not in src
 
 
 def test_arch_and_types():
@@ -186,11 +192,10 @@ def emulate(t, renderer: CUDARenderer) -> np.ndarray:
 
 
 @needs_gxx
-@pytest.mark.parametrize("case", ["guard2d", "reduce4d", "perm5d", "sum_full", "matmul_f16"])
+@pytest.mark.parametrize("case", ["guard2d", "reduce4d", "perm5d", "sum_full", "matmul_f16", "matmul_f16_tiles"])
 def test_emulated_kernels_match_numpy(case: str):
   """Tensor kernels as codegen makes them for CUDA (hardware ids, group reductions and tensor cores where the GPU
   optimizer picks them), launched with their ProgramSpec sizes."""
-  from plugrad.tensor import Tensor
   rs = np.random.default_rng(0)
   if case == "guard2d":
     a, b = rs.standard_normal((5, 300), dtype=np.float32), rs.standard_normal((1, 300), dtype=np.float32)
@@ -204,11 +209,28 @@ def test_emulated_kernels_match_numpy(case: str):
   elif case == "sum_full":
     a = rs.standard_normal(1 << 14, dtype=np.float32)
     t, want = Tensor(a, device="CPU").realize().sum(), np.array(a.astype(np.float64).sum())
+  elif case == "matmul_f16_tiles":  # 2 x 2 workgroups of 2 x 2 warps, A/B tiles through shared memory over 4 K steps
+    a, b = rs.integers(-2, 3, (128, 64)).astype(np.float16), rs.integers(-2, 3, (64, 64)).astype(np.float16)
+    t, want = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize(), (a.astype(np.float32) @ b.astype(np.float32))
   else:
     a, b = rs.integers(-2, 3, (32, 64)).astype(np.float16), rs.integers(-2, 3, (64, 32)).astype(np.float16)
     t, want = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize(), (a.astype(np.float32) @ b.astype(np.float32))
   got = emulate(t, CUDARenderer())
   np.testing.assert_allclose(got.reshape(want.shape).astype(np.float64), want, rtol=1e-5, atol=1e-4)
+
+
+@needs_gxx
+def test_emulated_one_kernel_softmax(monkeypatch: pytest.MonkeyPatch):
+  """Softmax as the scheduler makes it for a GPU renderer (one kernel: a workgroup per row, GROUP max and sum, the row
+  written by the group's threads), rendered for CUDA and run with real barriers."""
+  for k in ("has_local", "has_shared", "local_max_threads"):
+    monkeypatch.setattr(Device["CPU"].renderer, k, getattr(CUDARenderer, k), raising=False)
+  monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
+  x = np.random.default_rng(3).standard_normal((6, 300)).astype(np.float32)
+  t = Tensor(x, device="CPU").realize().softmax(-1)
+  assert len([it for it in t.schedule() if it.ast.op is Ops.SINK]) == 1
+  e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+  np.testing.assert_allclose(emulate(t, CUDARenderer()).reshape(6, 300), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
 @needs_gxx

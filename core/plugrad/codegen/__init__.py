@@ -72,6 +72,10 @@ def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> 
   if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS))
   dims = gpudims(opt, renderer)
   uops = linearize(dims.ast)
+  # every buffer slot stays a parameter, also one whose loads the optimizer folded away (an unrolled reduce whose
+  # where() picks another buffer at every step): runtimes pass buffers by slot, so a dropped one shifted the rest
+  slots = {u.arg: u for u in (*ast.toposort(), *uops) if u.op is Ops.DEFINE_GLOBAL}
+  uops = [slots[k] for k in sorted(slots)] + [u for u in uops if u.op is not Ops.DEFINE_GLOBAL]
   name = kernel_name(ast)
   glbls = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
   mem = sum(g.dtype.size * g.dtype.base.itemsize for g in glbls if isinstance(g.dtype.size, int) and g.dtype.size > 0)

@@ -1,5 +1,6 @@
 """GPU optimizations of a kernel AST: workgroup threads (LOCAL), reductions split across a workgroup (GROUP, GROUPTOP)
-and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from the renderer's capabilities.
+tensor cores (TC) and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from the renderer's
+capabilities.
 
 - `LOCAL` a global range r (size N) by k: `r -> r'*k + l` where `l` is a new RANGE of size k with kind "local" (a thread
   id inside the workgroup once codegen/gpudims.py runs). When k doesn't divide N, r' has ceil(N/k) iterations and every
@@ -13,10 +14,16 @@ and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from 
   past N (k not dividing N) contribute the reduce identity and are never loaded. GROUP applies to every REDUCE
   that runs in no other reduce's loop (a barrier inside a loop would need a second one), after all LOCALs; a second
   GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
-The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp_size` and `local_max`.
+- `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
+  as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it).
+- `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
+  memory; see `_tc`, `tc_tile` and docs/kernel_ir.md).
+The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp_size`, `local_max`, `has_shared` and
+`tensor_cores`.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from plugrad.codegen.gpudims import uses_gpudims
@@ -29,16 +36,17 @@ from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic
 
-GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP", "TC")
+GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP", "GROUPOUT", "TC")
 
 
 def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
 
 
-def gate_globals(x: UOp, valid: UOp) -> UOp:
-  """`x` with every INDEX into a DEFINE_GLOBAL gated by `valid` too (a gated load yields 0 and touches no memory)."""
+def gate_globals(x: UOp, valid: UOp, using: UOp | None = None) -> UOp:
+  """`x` with every INDEX into a DEFINE_GLOBAL (whose index uses `using`, when given) gated by `valid` too (a gated
+  load yields 0 and touches no memory)."""
   subs = {n: n.replace(src=(n.src[0], n.src[1], valid if len(n.src) < 3 else n.src[2] & valid))
-          for n in x.toposort() if n.op is Ops.INDEX and n.src[0].op is Ops.DEFINE_GLOBAL}
+          for n in x.toposort() if n.op is Ops.INDEX and n.src[0].op is Ops.DEFINE_GLOBAL and (using is None or using in n.src[1].toposort())}
   return x.substitute(subs) if subs else x
 
 
@@ -56,6 +64,28 @@ def _local(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
   new = outer * k + UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
   ast = ast.substitute({rng: new}, walk=True)
   return ast if exact else gate_globals(ast, new < rng.src[0])
+
+
+def _group_out(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
+  """GROUPOUT: global range `rng` (size N) computed by the k threads of the workgroup's group instead of by more
+  workgroups: every store using it becomes ceil(N/k) stores at `j*k + l` (j = 0, 1, ...; l the group thread, shared
+  with later GROUPs), those past N gated off. A row kernel (softmax: reduce the row, then write it) then has one
+  workgroup per row whose threads write the row from the values they reduced."""
+  if rng.arg[1] != "global" or len(rng.arg) > 2 or rng.src[0].op is not Ops.CONST:
+    raise ValueError(f"GROUPOUT needs a global range of constant size, range {rng.arg} isn't one")
+  if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("GROUPOUT must come before GROUP")
+  lcl = [r for r in ranges_of(ast).values() if r.arg[1] == "local"]
+  if lcl: raise ValueError(f"GROUPOUT of range {rng.arg}: the kernel already has thread ranges {[r.arg for r in lcl]}")
+  n = rng.src[0].arg
+  lane = UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local", "group"))
+  stores = []
+  for st in ast.src:
+    if rng not in st.toposort(): stores.append(st); continue
+    for j in range(-(-n // k)):
+      at = lane + j * k if j else lane
+      # past N: this copy's own accesses gated (not the reductions' loads it reads, which don't use the thread id yet)
+      stores.append(st.substitute({rng: at}, walk=True) if (j + 1) * k <= n else gate_globals(st.substitute({rng: at}, walk=True), at < n, lane))
+  return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
 def _nested(ast: UOp) -> set[UOp]:
@@ -103,7 +133,8 @@ def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
     body = red.src[0].substitute({**subs, rng: idx}, walk=True)
     if not exact:
       valid = idx < n
-      body = valid.where(gate_globals(body, valid), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+      # only this reduce's own loads: a GROUPed reduce used inside this one (softmax's max in its sum) keeps its gates
+      body = valid.where(gate_globals(body, valid, inner), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
     others = tuple(r for r in red.src[1:] if r is not rng)
     partial = UOp(Ops.REDUCE, red.dtype, (body, inner, *others), red.arg)
     buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(nthreads, AddrSpace.LOCAL), arg=(f"temp{n_bufs + i}", nthreads))
@@ -165,28 +196,157 @@ def _coord(lay, lane: UOp, e: int, which: int) -> UOp:
   return x
 
 
-def _tc(ast: UOp, tc: TensorCore, nid: int) -> UOp:
+TC_TILE_DEFAULT = (1, 1, 1, 1, 0)
+
+
+def _aligned(idx: UOp, v: int) -> bool:
+  """Whether the symbolic engine proves `idx % v == 0` for every value of its ranges and variables."""
+  r = graph_rewrite(idx % v, pm_opt_symbolic, name="alignment")
+  return r.op is Ops.CONST and r.arg == 0
+
+
+def _stage(x: UOp, rows: tuple[UOp, UOp, int], cols: tuple[UOp, UOp, int], tid: UOp, nthreads: int, k2: UOp, name: str):
+  """Stage operand `x` (a function of ranges rows[0], cols[0]) through workgroup memory: the TR x TC tile at
+  (rows[1], cols[1]) is loaded cooperatively by the `nthreads` threads (thread id `tid`), with vector loads of up to
+  16 bytes along the axis `x` is contiguous in when the symbolic engine proves them aligned, into one of two buffers
+  (k2 % 2: the next tile's stores never overwrite the one other warps still read, so one BARRIER per step suffices).
+  Returns (the STOREs, a function (r, c, barrier) -> the LOAD of tile element (r, c))."""
+  (ri, rbase, tr), (ci, cbase, tcc) = rows, cols
+  ld = x if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX and len(x.src[0].src) == 2 and x.src[0].src[0].op is Ops.DEFINE_GLOBAL else None
+  along_rows = ld is not None and not _contiguous_in(ci, ld.src[0].src[1]) and _contiguous_in(ri, ld.src[0].src[1])
+  inner = tr if along_rows else tcc  # the tile dim that is contiguous in memory (and in the local layout)
+  def flat(r: UOp, c: UOp) -> UOp: return c * tr + r if along_rows else r * tcc + c
+  def rc(f: UOp) -> tuple[UOp, UOp]: return (f % tr, f // tr) if along_rows else (f // tcc, f % tcc)
+  size = tr * tcc
+  if size % nthreads: raise ValueError(f"TC staging: a {tr}x{tcc} tile doesn't split over {nthreads} threads")
+  vec = 1
+  if ld is not None and (along_rows or _contiguous_in(ci, ld.src[0].src[1])):
+    for v in (16 // x.dtype.itemsize, 8, 4, 2):
+      if v * x.dtype.itemsize > 16 or inner % v or size % (v * nthreads): continue
+      r0, c0 = rc(tid * v)
+      if _aligned(ld.src[0].src[1].substitute({ri: rbase + r0, ci: cbase + c0}, walk=True), v): vec = v; break
+  per = size // (vec * nthreads)
+  buf = UOp(Ops.DEFINE_LOCAL, x.dtype.ptr(2 * size, AddrSpace.LOCAL), arg=(name, 2 * size))
+  half = (k2 % 2) * size
+  stores = []
+  for p in range(per):
+    f = (tid + p * nthreads) * vec
+    r, c = rc(f)
+    val = x.substitute({ri: rbase + r, ci: cbase + c}, walk=True)
+    if vec > 1: val = UOp(Ops.LOAD, x.dtype.vec(vec), val.src)
+    stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, half + f)), val)))
+  def elem(r: UOp, c: UOp, bar: UOp) -> UOp: return UOp(Ops.LOAD, x.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, half + flat(r, c))), bar))
+  return stores, elem
+
+
+def _vector_stores(stores: list[UOp]) -> list[UOp]:
+  """Pairs (or quads) of scalar stores to consecutive, provably aligned elements of one buffer as one vector store."""
+  out, i = [], 0
+  while i < len(stores):
+    for v in (4, 2):
+      grp = stores[i:i + v]
+      if len(grp) < v or any(st.src[0].op is not Ops.INDEX or len(st.src[0].src) != 2 or st.src[0].src[0] is not grp[0].src[0].src[0]
+                             or st.src[1].dtype.count != 1 for st in grp): continue
+      base = grp[0].src[0].src[1]
+      if v * grp[0].src[1].dtype.itemsize > 16 or not _aligned(base, v): continue
+      if not all((d := graph_rewrite(st.src[0].src[1] - base, pm_opt_symbolic, name="offset")).op is Ops.CONST and d.arg == e
+                 for e, st in enumerate(grp)): continue
+      val = UOp(Ops.VECTORIZE, grp[0].src[1].dtype.vec(v), tuple(st.src[1] for st in grp))
+      out.append(UOp(Ops.STORE, dtypes.void, (grp[0].src[0], val)))
+      i += v
+      break
+    else:
+      out.append(stores[i])
+      i += 1
+  return out
+
+
+def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
+  """The matmul of `ast` on tensor core `tc` with tile (um, un, wm, wn, stage): each warp computes um x un tensor-core
+  tiles (um*un accumulators sharing its A and B fragments), wm x wn warps per workgroup (LOCAL), and with stage=1 the
+  workgroup's A and B tiles of each K step pass through workgroup memory (DEFINE_LOCAL + BARRIER) so that its warps
+  share one coalesced, vectorized load of them."""
+  if len(tile) > 5 or any(not isinstance(t, int) or t < 0 for t in tile): raise ValueError(f"TC tile {tile}: expected up to 5 non-negative ints")
+  um, un, wm, wn, stage = tuple(tile) + TC_TILE_DEFAULT[len(tile):]
+  if min(um, un, wm, wn) < 1 or stage not in (0, 1, 2): raise ValueError(f"TC tile {tile}: sizes must be >= 1 and stage 0, 1 or 2")
   if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
   red, a, b, i, j, k = mt
   n, m, kk = tc.dims
+  bm, bn = m * um * wm, n * un * wn
+  if i.src[0].arg % bm or j.src[0].arg % bn: raise ValueError(f"TC tile {tile}: {bm}x{bn} doesn't divide the {i.src[0].arg}x{j.src[0].arg} output")
   if any(r.arg[1] == "local" for r in ranges_of(ast).values()): raise ValueError("TC must come before LOCAL")
-  lane = UOp(Ops.RANGE, dtypes.index, (_c(tc.threads),), (nid, "local"))
-  i2, j2, k2 = (UOp(Ops.RANGE, dtypes.index, (_c(r.src[0].arg // d),), r.arg) for r, d in ((i, m), (j, n), (k, kk)))
-  def frag(op: str, x: UOp, rows: tuple[UOp, UOp, int], cols: tuple[UOp, UOp, int]) -> UOp:
+  if wm * wn * tc.threads > 1024: raise ValueError(f"TC tile {tile}: {wm * wn} warps of {tc.threads} lanes is too many threads")
+  gi, gj, k2 = (UOp(Ops.RANGE, dtypes.index, (_c(r.src[0].arg // d),), r.arg) for r, d in ((i, bm), (j, bn), (k, kk)))
+  wi = UOp(Ops.RANGE, dtypes.index, (_c(wm),), (nid, "local")) if wm > 1 else _c(0)
+  wj = UOp(Ops.RANGE, dtypes.index, (_c(wn),), (nid + 1, "local")) if wn > 1 else _c(0)
+  lane = UOp(Ops.RANGE, dtypes.index, (_c(tc.threads),), (nid + 2, "local"))  # the highest id: lidx0, so a warp is 32 consecutive threads
+  i0, j0 = wi * (um * m), wj * (un * n)  # this warp's corner inside the workgroup's tile
+  if stage:
+    tid = (wi * wn + wj) * tc.threads + lane
+    n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL])
+    st_a, el_a = _stage(a, (i, gi * bm, bm), (k, k2 * kk, kk), tid, wm * wn * tc.threads, k2, f"temp{n_bufs}")
+    st_b, el_b = _stage(b, (k, k2 * kk, kk), (j, gj * bn, bn), tid, wm * wn * tc.threads, k2, f"temp{n_bufs + 1}")
+    bar = UOp(Ops.BARRIER, dtypes.void, tuple(st_a + st_b))
+    def ea(r: UOp, c: UOp) -> UOp: return el_a(r, c, bar)
+    def eb(r: UOp, c: UOp) -> UOp: return el_b(r, c, bar)
+  else:
+    def ea(r: UOp, c: UOp) -> UOp: return a.substitute({i: gi * bm + r, k: k2 * kk + c}, walk=True)
+    def eb(r: UOp, c: UOp) -> UOp: return b.substitute({k: k2 * kk + r, j: gj * bn + c}, walk=True)
+  def frag(op: str, el, r0: UOp, c0: UOp, dt) -> UOp:
     lay, ept = tc.layout(op), tc.elements_per_thread["abc".index(op)]
-    els = [x.substitute({rows[0]: rows[1] * rows[2] + _coord(lay, lane, e, 0), cols[0]: cols[1] * cols[2] + _coord(lay, lane, e, 1)}, walk=True)
-           for e in range(ept)]
-    return UOp(Ops.VECTORIZE, x.dtype.vec(ept), tuple(els))
-  fa, fb = frag("a", a, (i, i2, m), (k, k2, kk)), frag("b", b, (k, k2, kk), (j, j2, n))
+    return UOp(Ops.VECTORIZE, dt.vec(ept), tuple(el(r0 + _coord(lay, lane, e, 0), c0 + _coord(lay, lane, e, 1)) for e in range(ept)))
+  fa = [frag("a", ea, i0 + u * m, _c(0), a.dtype) for u in range(um)]
+  fb = [frag("b", eb, _c(0), j0 + v * n, b.dtype) for v in range(un)]
   ec = tc.elements_per_thread[2]
   zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(ec), (UOp.const(tc.dtype_out, 0.0),) * ec)
-  acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa, fb, zero), tc.name), k2), Ops.ADD)
+  if stage == 2: return _tc_staged_out(ast, tc, red, i, j, (gi, gj, i0, j0, lane, tid), (um, un, bm, bn, wm * wn * tc.threads), fa, fb, zero, k2)
   stores = []
   for st in ast.src:
     if red not in st.toposort(): raise ValueError(f"TC {tc.name}: a store of the kernel doesn't use the matmul")
-    for e in range(ec):
-      sub = {red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: i2 * m + _coord(tc.c, lane, e, 0), j: j2 * n + _coord(tc.c, lane, e, 1)}
-      stores.append(st.substitute(sub, walk=True))
+    for u in range(um):
+      for v in range(un):
+        acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa[u], fb[v], zero), tc.name), k2), Ops.ADD)
+        sts = []
+        for e in range(ec):
+          sub = {red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: gi * bm + i0 + u * m + _coord(tc.c, lane, e, 0),
+                 j: gj * bn + j0 + v * n + _coord(tc.c, lane, e, 1)}
+          sts.append(st.substitute(sub, walk=True))
+        stores += _vector_stores([graph_rewrite(x, pm_opt_symbolic, name="simplify TC store") for x in sts]) if stage else sts
+  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+
+def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tuple, sizes: tuple, fa: list, fb: list, zero: UOp,
+                   k2: UOp) -> UOp:
+  """TC stage 2: the kernel's one output goes through workgroup memory too. Every lane stores its C fragments' output
+  values (epilogue applied) to a BM x BN local tile, a BARRIER, then the workgroup's threads write whole rows of it with
+  vector stores of up to 16 bytes (for tensor cores whose C rows are narrower than a 32-byte sector: CUDA's m16n8)."""
+  gi, gj, i0, j0, lane, tid = ids
+  um, un, bm, bn, nthreads = sizes
+  if len(ast.src) != 1 or len((st := ast.src[0]).src[0].src) != 2: raise ValueError("TC stage 2 needs one ungated output store")
+  out_idx, val = st.src[0], st.src[1]
+  if val.dtype.count != 1 or not _contiguous_in(j, out_idx.src[1]): raise ValueError("TC stage 2: the output isn't contiguous along its columns")
+  n, m, _ = tc.dims
+  ec = tc.elements_per_thread[2]
+  n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL]) + 2
+  cbuf = UOp(Ops.DEFINE_LOCAL, val.dtype.ptr(bm * bn, AddrSpace.LOCAL), arg=(f"temp{n_bufs}", bm * bn))
+  local = []
+  for u in range(um):
+    for v in range(un):
+      acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa[u], fb[v], zero), tc.name), k2), Ops.ADD)
+      for e in range(ec):
+        r, c = i0 + u * m + _coord(tc.c, lane, e, 0), j0 + v * n + _coord(tc.c, lane, e, 1)
+        x = val.substitute({red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: gi * bm + r, j: gj * bn + c}, walk=True)
+        local.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, cbuf.dtype, (cbuf, r * bn + c)), x)))
+  bar = UOp(Ops.BARRIER, dtypes.void, tuple(local))
+  def gidx(f: UOp) -> UOp: return out_idx.src[1].substitute({i: gi * bm + f // bn, j: gj * bn + f % bn}, walk=True)
+  vec = next((w for w in (16 // val.dtype.itemsize, 8, 4, 2) if w * val.dtype.itemsize <= 16 and bn % w == 0 and (bm * bn) % (w * nthreads) == 0
+              and _aligned(gidx(tid * w), w)), 1)
+  if (bm * bn) % (vec * nthreads): raise ValueError(f"TC stage 2: a {bm}x{bn} tile doesn't split over {nthreads} threads")
+  stores = []
+  for p in range((bm * bn) // (vec * nthreads)):
+    f = (tid + p * nthreads) * vec
+    ld = UOp(Ops.LOAD, val.dtype.vec(vec) if vec > 1 else val.dtype, (UOp(Ops.INDEX, cbuf.dtype, (cbuf, f)), bar))
+    stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_idx.dtype, (out_idx.src[0], gidx(f))), ld)))
   return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
@@ -198,11 +358,13 @@ def apply_gpu_opt(ast: UOp, opt: Opt, renderer=None) -> UOp:
   if opt.kind == "TC":
     tcs = getattr(renderer, "tensor_cores", [])
     if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
-    return graph_rewrite(_tc(ast, tcs[opt.amount], max(rngs) + 1), pm_opt_symbolic, name="simplify after TC")
+    return graph_rewrite(_tc(ast, tcs[opt.amount], max(rngs) + 1, opt.arg), pm_opt_symbolic, name="simplify after TC")
   if (rng := rngs.get(opt.rid)) is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
   if opt.amount < 2: raise ValueError(f"{opt}: needs at least 2 threads")
   nid = max(rngs) + 1
-  ast = _local(ast, rng, opt.amount, nid) if opt.kind == "LOCAL" else _group(ast, rng, opt.amount, opt.kind == "GROUPTOP", nid)
+  if opt.kind == "LOCAL": ast = _local(ast, rng, opt.amount, nid)
+  elif opt.kind == "GROUPOUT": ast = _group_out(ast, rng, opt.amount, nid)
+  else: ast = _group(ast, rng, opt.amount, opt.kind == "GROUPTOP", nid)
   return graph_rewrite(ast, pm_opt_symbolic, name=f"simplify after {opt.kind}")
 
 
@@ -222,6 +384,38 @@ def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
 def _size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0].vmax
 
 
+def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: int = 128) -> tuple[int, ...]:
+  """The TC tile (um, un, wm, wn, stage) for `ast`: the workgroup tile BM x BN (at most `max_tile` a side, dividing
+  the output) that reads the least global memory per output (largest BM*BN/(BM+BN)), then the most warps (up to
+  2 x 2) sharing it; the warps' accumulators fit in `acc_regs` 32-bit registers per lane, the double-buffered A/B
+  tiles in the renderer's `shared_max`, and each tile splits evenly over the workgroup's threads (TC_STAGE=0: no
+  staging through workgroup memory). Stage 2 (the output through shared memory as well) when the tensor core's C
+  rows are narrower than a 32-byte sector and the C tile fits too."""
+  if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
+  _, a, _, i, j, _ = mt
+  n, m, kk = tc.dims
+  stage = 1 if getenv("TC_STAGE", 1) and getattr(renderer, "has_shared", False) else 0
+  best, key = (1, 1, 1, 1, stage), (-1.0, 0, 0)
+  for wm in (1, 2):
+    for wn in (1, 2):
+      for um in (1, 2, 4, 8):
+        for un in (1, 2, 4, 8, 16):
+          bm, bn, nt = m * um * wm, n * un * wn, tc.threads * wm * wn
+          if bm > max_tile or bn > max_tile or i.src[0].arg % bm or j.src[0].arg % bn or um * un * tc.elements_per_thread[2] > acc_regs: continue
+          if stage and (2 * (bm + bn) * kk * a.dtype.itemsize > renderer.shared_max or (bm * kk) % nt or (bn * kk) % nt): continue
+          if (score := (bm * bn / (bm + bn), wm * wn, -abs(wm - wn))) > key: best, key = (um, un, wm, wn, stage), score
+  # C rows narrower than a 32-byte sector (CUDA's m16n8: 8 columns): the output goes through shared memory too, when it fits
+  um, un, wm, wn, stage = best
+  out_isz = ast.src[0].src[1].dtype.itemsize if len(ast.src) == 1 else 0
+  bm, bn = m * um * wm, n * un * wn
+  if stage and n * out_isz < 32 and 2 * (bm + bn) * kk * a.dtype.itemsize + bm * bn * out_isz <= renderer.shared_max:
+    try:
+      _tc(ast, tc, max(ranges_of(ast)) + 1, (um, un, wm, wn, 2))
+      return (um, un, wm, wn, 2)
+    except ValueError: pass
+  return best
+
+
 def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
   """Heuristic GPU optimizations (see the module docstring): TC when a tensor core fits; a reduction over a long axis
   split across a workgroup (GROUP on every top-level reduce when the reduce axis is contiguous in memory or the output
@@ -229,7 +423,7 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
   where loads are shared (matmul-like), UNROLL of tiny reduce loops, and LOCAL threads over their innermost output axes."""
   max_threads, warp = renderer.local_max_threads, max(renderer.warp_size, 1)
   if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(renderer.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
-    return [Opt("TC", -1, tci)]  # one warp per workgroup computes an M x N tile with tensor cores
+    return [Opt("TC", -1, tci, tc_tile(ast, renderer.tensor_cores[tci], renderer))]
   rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
   glbl = [r for r in rngs if r.arg[1] == "global"]
   looped = in_loop(ast)
@@ -245,7 +439,8 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
         lk = min(warp, _pow2_at_most(_size(glbl[-1])))
         k = min(k, max_threads // lk, 16)
         return [Opt("LOCAL", glbl[-1].arg[0], lk)] + [Opt("GROUPTOP", r.arg[0], k) for r in cands]
-      return [Opt("GROUP", r.arg[0], k) for r in cands]
+      opts = [Opt("GROUP", r.arg[0], k) for r in cands]
+      return _row_opts(ast, glbl, top_reds, k, opts, renderer) if contiguous else opts
   opts: list[Opt] = []
   red_rngs = {r for red in top_reds for r in red.src[1:]}
   for r in sorted(red_rngs, key=lambda r: r.arg[0]):  # tiny reduce loops (a 3x3 window) unrolled
@@ -258,6 +453,23 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
       opts.append(Opt("UPCAST", g.arg[0], 4))
       sizes[g.arg[0]] //= 4
   return opts + _local_opts(glbl, sizes, renderer)
+
+
+def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[Opt], renderer) -> list[Opt]:
+  """A row kernel (a global axis the reductions don't use, e.g. softmax's output column: without more, every
+  workgroup along it would redo the row's reductions): that axis goes to the group's threads (GROUPOUT) when it
+  needs at most 16 stores per thread, and the group's per-thread partial loops of at most 16 steps are unrolled, so
+  a thread's loads of its row elements are the same values in every reduction and in its outputs (read once)."""
+  used = {x for red in reds for x in red.toposort() if x.op is Ops.RANGE}
+  free = [g for g in glbl if g not in used and g.src[0].op is Ops.CONST]
+  if len(free) != 1 or free[0].src[0].arg > 16 * k: return groups
+  opts = [Opt("GROUPOUT", free[0].arg[0], k)] + groups
+  try: cur = functools.reduce(lambda a, o: apply_gpu_opt(a, o, renderer), opts, ast)
+  except ValueError: return groups
+  loops = {r for n in cur.toposort() if n.op is Ops.REDUCE for r in n.src[1:] if r.src[0].op is Ops.CONST and 1 < r.src[0].arg <= 16}
+  # (not the serial combine's loop over the k slots in local memory)
+  loops = {r for r in loops if not any(r in x.src[1].toposort() for x in cur.toposort() if x.op is Ops.INDEX and x.src[0].op is Ops.DEFINE_LOCAL)}
+  return opts + [Opt("UNROLL", r.arg[0], r.src[0].arg) for r in sorted(loops, key=lambda r: r.arg[0])]
 
 
 def _local_opts(glbl: list[UOp], sizes: dict[int, int], renderer) -> list[Opt]:

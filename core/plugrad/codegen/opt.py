@@ -28,6 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from plugrad.codegen.pack import _mul_operands, pack_candidate, split_packs
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
 from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
@@ -39,11 +40,14 @@ from plugrad.viz import capture
 
 @dataclass(frozen=True)
 class Opt:
-  """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range), "VECTOR" (either) or
-  "OUTER" (a global range becomes the outermost loop; amount unused); `rid` the range id."""
+  """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range), "VECTOR" (either),
+  "OUTER" (a global range becomes the outermost loop; amount unused) or "PACK" (the operand read along global range
+  `rid` is repacked into panels of `amount` columns by a kernel that runs first: codegen/pack.py); `rid` the range id.
+  `arg` holds extra parameters of an optimization that needs more than one amount (TC's tile, codegen/gpuopt.py)."""
   kind: str
   rid: int
   amount: int
+  arg: tuple[int, ...] = ()
 
 
 def ranges_of(ast: UOp) -> dict[int, UOp]:
@@ -127,7 +131,20 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
   rng = rngs.get(opt.rid)
   if rng is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
   want = {"UPCAST": "global", "SPLIT": "reduce", "UNROLL": "reduce"}.get(opt.kind)
-  if opt.kind not in ("UPCAST", "SPLIT", "UNROLL", "VECTOR", "OUTER"): raise ValueError(f"{opt}: unknown optimization {opt.kind!r}")
+  if opt.kind == "PACK": raise ValueError(f"{opt}: PACK adds a kernel; apply it with codegen.pack.split_packs")
+  if opt.kind not in ("UPCAST", "SPLIT", "UNROLL", "VECTOR", "OUTER", "BLOCK"): raise ValueError(f"{opt}: unknown optimization {opt.kind!r}")
+  if opt.kind == "BLOCK":  # cache blocking: r = r_o*k + r_i, r_o the outermost global loop, r_i in r's place
+    if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: BLOCK needs a global range")
+    if (n := _const_end(rng)) is None or opt.amount < 2 or n % opt.amount or n == opt.amount:
+      raise ValueError(f"{opt}: BLOCK of range {opt.rid} (size {rng.src[0].render()}) needs a constant size that {opt.amount} divides")
+    inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), rng.arg)
+    outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, n // opt.amount),), (max(rngs) + 1, "global"))
+    ast = ast.substitute({rng: outer * opt.amount + inner}, walk=True)
+    glbl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+    order = [outer] + [r for r in glbl if r is not outer]
+    ids = sorted(r.arg[0] for r in glbl)
+    ast = ast.substitute({r: r.replace(arg=(i, *r.arg[1:])) for r, i in zip(order, ids) if r.arg[0] != i}, walk=True)
+    return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
   if opt.kind == "OUTER":  # loop order: range rid becomes the outermost global loop (the one split across cores)
     if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: OUTER needs a global range")
     glbl = sorted((r for r in rngs.values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
@@ -263,6 +280,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
       if (k := _pick(g, (8, 6, 4, 3, 2), budget)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
     # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by
     if reuse and vr is not glbl[0] and _const_end(vr) is not None and _const_end(vr) // lanes >= 16: opts.append(Opt("OUTER", vr.arg[0], 0))
+    if (pk := _pack_opt(ast, vr, opts, lanes)) is not None: opts[:0] = pk
   else:  # matvec-like: a few rows share the loads of the vector operand (more rows means more prefetch streams)
     budget = max(1, regs // 2 // max((o.amount for o in opts if o.kind == "SPLIT"), default=1))
     # the axis whose copies share the most loads first (prefill: tokens share a dequantized weight row, rows share x)
@@ -271,6 +289,39 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
     if all(o.kind != "UPCAST" for o in opts):  # streaming: four accumulator chains
       opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and _divides(_outer(ranges_of(ast)[o.rid], lanes), 4) else o for o in opts]
   return opts
+
+
+PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
+PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
+
+
+def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | None:
+  """PACK (codegen/pack.py) of the column panel of a register-blocked matmul: when the panel loop is outermost and the
+  panel is reused by enough row blocks (PACK=0 turns it off)."""
+  if not getenv("PACK", 1) or not any(o.kind == "OUTER" for o in opts): return None
+  P = lanes * math.prod(o.amount for o in opts if o.kind == "UPCAST" and o.rid == vr.arg[0])
+  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != vr.arg[0]]
+  rngs = ranges_of(ast)
+  blocks = math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows)
+  if not rows or blocks < PACK_MIN_ROW_BLOCKS: return None
+  red = math.prod(_const_end(r) or 0 for r in {r for n in ast.toposort() if n.op is Ops.REDUCE for r in n.src[1:]})
+  if red < PACK_MIN_REDUCE: return None  # a short panel (e.g. K = 10) stays in L1 as it is: the copy can't pay
+  if pack_candidate(ast, vr, P, [rngs[o.rid] for o in rows]) is None: return None
+  out = [Opt("PACK", vr.arg[0], P)]
+  # the row operand too when it is read across rows (A.T: each k step a new line, a row apart) or PACK_A=1 (the R
+  # broadcasts of a k step become R consecutive floats); PACK_A=0 never
+  if len(rows) == 1 and (val := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr])) is not None and \
+     getenv("PACK_A", -1) != 0 and (getenv("PACK_A", -1) == 1 or not _plain_load_along(val, "reduce")):
+    out.append(Opt("PACK", r.arg[0], rows[0].amount))
+  return out
+
+
+def _plain_load_along(val: UOp, kind: str, rng: UOp | None = None) -> bool:
+  """Whether an operand is a single load that walks memory with stride 1 along `rng` (or along some range of `kind`):
+  anything else (an expression recomputed per column block, a transposed read) is worth packing."""
+  if val.op is not Ops.LOAD or val.src[0].op is not Ops.INDEX: return False
+  rs = [rng] if rng is not None else [n for n in val.toposort() if n.op is Ops.RANGE and n.arg[1] == kind]
+  return any(_stride_one(val.src[0].src[1], r) for r in rs)
 
 
 def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16) -> list[Opt]:
@@ -331,13 +382,51 @@ def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
   if not upcast_max: return []
   split = not getattr(renderer, "vectorizes_reductions", False)
   lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
-  return choose_opts(ast, upcast_max, split, lanes, regs) + local_opts(ast, renderer)
+  opts = choose_opts(ast, upcast_max, split, lanes, regs)
+  if lanes >= 2 and (po := _operand_pack_opts(ast, upcast_max, split, lanes, regs, opts)): opts = po
+  return opts + local_opts(ast, renderer)
+
+
+def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs: int, chosen: list[Opt]) -> list[Opt] | None:
+  """PACK for matmuls whose operands `choose_opts` can't tile well as they are: the column operand not contiguous
+  along the output's columns (x @ W.T reads W along the reduce axis: reduce-axis lanes and horizontal sums), or an
+  operand that is an expression (a fused activation, normalization or gradient's elementwise part, which the kernel
+  would evaluate again for every output column block). Those are packed first (codegen/pack.py), then the heuristic
+  runs on the packed kernel. Used when an expression is packed, or when the packed kernel gets the column-panel tile
+  (OUTER) that `chosen` (the heuristic on the kernel as it is) lacks."""
+  if not getenv("PACK", 1) or not any(n.op is Ops.REDUCE for n in ast.toposort()): return None
+  glbl = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  if len(glbl) < 2 or (nsz := _const_end(glbl[-1])) is None or nsz % (2 * lanes): return None
+  col, others = glbl[-1], glbl[:-1]
+  first: list[Opt] = []
+  expr = False
+  red = {r for n in ast.toposort() if n.op is Ops.REDUCE for r in n.src[1:]}
+  for v in _mul_operands(ast):  # one PACK per operand that needs it (a sum of products has several)
+    rs = {n for n in v.toposort() if n.op is Ops.RANGE}
+    if not rs & red: continue
+    if col in rs and not rs & set(others):  # the column operand: transposed or an expression
+      if not _plain_load_along(v, "global", col): first.append(Opt("PACK", col.arg[0], 2 * lanes)); expr |= v.op is not Ops.LOAD
+    elif col not in rs and v.op is not Ops.LOAD and getenv("PACK_A", -1) != 0:  # a row operand that is an expression
+      if (r := next((r for r in reversed(others) if r in rs and _const_end(r) is not None and _const_end(r) % 8 == 0), None)) is not None:
+        first.append(Opt("PACK", r.arg[0], 8)); expr = True
+  if not first: return None
+  try: plan = split_packs(ast, first)
+  except ValueError: return None
+  packed = {o.rid for o in first}
+  opts = [o for o in choose_opts(plan.ast, upcast_max, split, lanes, regs) if o.kind != "PACK" or o.rid not in packed]
+  if not expr and (any(o.kind == "OUTER" for o in chosen) or not any(o.kind == "OUTER" for o in opts)): return None
+  if not expr:
+    rows = [o for o in opts if o.kind == "UPCAST" and o.rid != col.arg[0]]
+    rngs = ranges_of(ast)
+    if not rows or math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS: return None
+  return first + opts
 
 
 def optimize(ast: UOp, renderer) -> UOp:
-  """Apply the optimizations `renderer` asks for (see the module docstring)."""
+  """Apply the optimizations `renderer` asks for (see the module docstring). PACK is left out: it adds a kernel, which
+  the engine runs (codegen/pack.py); the kernel is correct without it."""
   if getenv("NOOPT", False): return ast
-  opts = heuristic_opts(ast, renderer)
+  opts = [o for o in heuristic_opts(ast, renderer) if o.kind != "PACK"]
   capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
   for opt in opts: ast = apply_opt(ast, opt)
   return ast

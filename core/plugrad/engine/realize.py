@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from plugrad.codegen import ProgramSpec, get_program, kernel_name
+from plugrad.codegen.gpudims import uses_gpudims
+from plugrad.codegen.opt import heuristic_opts
+from plugrad.codegen.pack import split_packs
 from plugrad.device import Buffer, Device, Program
 from plugrad.engine.search import beam_opts
 from plugrad.helpers import getenv
@@ -33,10 +36,21 @@ def buffer_for(u: UOp) -> Buffer:
 
 
 @dataclass
+class PackStep:
+  """A packing kernel that runs before its main kernel (codegen/pack.py): computes from slots `srcs` of the schedule
+  item's buffers into `scratch` (one scratch per compiled kernel: the pair always runs back to back)."""
+  runner: CompiledRunner
+  srcs: tuple[int, ...]
+  scratch: Buffer
+
+
+@dataclass
 class CompiledRunner:
   spec: ProgramSpec
   prg: Program
   device: str
+  packs: tuple[PackStep, ...] = ()
+  slots: tuple[int, ...] | None = None  # with packs: each parameter's buffer (>= 0: the item's slot, -1-j: packs[j].scratch)
 
 
 _RUNNERS: dict[tuple[str, UOp], CompiledRunner] = {}
@@ -47,9 +61,17 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per process, and cached on disk by the compiler)."""
   if (r := _RUNNERS.get((device, ast))) is not None: return r
   dev = Device[device]
+  plan = None
   with capture.group("kernel", lambda: f"{kernel_name(ast)} {device}") as g:  # VIZ=1: codegen passes grouped per kernel
-    opts = beam_opts(ast, device)  # None unless BEAM is set
-    spec = get_program(ast, dev.renderer) if opts is None else get_program(ast, dev.renderer, opts)
+    opts = beam_opts(ast, device)  # searched (BEAM) or cached by an earlier search; None: the heuristic
+    if opts is None and getattr(dev.renderer, "vector_lanes", 0) and not uses_gpudims(dev.renderer) and not getenv("NOOPT", 0):
+      heur = heuristic_opts(ast, dev.renderer)  # PACK (a kernel of its own, codegen/pack.py) is only chosen with vector lanes
+      if any(o.kind == "PACK" for o in heur): opts = heur
+    if opts is not None and any(o.kind == "PACK" for o in opts):
+      capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
+      plan = split_packs(ast, opts)
+      spec = get_program(plan.ast, dev.renderer, plan.opts)
+    else: spec = get_program(ast, dev.renderer) if opts is None else get_program(ast, dev.renderer, opts)
     if g is not None: g.info.update(name=spec.name, device=device, ast=ast, spec=spec)
   if (debug := getenv("DEBUG", 0)) >= 5:
     print(f"kernel {spec.name} AST:\n{pretty(ast, max_lines=1 << 30)}")
@@ -57,7 +79,10 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   if debug >= 4: print(spec.src)
   lib = dev.compiler.compile_cached(spec.src)
   GlobalCounters["compiles"] += 1
-  r = _RUNNERS[(device, ast)] = CompiledRunner(spec, dev.load(spec.name, lib), device)
+  packs: tuple[PackStep, ...] = ()
+  if plan is not None:
+    packs = tuple(PackStep(get_runner(device, pk.ast), pk.srcs, Buffer(device, pk.size, pk.dtype)) for pk in plan.packs)
+  r = _RUNNERS[(device, ast)] = CompiledRunner(spec, dev.load(spec.name, lib), device, packs, None if plan is None else tuple(plan.slots))
   return r
 
 
@@ -67,10 +92,13 @@ class ExecItem:
   runner: CompiledRunner | None
   bufs: list[Buffer]
   var_vals: dict[str, int]
+  pre: list[ExecItem] = field(default_factory=list)  # packing kernels run first (codegen/pack.py)
 
   def run(self, var_vals: dict[str, int] | None = None, wait: bool = False) -> float | None:
+    pre = sum(p.run(var_vals, wait) or 0.0 for p in self.pre) if self.pre else 0.0
     if capture.PROFILE: return profile.run_item(self, var_vals)  # PROFILE=1: timed and recorded (plugrad/viz/profile.py)
-    return self._run(var_vals, wait)
+    et = self._run(var_vals, wait)
+    return et + pre if et is not None else None
 
   def _run(self, var_vals: dict[str, int] | None, wait: bool) -> float | None:
     if self.runner is None:
@@ -92,7 +120,10 @@ def lower_item(it: ScheduleItem) -> ExecItem:
   """The ExecItem for a schedule item: allocate its buffers and get (compile) its program."""
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
   runner = None if it.ast.op is Ops.COPY else get_runner(bufs[0].device, it.ast)
-  return ExecItem(runner, bufs, {v.arg[0]: val for v, val in it.var_vals.items()})
+  vv = {v.arg[0]: val for v, val in it.var_vals.items()}
+  if runner is None or runner.slots is None: return ExecItem(runner, bufs, vv)
+  pre = [ExecItem(p.runner, [p.scratch.ensure_allocated(), *[bufs[s] for s in p.srcs]], vv) for p in runner.packs]
+  return ExecItem(runner, [bufs[s] if s >= 0 else runner.packs[-1 - s].scratch for s in runner.slots], vv, pre)
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -102,7 +133,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   for it in items:
     ei = lower_item(it)
     et = ei.run(wait=debug >= 2)
-    if CAPTURING: CAPTURING[-1].append(ei)
+    if CAPTURING: CAPTURING[-1].extend([*ei.pre, ExecItem(ei.runner, ei.bufs, ei.var_vals)] if ei.pre else [ei])
     if debug >= 2 and et is not None and ei.runner is not None:
       spec = ei.runner.spec
       flops = sym_infer(spec.flops, {v: ei.var_vals[v.arg[0]] for v in spec.vars})

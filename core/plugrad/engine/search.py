@@ -4,7 +4,9 @@ With `BEAM=n` (n >= 1) the engine asks `beam_opts(ast, device)` for each new ker
 and from the heuristic's choice, each round extends every kept candidate by one optimization (UPCAST/UNROLL/SPLIT on
 any renderer, LOCAL/GROUP/GROUPTOP on GPU renderers, with the amounts in `AMOUNTS` that fit), compiles and times them
 on the device with scratch buffers, and keeps the n fastest; it stops when a round improves nothing (at most
-`BEAM_ROUNDS`, default 3; at most `BEAM_CANDIDATES`, default 48, timed per round). The winner is stored as JSON
+`BEAM_ROUNDS`, default 3; at most `BEAM_CANDIDATES`, default 48, timed per round). A winner other than the heuristic's
+choice is timed against it again, alternating (`BEAM_CONFIRM` times, default 5), and kept only when at least 3% faster
+(on a busy machine a lucky timing is not a better kernel). The winner is stored as JSON
 under `$PLUGRAD_CACHE_DIR/beam/` keyed by sha256 of the
 kernel AST, the device name and the renderer's arch, so a later process reuses it without timing. Kernels with
 symbolic sizes keep the heuristic (their timing would depend on the variables). Works on every device, CPU included.
@@ -19,6 +21,7 @@ from plugrad.codegen import apply_opts, get_program
 from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.gpuopt import choose_gpu_opts
 from plugrad.codegen.opt import Opt, heuristic_opts, ranges_of
+from plugrad.codegen.pack import pack_candidate, split_packs
 from plugrad.device import Buffer, Device
 from plugrad.helpers import cache_dir, getenv
 from plugrad.uop.ops import Ops, UOp
@@ -30,27 +33,55 @@ def _key(ast: UOp, device: str, arch: str | None) -> str:
   return hashlib.sha256(f"{ast!r}\0{device}\0{arch}".encode()).hexdigest()
 
 
-def _actions(ast: UOp, gpu: bool) -> list[Opt]:
+def _actions(ast: UOp, gpu: bool, orig: UOp | None = None, opts: tuple[Opt, ...] = ()) -> list[Opt]:
+  """One more optimization for `ast` (the kernel with `opts` applied). On CPU renderers also the loop order (OUTER),
+  cache blocking (BLOCK) and, on the unoptimized kernel `orig`, packing of an operand along a global range (PACK)."""
   acts = []
   for r in ranges_of(ast).values():
     if len(r.arg) > 2 or r.src[0].op is not Ops.CONST: continue
     kinds = (["LOCAL", "UPCAST"] if r.arg[1] == "global" else ["GROUP", "GROUPTOP", "UNROLL", "SPLIT"]) if gpu else \
-            (["UPCAST"] if r.arg[1] == "global" else ["UNROLL", "SPLIT"])
+            (["UPCAST", "BLOCK"] if r.arg[1] == "global" else ["UNROLL", "SPLIT"])
     for kind in kinds:
       for a in (r.src[0].arg,) if kind == "UNROLL" else AMOUNTS if kind in ("LOCAL", "GROUP", "GROUPTOP") else AMOUNTS[:4]:
         if a <= r.src[0].arg and (kind == "UNROLL" and a <= 16 or r.src[0].arg % a == 0 or kind in ("LOCAL", "GROUP", "GROUPTOP")):
           acts.append(Opt(kind, r.arg[0], a))
+    if not gpu and r.arg[1] == "global": acts.append(Opt("OUTER", r.arg[0], 0))
+  if not gpu and orig is not None and not any(o.kind == "PACK" for o in opts):
+    for r in ranges_of(orig).values():
+      if r.arg[1] == "global" and len(r.arg) == 2:
+        acts += [Opt("PACK", r.arg[0], a) for a in (16, 32) if pack_candidate(orig, r, a, []) is not None]
   return acts
 
 
+def _apply(ast: UOp, opts: list[Opt], renderer) -> UOp:
+  """`ast` with `opts` (PACK as codegen/pack.py's plan: the main kernel reading the packed layout)."""
+  if any(o.kind == "PACK" for o in opts):
+    plan = split_packs(ast, opts)
+    return apply_opts(plan.ast, plan.opts, renderer)
+  return apply_opts(ast, opts, renderer)
+
+
 def _time(ast: UOp, opts: list[Opt], device: str, bufs: list[Buffer]) -> float:
-  """Seconds of the best of 3 launches of `ast` compiled with `opts` (inf when the opts don't fit or fail)."""
+  """Seconds of the best of 3 launches of `ast` compiled with `opts`, packing kernels included (inf when the opts
+  don't fit or fail)."""
   dev = Device[device]
   try:
-    spec = get_program(ast, dev.renderer, opts)
+    pre: list[tuple] = []
+    if any(o.kind == "PACK" for o in opts):
+      plan = split_packs(ast, opts)
+      for pk in plan.packs:
+        ps = get_program(pk.ast, dev.renderer)
+        pre.append((dev.load(ps.name, dev.compiler.compile_cached(ps.src)), Buffer(device, pk.size, pk.dtype).ensure_allocated(),
+                    [bufs[i] for i in pk.srcs]))
+      spec = get_program(plan.ast, dev.renderer, plan.opts)
+      main = [bufs[s] if s >= 0 else pre[-1 - s][1] for s in plan.slots]
+    else: spec, main = get_program(ast, dev.renderer, opts), bufs
     prg = dev.load(spec.name, dev.compiler.compile_cached(spec.src))
     kw = {} if spec.local_size is None else dict(zip(("global_size", "local_size"), spec.launch_dims({})))
-    return min(prg(*[b._buf for b in bufs], wait=True, **kw) or float("inf") for _ in range(3))
+    def once() -> float:
+      t = sum(p(sc._buf, *[b._buf for b in srcs], wait=True) or 0.0 for p, sc, srcs in pre)
+      return t + (prg(*[b._buf for b in main], wait=True, **kw) or float("inf"))
+    return min(once() for _ in range(3))
   except (ValueError, AssertionError, RuntimeError, NotImplementedError): return float("inf")
 
 
@@ -66,28 +97,35 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
   for _ in range(getenv("BEAM_ROUNDS", 3)):
     cands = set()
     for _, opts in scored[:width]:
-      try: cur = apply_opts(ast, list(opts), dev.renderer)
+      try: cur = _apply(ast, list(opts), dev.renderer)
       except (ValueError, AssertionError): continue
-      cands.update(opts + (a,) for a in _actions(cur, gpu))
-    cands_l = sorted(cands, key=lambda c: [(o.kind, o.rid, o.amount) for o in c])[:getenv("BEAM_CANDIDATES", 48)]
+      cands.update(opts + (a,) for a in _actions(cur, gpu, ast, opts))
+    cands_l = sorted(cands, key=lambda c: [(o.kind, o.rid, o.amount, o.arg) for o in c])[:getenv("BEAM_CANDIDATES", 48)]
     scored = sorted(((_time(ast, list(c), device, bufs), c) for c in cands_l), key=lambda x: x[0])
     if not scored or scored[0][0] >= best[0]: break
     best = scored[0]
+  if list(best[1]) != list(start) and start:  # confirm against the heuristic, alternating (a busy machine's noise
+    tb, ts = [], []                           # must not replace it with something slower)
+    for _ in range(getenv("BEAM_CONFIRM", 5)): tb.append(_time(ast, list(best[1]), device, bufs)); ts.append(_time(ast, start, device, bufs))
+    if min(tb) > min(ts) * 0.97: return list(start)
   return list(best[1])
 
 
 def beam_opts(ast: UOp, device: str) -> list[Opt] | None:
-  """The cached or searched optimizations for `ast` on `device` when BEAM is set (None: use the heuristic)."""
-  if (width := getenv("BEAM", 0)) <= 0 or any(n.op is Ops.DEFINE_VAR for n in ast.toposort()): return None
+  """The searched optimizations for `ast` on `device`: searched when BEAM is set and none are cached; what an earlier
+  search found is reused from the disk cache without BEAM too (BEAM_REUSE=0: only with BEAM). None: use the heuristic."""
+  width = getenv("BEAM", 0)
+  if (width <= 0 and not getenv("BEAM_REUSE", 1)) or any(n.op is Ops.DEFINE_VAR for n in ast.toposort()): return None
   dev = Device[device]
   path = cache_dir() / "beam" / _key(ast, device, dev.renderer.arch)
-  try: return [Opt(*o) for o in json.loads(path.read_text())]
+  try: return [Opt(o[0], o[1], o[2], tuple(o[3]) if len(o) > 3 else ()) for o in json.loads(path.read_text())]
   except (OSError, ValueError, TypeError): pass
+  if width <= 0: return None
   st = time.perf_counter()
   opts = beam_search(ast, device, width)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps([[o.kind, o.rid, o.amount] for o in opts]))
+  tmp.write_text(json.dumps([[o.kind, o.rid, o.amount, list(o.arg)] for o in opts]))
   tmp.replace(path)
   if getenv("DEBUG", 0) >= 1: print(f"BEAM={width}: {opts} in {time.perf_counter() - st:.2f} s")
   return opts

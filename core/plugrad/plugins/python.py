@@ -21,6 +21,7 @@ loaded/stored per warp instruction, barriers, warp instructions and active lanes
 from __future__ import annotations
 
 import base64
+import ctypes
 import functools
 import pickle
 import struct
@@ -38,7 +39,10 @@ from plugrad.uop.ops import GroupOp, Ops, UOp, python_alu
 
 class PythonAllocator(LRUAllocator):
   """Host memory: the opaque handle is a byte memoryview of a bytearray (offset views are slices of it)."""
-  def _alloc(self, size: int, options: BufferOptions) -> memoryview: return memoryview(bytearray(size))
+  external_memory = True
+  def _alloc(self, size: int, options: BufferOptions) -> memoryview:
+    if options.external_ptr is not None: return memoryview((ctypes.c_uint8 * size).from_address(options.external_ptr)).cast("B")
+    return memoryview(bytearray(size))
   def _copyin(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _copyout(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _offset(self, opaque: memoryview, size: int, offset: int) -> memoryview: return opaque[offset:offset + size]
@@ -101,6 +105,11 @@ class TypedView:
       self.decode, self.encode = lambda b: float(fp8_to_f32(b, dtype)), lambda v: int(f32_to_fp8(v, dtype))
     elif dtype.fmt is not None: self.fmt, self.decode, self.encode = dtype.fmt, None, None
     else: raise NotImplementedError(f"PYTHON device has no memory layout for {dtype}")
+
+  @functools.cached_property
+  def address(self) -> int:
+    """The host address of element 0 (vector accesses check their alignment against it, as hardware does)."""
+    return int(np.frombuffer(self.mem, np.uint8).ctypes.data) if len(self.mem) else 0
 
   def check(self, i: int) -> None:
     if not 0 <= i < self.size: raise IndexError(f"kernel accessed {self.name}[{i}], out of bounds for {self.size} {self.dtype.name} elements")
@@ -239,10 +248,22 @@ def reset_gpu_counters() -> None:
   for k in GPU_COUNTERS: GPU_COUNTERS[k] = 0
 
 
-def _sectors(mem: TypedView, idxs: list[int], lanes: list[int]) -> int:
-  """32-byte sectors a warp's access touches (what a coalescing memory system transfers)."""
+def _sectors(mem: TypedView, idxs: list[int], lanes: list[int], cnt: int = 1) -> int:
+  """32-byte sectors a warp's access of `cnt` elements per lane touches (what a coalescing memory system transfers)."""
   isz = mem.dtype.itemsize
-  return len({(idxs[ln] * isz) >> 5 for ln in lanes})
+  if cnt == 1: return len({(idxs[ln] * isz) >> 5 for ln in lanes})
+  return len({s for ln in lanes for s in range((idxs[ln] * isz) >> 5, ((idxs[ln] + cnt) * isz - 1 >> 5) + 1)})
+
+
+def _check_vector(mem: TypedView, idx: int, cnt: int) -> None:
+  """A vector access must be aligned to its size in bytes (hardware faults otherwise) and lie inside the buffer."""
+  nbytes = cnt * mem.dtype.itemsize
+  if nbytes & (nbytes - 1) or nbytes > 16:
+    raise RuntimeError(f"{mem.name}: a {cnt}-element {mem.dtype.name} vector access ({nbytes} bytes) has no hardware form")
+  if (mem.address + idx * mem.dtype.itemsize) % nbytes:
+    raise RuntimeError(f"{mem.name}[{idx}]: {nbytes}-byte vector access at a misaligned address "
+                       f"(buffer at {mem.address % 64} mod 64, + {idx} elements)")
+  mem.check(idx + cnt - 1)
 
 
 @functools.cache
@@ -350,9 +371,13 @@ class _Warp:
     if isinstance(mem0, list):  # registers: per lane
       for ln in lanes: out[ln] = mems[ln][idxs[ln]]
       return out
-    if ins.dtype.count > 1: raise NotImplementedError(f"PYTHON GPU emulation can't load {ins.dtype} vectors from memory")
-    for ln in lanes: out[ln] = mem0[idxs[ln]]
-    self.count(mem0, idxs, lanes, "load")
+    if (cnt := ins.dtype.count) > 1:  # a vector load: cnt consecutive elements, aligned to the vector's size as hardware requires
+      for ln in lanes:
+        _check_vector(mem0, idxs[ln], cnt)
+        out[ln] = tuple(mem0[idxs[ln] + e] for e in range(cnt))
+    else:
+      for ln in lanes: out[ln] = mem0[idxs[ln]]
+    self.count(mem0, idxs, lanes, "load", cnt)
     return out
 
   def store(self, ix: tuple, val: list, active: list[int]) -> None:
@@ -362,15 +387,21 @@ class _Warp:
     if isinstance(mem0, list):
       for ln in lanes: mems[ln][idxs[ln]] = val[ln]
       return
-    for ln in lanes: mem0[idxs[ln]] = val[ln]
-    self.count(mem0, idxs, lanes, "store")
+    cnt = 1
+    for ln in lanes:
+      if isinstance(v := val[ln], tuple):  # a vector store
+        cnt = len(v)
+        _check_vector(mem0, idxs[ln], cnt)
+        for e, x in enumerate(v): mem0[idxs[ln] + e] = x
+      else: mem0[idxs[ln]] = v
+    self.count(mem0, idxs, lanes, "store", cnt)
 
-  def count(self, mem: TypedView, idxs: list[int], lanes: list[int], kind: str) -> None:
+  def count(self, mem: TypedView, idxs: list[int], lanes: list[int], kind: str, cnt: int = 1) -> None:
     if not lanes: return
     if mem.name.startswith("local"): GPU_COUNTERS["local_accesses"] += 1
     else:
-      GPU_COUNTERS[f"global_{kind}_sectors"] += _sectors(mem, idxs, lanes)
-      GPU_COUNTERS[f"global_{kind}_bytes"] += len(lanes) * mem.dtype.itemsize
+      GPU_COUNTERS[f"global_{kind}_sectors"] += _sectors(mem, idxs, lanes, cnt)
+      GPU_COUNTERS[f"global_{kind}_bytes"] += len(lanes) * mem.dtype.itemsize * cnt
 
   def wmma(self, ins: Instr, srcs: list[list], active: list[int]) -> list:
     tc = next((t for t in self.target.tensor_cores if t.name == ins.arg), None)

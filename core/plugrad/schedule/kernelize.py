@@ -3,7 +3,9 @@
 Everything fuses by default: a kernel computes its output by indexing straight through elementwise and movement
 ops and into reductions (see indexing.py). A node is realized into its own buffer (ends a kernel) only when it
 must be: a tensor being realized, CONTIGUOUS, COPY, ASSIGN, and a REDUCE_AXIS whose result is broadcast by an
-EXPAND (inlining it there would recompute the reduction once per broadcast element).
+EXPAND (inlining it there would recompute the reduction once per broadcast element) -- except, on GPU renderers with
+shared memory, a reduction broadcast back over its own trailing axis into consumers that keep the row (softmax,
+log_softmax): one workgroup per row reduces and writes it (`_row_kernel`).
 """
 from __future__ import annotations
 
@@ -76,6 +78,40 @@ def is_storage(device: str) -> bool:
   return bool(getattr(Device[device], "storage", False))
 
 
+ROW_MIN, ROW_MAX = 64, 4096  # row lengths a GPU workgroup reduces and then writes in one kernel
+
+
+def _row_kernel(expand: UOp, red: UOp, users: dict[UOp, list[UOp]], realize: set[UOp]) -> bool:
+  """Whether reduction `red`, broadcast back over its own reduced axis by `expand` (softmax's max and sum, layernorm's
+  mean and variance), stays in the kernel that consumes it: on GPU renderers with shared memory (`has_shared`,
+  `local_max_threads`) one workgroup per row reduces the row across its threads and writes the row's outputs from
+  the same registers, so the row is read once (codegen/gpuopt.py: GROUP, GROUPOUT). Only a trailing (contiguous)
+  reduced axis of a constant length in [ROW_MIN, ROW_MAX], and only when everything between the broadcast and the
+  kernel's output keeps the row: elementwise ops and further reductions over the same axis (another reduction, or a
+  movement op, would run the row's reduction inside its own loop)."""
+  shape, axes = red.src[0].shape, tuple(red.arg[1])
+  if len(axes) != 1 or expand.shape != shape or axes != (len(shape) - 1,): return False
+  if any(a != b and d not in axes for d, (a, b) in enumerate(zip(expand.src[0].shape, shape))): return False
+  if not isinstance(shape[-1], int) or not ROW_MIN <= shape[-1] <= ROW_MAX: return False
+  if not isinstance(dev := device_of(red), str): return False  # (multi-device graphs are split per device before this)
+  ren = getattr(Device[dev], "renderer", None)
+  if not (getattr(ren, "has_shared", False) and getattr(ren, "local_max_threads", 0)): return False
+  # the row's elements must be cheap: a reduction inside them (attention's scores) would be recomputed per row element
+  inner = red.src[0].toposort(gate=lambda y: y is red.src[0] or (y not in realize and y.op is not Ops.REDUCE_AXIS and not is_buffer_view(y)))
+  if any(x.op is Ops.REDUCE_AXIS and x not in realize and (tuple(x.arg[1]) != axes or x.src[0].shape != shape) for x in inner): return False
+  todo, seen = list(users.get(expand, [])), set()
+  while todo:
+    u = todo.pop()
+    if u in seen: continue
+    seen.add(u)
+    if u.op is Ops.REDUCE_AXIS: ok = tuple(u.arg[1]) == axes and u.src[0].shape == shape
+    elif u.op is Ops.EXPAND: ok = u.shape == shape
+    else: ok = u.op in GroupOp.ALU or u.op in (Ops.CAST, Ops.DETACH, Ops.CONTIGUOUS)
+    if not ok: return False
+    if u not in realize: todo.extend(users.get(u, []))
+  return True
+
+
 def _storage_error(device: str, what: str) -> RuntimeError:
   return RuntimeError(f"{device} is a storage device and can't {what}; it only copies contiguous byte ranges. "
                       f"Move the data to a compute device first, e.g. t.to('CPU'), and compute there")
@@ -106,21 +142,26 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
     if (v := _storage_assign_source(n)) is not None:
       if n.src[1].op is Ops.COPY: skip.add(n.src[1])
       if not is_buffer_view(v) or contiguous_range(v)[2] is not v: realize.add(v)
-  realize = _expensive_broadcasts(nodes, realize)
+  users: dict[UOp, list[UOp]] = {}
+  for n in nodes:
+    for x in n.src: users.setdefault(x, []).append(n)
+  realize = _expensive_broadcasts(nodes, realize, users)
   for n in nodes:
     if n.op is Ops.EXPAND:  # reductions broadcast by this expand must be computed once, into a buffer
       # (not through nodes realized anyway: a contiguous() after a matmul keeps the matmul's epilogue in its kernel)
       for x in n.src[0].toposort(gate=lambda y: y.op is not Ops.REDUCE_AXIS and y not in realize and not is_buffer_view(y)):
-        if x.op is Ops.REDUCE_AXIS: realize.add(x)
+        if x.op is Ops.REDUCE_AXIS and not _row_kernel(n, x, users, realize): realize.add(x)
   return _shared_reduces(realize) - skip
 
 
 _EXPENSIVE = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.IDIV, Ops.MOD}
 
 
-def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
+def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp], users: dict[UOp, list[UOp]]) -> set[UOp]:
   """`realize` plus the sources of broadcasts that a reduction reads, when they compute something expensive (e.g. the
-  activation between two matmuls, `(x @ w1).silu() @ w2`): fused, it would be recomputed once per output column."""
+  activation between two matmuls, `(x @ w1).silu() @ w2`): fused, it would be recomputed once per output column.
+  Not a per-row value broadcast back over its row in a GPU row kernel (layernorm's mean: `_row_kernel`), which one
+  workgroup computes once per row."""
   def below(u: UOp, stop: tuple = ()) -> dict[UOp, None]:
     return u.toposort(gate=lambda y: y is u or (y not in realize and y.op is not Ops.REDUCE_AXIS and y.op not in stop and not is_buffer_view(y)))
   out = set(realize)
@@ -132,7 +173,8 @@ def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
       while src.op in GroupOp.Movement and src not in realize and not is_buffer_view(src): src = src.src[0]
       if src in realize or is_buffer_view(src) or src.op is Ops.REDUCE_AXIS: continue
       # only ops at src's full size count: a per-row scale like rms_norm's rsqrt is broadcast inside src and cheap
-      if any(x.op in _EXPENSIVE and same_size(prod(x.shape), prod(src.shape)) for x in below(src)): out.add(src)
+      if any(x.op in _EXPENSIVE and same_size(prod(x.shape), prod(src.shape)) for x in below(src)):
+        if not any(x.op is Ops.REDUCE_AXIS and _row_kernel(e, x, users, out) for x in below(src)): out.add(src)
   return out
 
 

@@ -177,6 +177,8 @@ class NnMixin:
     wr = w.reshape(*w.shape[:-2], *one, *w.shape[kax:])
     if w.ndim > 1: wr = wr.permute(*range(wr.ndim - 2), wr.ndim - 1, wr.ndim - 2)
     out = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, w.dtype)
+    if dtype is not None:  # products in the accumulation dtype (16-bit inputs, float32 accumulation: exact products)
+      xr, wr = xr.cast(dtype), wr.cast(dtype)
     return (xr * wr).sum(-1, dtype=dtype).cast(out)
 
   def matmul(self, x: Tensor, reverse: bool = False, dtype: DType | str | None = None, acc_dtype: DType | str | None = None) -> Tensor:

@@ -8,6 +8,7 @@ C such as the smoke kernel) are called directly as `void name(T0 *buf0, ..., int
 """
 from __future__ import annotations
 import ctypes
+import hashlib
 import math
 import os
 import subprocess
@@ -17,7 +18,7 @@ import weakref
 from typing import Any
 import numpy as np
 from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program, parse_device
-from plugrad.helpers import getenv
+from plugrad.helpers import cache_dir, getenv
 from plugrad.codegen.cstyle import CStyleRenderer, Stmt
 from plugrad.codegen.opt import eval_index
 from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS
@@ -31,6 +32,7 @@ MIN_WORK_PER_THREAD = 1 << 16  # estimated ops (loads, stores, ALU) one extra co
 
 class CPUAllocator(LRUAllocator):
   """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices)."""
+  external_memory = True
   def _alloc(self, size: int, options: BufferOptions) -> np.ndarray:
     if options.external_ptr is not None: return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(options.external_ptr))
     raw = np.empty(size + 64, np.uint8)
@@ -123,8 +125,8 @@ def _loop(ctx: ClangRenderer, x: UOp) -> str | None:
 def _prefetched_load(ctx: ClangRenderer, x: UOp, idx: UOp) -> str | None:
   """Streamed loads (see `ClangRenderer.streamed_loads`) prefetch PREFETCH_BYTES ahead: the hardware prefetcher alone
   leaves a decode step's weight streams latency-bound. A prefetch past the end of a buffer is harmless (it never faults)."""
-  if x not in ctx._streamed or not ctx.prefetch_bytes: return None
-  return Stmt(CStyleRenderer.string_rewrite.apply(x, ctx) + f"\n__builtin_prefetch(((const char*)&{ctx.r[idx]}) + {ctx.prefetch_bytes});")
+  if (dist := ctx._strided.get(x, ctx.prefetch_bytes if x in ctx._streamed else 0)) <= 0: return None
+  return Stmt(CStyleRenderer.string_rewrite.apply(x, ctx) + f"\n__builtin_prefetch(((const char*)&{ctx.r[idx]}) + {dist});")
 
 
 def _vec(fn):  # a rule for vector values only
@@ -159,6 +161,7 @@ class ClangRenderer(CStyleRenderer):
   vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
   vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
   prefetch_bytes = getenv("PREFETCH_BYTES", 1024)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
+  prefetch_trips = getenv("PREFETCH_TRIPS", 16)  # strided loads: prefetch this many reduce-loop trips ahead (0: none)
 
   def vector_type(self, dt: DType) -> str:
     if dt.itemsize & (dt.itemsize - 1): raise NotImplementedError(f"vector type {dt} is not a power-of-two number of bytes")
@@ -206,9 +209,27 @@ class ClangRenderer(CStyleRenderer):
         if 0 < step <= 128: out.add(u)
     return out
 
+  @staticmethod
+  def strided_loads(uops: list[UOp]) -> dict[UOp, int]:
+    """Vector loads in a reduce loop that jump more than a page (4 KiB) per trip, moving with an output range, -> their
+    step in bytes: e.g. the rows of B in a skinny matmul (B[k, n..n+32] for k = 0, 1, ...). The hardware prefetchers
+    don't follow strides across pages, so each such load waits for memory unless prefetched some trips ahead."""
+    out, stack = {}, []
+    for u in uops:
+      if u.op is Ops.RANGE: stack.append(u)
+      elif u.op is Ops.END: stack.pop()
+      elif u.op is Ops.LOAD and u.dtype.count > 1 and stack and stack[-1].arg[1] == "reduce" and u.src[0].op is Ops.INDEX \
+           and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and any(x.op is Ops.RANGE and x.arg[1] == "global" for x in u.src[0].src[1].toposort()):
+        idx = u.src[0].src[1]
+        try: step = (eval_index(idx, {stack[-1]: 1}) - eval_index(idx, {})) * u.dtype.scalar().itemsize
+        except (ValueError, ZeroDivisionError): continue
+        if 4096 <= step <= (1 << 20): out[u] = step
+    return out
+
   def render(self, name: str, uops: list) -> str:
     self._vtypes: dict[str, tuple[str, int]] = {}
     self._streamed = self.streamed_loads(uops)
+    self._strided = {u: step * self.prefetch_trips for u, step in self.strided_loads(uops).items()} if self.prefetch_trips else {}
     self._outer = next((u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"), None)
     self._vec_loops = self.vectorizable_reduce_loops(uops) if self.vectorizes_reductions else set()
     body = self.render_body(uops)
@@ -262,8 +283,6 @@ class ClangCompiler(Compiler):
 
   def supports_type(self, ctype: str) -> bool:
     """Whether this compiler has arithmetic on `ctype` (e.g. _Float16); the answer is cached on disk per compiler."""
-    import hashlib
-    from plugrad.helpers import cache_dir
     f = cache_dir() / "probe" / hashlib.sha256(f"{self.cachekey}|{ctype}".encode()).hexdigest()[:24]
     try:
       if (known := f.read_text()) in ("0", "1"): return known == "1"  # anything else (a torn write): probe again

@@ -1,0 +1,156 @@
+"""Operand packing for register-blocked matmul-like kernels on CPU targets (the PACK optimization).
+
+A matmul tile reads the contiguous operand (B of A @ B) as a column panel: `P` consecutive columns (the vector lanes
+times the tile's vector copies) of every row k. In B's own layout those `P` floats of row k and row k+1 are a whole
+row apart (N floats), so the panel is spread over K lines of a power-of-two stride: it maps to a handful of cache sets
+(4 KiB per L1 way, 128 KiB per L2 way on common parts) and is evicted long before the next row block of A reuses it.
+PACK computes the operand once into a panel-major scratch buffer, `packed[.., n // P, k, n % P] = B[k, n]`, with a small
+elementwise kernel that runs first; the matmul then reads each panel as one contiguous stream that stays in L2 for
+every row block.
+
+The operand may be an expression rather than a load (an activation, a normalization, a gradient's elementwise part
+fused into the matmul): the kernel would evaluate it again for every output column block, the packing kernel evaluates
+it once. The row operand (A) gets the same treatment along the tile's rows: `packed[.., m // R, k, m % R] = A[m, k]`, so the
+R broadcasts of one k step read R consecutive floats instead of R rows a whole row apart.
+
+`Opt("PACK", rid, P)` names the global range `rid` along which the reduce-loop load to pack moves (the vector-lane
+range for B, the rows for A) and the panel width P.
+It is not an AST rewrite like the other opts (it adds a kernel and a buffer): `split_packs(ast, opts)` returns the
+main kernel reading the packed layout, the remaining opts, the packing kernels and how the main kernel's parameters map
+to the original buffers and the scratch buffers. The engine (engine/realize.py) runs the packing kernels before the
+main one (each kernel of the pair is an ordinary ExecItem, so TinyJit captures and replays both).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plugrad.dtype import DType, dtypes
+from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.symbolic import pm_symbolic
+
+
+@dataclass(frozen=True)
+class PackKernel:
+  """A packing kernel: parameter 0 is the scratch buffer (`size` elements of `dtype`), parameters 1.. the buffers in
+  slots `srcs` of the main kernel's schedule item."""
+  ast: UOp
+  srcs: tuple[int, ...]
+  size: int
+  dtype: DType
+
+
+@dataclass(frozen=True)
+class PackPlan:
+  """The main kernel after packing: `ast`, its remaining `opts`, the packing kernels, and for each parameter of `ast`
+  where its buffer comes from: `slots[i] >= 0` is the schedule item's buffer of that slot, `-1 - j` the scratch of
+  `packs[j]`."""
+  ast: UOp
+  opts: list
+  packs: list[PackKernel]
+  slots: list[int]
+
+
+def _const_end(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
+
+
+def _ranges(x: UOp) -> list[UOp]: return sorted((n for n in x.toposort() if n.op is Ops.RANGE), key=lambda r: r.arg[0])
+
+
+def _mul_operands(ast: UOp) -> list[UOp]:
+  """The operands of the products that REDUCEs sum (through CASTs and sums of products, as in a gradient flowing
+  through two matmuls): a matmul's A and B values, loads or expressions."""
+  out: list[UOp] = []
+  def walk(x: UOp) -> None:
+    while x.op is Ops.CAST: x = x.src[0]
+    if x.op is Ops.ADD:
+      for s in x.src: walk(s)
+    elif x.op is Ops.MUL: out.extend(o for o in x.src if o not in out)
+  for red in (x for x in ast.toposort() if x.op is Ops.REDUCE and x.arg is Ops.ADD): walk(red.src[0])
+  return out
+
+
+def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp], skip: int | None = None) -> UOp | None:
+  """The operand of a reduce's product that PACK of global range `n` by `P` materializes in the packed layout: a
+  value (a load, or an elementwise expression of loads the kernel would otherwise recompute for every output column)
+  moving with `n` and a reduce range, independent of the `rows` ranges (the other axes of the register tile), with no
+  reduce inside, over ranges of constant size (None when there is none). Any layout along `n` packs (a transposed
+  operand becomes contiguous). Operands reading a parameter numbered `skip` or above (scratch buffers already packed)
+  are left alone."""
+  if (size := _const_end(n)) is None or size % P or size == P: return None
+  red_rngs = {r for x in ast.toposort() if x.op is Ops.REDUCE for r in x.src[1:]}
+  for x in _mul_operands(ast):
+    topo = x.toposort()
+    if any(t.op in (Ops.REDUCE, Ops.DEFINE_VAR, Ops.DEFINE_REG, Ops.DEFINE_LOCAL) for t in topo): continue
+    if not any(t.op is Ops.LOAD for t in topo): continue
+    if skip is not None and any(t.op is Ops.DEFINE_GLOBAL and t.arg >= skip for t in topo): continue
+    rs = _ranges(x)
+    if n not in rs or not any(r in red_rngs for r in rs) or any(r in rs for r in rows): continue
+    if any(_const_end(r) is None for r in rs): continue
+    return x
+  return None
+
+
+def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UOp, PackKernel]:
+  """The main AST reading the operand `val` from the packed scratch (parameter `scratch_slot`) and the kernel that
+  computes it into that layout."""
+  rs = _ranges(val)
+  red = [r for r in rs if r.arg[1] != "global"]
+  other = [r for r in rs if r.arg[1] == "global" and r is not n]
+  nsize = _const_end(n)
+  # packed layout: [other global ranges..., n // P, reduce ranges..., n % P]
+  def layout(p: UOp, j: UOp, sub: dict[UOp, UOp]) -> UOp:
+    out: UOp = UOp.const(dtypes.index, 0)
+    for r in other: out = out * _const_end(r) + sub.get(r, r)
+    out = out * (nsize // P) + p
+    for r in red: out = out * _const_end(r) + sub.get(r, r)
+    return out * P + j
+  total = P * (nsize // P)
+  for r in other + red: total *= _const_end(r)
+  g = UOp(Ops.DEFINE_GLOBAL, val.dtype.ptr(size=total), (), scratch_slot)
+  new_ast = ast.substitute({val: UOp(Ops.LOAD, val.dtype, (UOp(Ops.INDEX, g.dtype, (g, layout(n // P, n % P, {}))),))}, walk=True)
+  new_ast = graph_rewrite(new_ast, pm_symbolic, name="pack main index")
+  # the packing kernel: one global range per layout axis, in layout order (the first one is split across cores); the
+  # buffers the operand reads become its parameters 1.. (0 is the scratch)
+  pk_rngs = {r: UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, _const_end(r)),), (i, "global")) for i, r in enumerate(other)}
+  p = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, nsize // P),), (len(other), "global"))
+  pk_rngs.update({r: UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, _const_end(r)),), (len(other) + 1 + i, "global"))
+                  for i, r in enumerate(red)})
+  j = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, P),), (len(other) + 1 + len(red), "global"))
+  srcs = sorted({t for t in val.toposort() if t.op is Ops.DEFINE_GLOBAL}, key=lambda t: t.arg)
+  # two steps (to negative placeholders, then to 1..) so a parameter renumbered onto another's old number stays distinct
+  tmp = {t: t.replace(arg=-1 - i) for i, t in enumerate(srcs)}
+  body = val.substitute({**pk_rngs, n: p * P + j, **tmp}, walk=True)
+  body = body.substitute({t.replace(arg=-1 - i): t.replace(arg=1 + i) for i, t in enumerate(srcs)}, walk=True)
+  dst = UOp(Ops.DEFINE_GLOBAL, g.dtype, (), 0)
+  st = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dst.dtype, (dst, layout(p, j, pk_rngs))), body))
+  pack_ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (st,)), pm_symbolic, name="pack kernel")
+  return new_ast, PackKernel(pack_ast, tuple(t.arg for t in srcs), total, val.dtype)
+
+
+def split_packs(ast: UOp, opts: list) -> PackPlan:
+  """Apply the PACK opts of `opts` (see the module docstring); the other opts are returned unchanged."""
+  packs = [o for o in opts if o.kind == "PACK"]
+  rest = [o for o in opts if o.kind != "PACK"]
+  if not packs: return PackPlan(ast, rest, [], [g.arg for g in _globals(ast)])
+  nslots = max(g.arg for g in _globals(ast)) + 1
+  kernels: list[PackKernel] = []
+  for o in packs:
+    rngs = {r.arg[0]: r for r in ast.toposort() if r.op is Ops.RANGE}
+    if (n := rngs.get(o.rid)) is None or n.arg[1] != "global": raise ValueError(f"{o}: PACK needs a global range")
+    rows = [rngs[u.rid] for u in rest if u.kind == "UPCAST" and u.rid != o.rid and u.rid in rngs]
+    # the operand that doesn't move with the tile's other axes; else any operand moving with range rid (packing any
+    # of them keeps the kernel's values: only the layout an operand is read from changes)
+    if (val := pack_candidate(ast, n, o.amount, rows, nslots) or pack_candidate(ast, n, o.amount, [], nslots)) is None:
+      raise ValueError(f"{o}: no reduce-loop operand to pack along range {o.rid}")
+    ast, pk = _pack_one(ast, val, n, o.amount, nslots + len(kernels))
+    kernels.append(pk)
+  # parameters renumbered 0..m-1 in slot order (a buffer read only through the packed load is no longer one)
+  gl = _globals(ast)
+  ren = {g: g.replace(arg=i) for i, g in enumerate(gl) if g.arg != i}
+  slots = [g.arg if g.arg < nslots else -1 - (g.arg - nslots) for g in gl]
+  return PackPlan(ast.substitute(ren, walk=True) if ren else ast, rest, kernels, slots)
+
+
+def _globals(ast: UOp) -> list[UOp]:
+  return sorted({n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}, key=lambda n: n.arg)

@@ -1,0 +1,190 @@
+"""PACK (codegen/pack.py): the matmul's column-panel operand repacked by a kernel that runs first. Values against numpy
+through the Tensor API on the CPU device (the heuristic packs), TinyJit capture and replay of the pair, the plan's
+parameter renumbering, and the same plan run on the PYTHON device (pack kernel and main kernel as plain loops)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrad import Tensor, TinyJit
+from plugrad.codegen import get_program
+from plugrad.codegen.opt import Opt, apply_opt
+from plugrad.codegen.pack import split_packs
+from plugrad.device import Buffer, Device
+from plugrad.engine.realize import buffer_for, get_runner, lower_item
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def packed(t: Tensor) -> bool:
+  it = t.schedule()[-1]
+  return bool(get_runner("CPU", it.ast).packs)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 256), (128, 37, 512), (256, 256, 256), (96, 100, 1024)])
+def test_packed_matmul_matches_numpy(m: int, k: int, n: int):
+  a, b = rand(m, k), rand(k, n)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  assert packed(t)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_batched_matmul_and_same_operand_twice():
+  a, b = rand(3, 64, 40), rand(3, 40, 256)
+  t = Tensor(a, device="CPU") @ Tensor(b, device="CPU")
+  assert packed(t)  # the batch range is a layout axis of the packed buffer
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  x = rand(256, 256)
+  tx = Tensor(x, device="CPU").realize()
+  t = tx @ tx  # one buffer read as both operands: only the panel load is redirected
+  assert packed(t)
+  np.testing.assert_allclose(t.numpy(), x @ x, rtol=1e-5, atol=1e-4)
+
+
+def test_b_read_only_through_the_pack_is_not_a_parameter():
+  a, b = rand(64, 32), rand(32, 256)
+  it = (Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()).schedule()[-1]
+  r = get_runner("CPU", it.ast)
+  assert r.slots == (0, 1, -1) and len(r.spec.globals) == 3  # output, A, packed B (B itself only feeds the pack)
+  ei = lower_item(it)
+  assert [len(p.bufs) for p in ei.pre] == [2] and ei.bufs[2] is r.packs[0].scratch
+
+
+def test_transposed_operands_are_packed():
+  """x @ W.T (nn.Linear): W read along k becomes panel-major, so the column-panel tile applies; A.T (a weight
+  gradient's dY.T @ X) is packed along the tile's rows too."""
+  a, w = rand(64, 48), rand(256, 48)
+  t = Tensor(a, device="CPU") @ Tensor(w, device="CPU").T
+  r = get_runner("CPU", t.schedule()[-1].ast)
+  assert len(r.packs) == 1 and "pg_float16" in r.spec.src
+  np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-5, atol=1e-4)
+  at = rand(48, 64)
+  t = Tensor(at, device="CPU").T @ Tensor(rand(48, 256), device="CPU")
+  assert len(get_runner("CPU", t.schedule()[-1].ast).packs) == 2
+  b = rand(48, 256)
+  t = Tensor(at, device="CPU").T @ Tensor(b, device="CPU")
+  np.testing.assert_allclose(t.numpy(), at.T @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_no_pack_for_few_row_blocks():
+  assert not packed(Tensor(rand(8, 48), device="CPU") @ Tensor(rand(48, 256), device="CPU"))  # one row block
+  assert not packed(Tensor(rand(8, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T)
+  assert not packed(Tensor(rand(64, 10), device="CPU") @ Tensor(rand(10, 512), device="CPU"))  # a 10-long panel stays in L1
+
+
+def test_pack_env_off(monkeypatch):
+  monkeypatch.setenv("PACK", "0")
+  a, b = rand(64, 40), rand(40, 256)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  it = t.schedule()[-1]
+  from plugrad.codegen.opt import heuristic_opts
+  assert all(o.kind != "PACK" for o in heuristic_opts(it.ast, Device["CPU"].renderer))
+
+
+def test_jit_replays_the_pack_with_new_inputs():
+  w = Tensor(rand(48, 256), device="CPU").realize()
+  @TinyJit
+  def f(x: Tensor, y: Tensor) -> Tensor: return (x @ y + w[:1]).realize()
+  for _ in range(4):
+    a, b = rand(64, 48), rand(48, 256)
+    np.testing.assert_allclose(f(Tensor(a, device="CPU"), Tensor(b, device="CPU")).numpy(), a @ b + w.numpy()[:1], rtol=1e-5, atol=1e-4)
+  assert any(ei.runner is not None and ei.runner.spec.name.startswith("E_") for ei in f.captured)  # the pack kernel
+
+
+def test_bad_pack_opt_is_a_clear_error():
+  it = (Tensor(rand(64, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T).schedule()[-1]
+  ew = (Tensor(rand(64, 256), device="CPU") + 1).schedule()[-1]
+  with pytest.raises(ValueError, match="no reduce-loop operand"): split_packs(ew.ast, [Opt("PACK", 1, 32)])
+  with pytest.raises(ValueError, match="global range"): split_packs(it.ast, [Opt("PACK", 2, 32)])
+  with pytest.raises(ValueError, match="split_packs"): apply_opt(it.ast, Opt("PACK", 1, 32))
+
+
+def test_plan_runs_on_the_python_device():
+  """The packed layout is device-independent: the pack kernel and the main kernel (plain loops) give a @ b."""
+  a, b = rand(24, 20), rand(20, 64)
+  it = (Tensor(a, device="PYTHON").realize() @ Tensor(b, device="PYTHON").realize()).schedule()[-1]
+  plan = split_packs(it.ast, [Opt("PACK", 1, 16), Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 2)])
+  dev = Device["PYTHON"]
+  bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
+  (pk,) = plan.packs
+  scratch = Buffer("PYTHON", pk.size, pk.dtype).ensure_allocated()
+  ps = get_program(pk.ast, dev.renderer)
+  dev.load(ps.name, dev.compiler.compile_cached(ps.src))(scratch._buf, *[bufs[i]._buf for i in pk.srcs])
+  packed_b = np.frombuffer(bytes(scratch.copyout()), np.float32).reshape(4, 20, 16)
+  np.testing.assert_array_equal(packed_b, b.reshape(20, 4, 16).transpose(1, 0, 2))
+  spec = get_program(plan.ast, dev.renderer, plan.opts)
+  main = [bufs[s]._buf if s >= 0 else scratch._buf for s in plan.slots]
+  dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*main)
+  np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(24, 64), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_of_the_row_operand_and_block(monkeypatch):
+  """PACK_A=1 packs A along the tile's rows too; BLOCK splits the rows into an outermost block loop; values unchanged."""
+  monkeypatch.setenv("PACK_A", "1")
+  a, b = rand(128, 40), rand(40, 256)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  it = t.schedule()[-1]
+  r = get_runner("CPU", it.ast)
+  assert len(r.packs) == 2 and r.slots == (0, -1, -2)
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  ast = apply_opt(it.ast, Opt("BLOCK", 0, 4))
+  glbl = sorted((x.arg[0], x.src[0].arg) for x in ast.toposort() if x.op.name == "RANGE" and x.arg[1] == "global")
+  assert glbl == [(0, 32), (1, 4), (3, 256)]  # the block loop outermost, the rows within a block in the rows' place
+  dev = Device["CPU"]
+  spec = get_program(ast, dev.renderer, [])
+  bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
+  dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*[x._buf for x in bufs])
+  np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(128, 256), a @ b, rtol=1e-5, atol=1e-4)
+  with pytest.raises(ValueError, match="BLOCK"): apply_opt(it.ast, Opt("BLOCK", 0, 3))
+
+
+def test_expression_operand_is_computed_once_by_the_pack():
+  """A matmul whose row operand is a fused expression (an RMSNorm-like prologue over two buffers): the packing
+  kernel evaluates it once (reading both buffers) instead of the matmul re-evaluating it per column block."""
+  x, g, w = rand(64, 96), rand(96), rand(256, 96)
+  tx, tg, tw = (Tensor(v, device="CPU").realize() for v in (x, g, w))
+  t = (tx * (tx * tx).mean(-1, keepdim=True).add(1e-5).rsqrt() * tg) @ tw.T
+  *pre, it = t.schedule()
+  for p in pre: lower_item(p).run()
+  r = get_runner("CPU", it.ast)
+  assert any(len(p.srcs) >= 2 for p in r.packs)  # the expression's buffers feed the packing kernel
+  ref = (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g) @ w.T
+  ei = lower_item(it)
+  ei.run()
+  np.testing.assert_allclose(np.frombuffer(bytes(ei.bufs[0].copyout()), np.float32).reshape(64, 256), ref, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_16bit_inputs_float32_accumulation(dt: str):
+  """matmul(dtype=float32) of 16-bit inputs multiplies in float32 (exact products, as torch does): each product
+  (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 keeps its 2^-14, which a 16-bit product rounds away, so 256 of them sum to
+  260 + 2^-6 exactly (260 with 16-bit products). The packing kernels convert the operands to float32 once."""
+  a = np.full((64, 256), 1 + 2.0 ** -7, np.float32)
+  t = Tensor(a, device="CPU").cast(dt).matmul(Tensor(a.T.copy(), device="CPU").cast(dt), dtype="float32")
+  got = t.numpy()
+  assert got.dtype == np.float32 and np.all(got == np.float32(260 + 2.0 ** -6)), got.flat[0]
+  r = Tensor(rand(128, 64), device="CPU").cast(dt).realize()
+  s = Tensor(rand(64, 512), device="CPU").cast(dt).realize()
+  u = r.matmul(s, dtype="float32")
+  assert len(get_runner("CPU", u.schedule()[-1].ast).packs) == 2  # both operands converted by packing kernels
+  ref = r.cast("float32").numpy().astype(np.float64) @ s.cast("float32").numpy().astype(np.float64)
+  np.testing.assert_allclose(u.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_strided_rows_of_a_skinny_matmul_are_prefetched():
+  """8 rows x 1024 columns: B is not packed (one row block) and its rows are 4 KiB apart, past what the hardware
+  prefetcher follows: the CPU renderer prefetches PREFETCH_TRIPS (16) rows ahead. Values unchanged."""
+  a, b = rand(8, 64), rand(64, 1024)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  ast = t.schedule()[-1].ast
+  r = get_runner("CPU", ast)
+  assert not r.packs and f"+ {16 * 4096});" in r.spec.src
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  ren = Device["CPU"].renderer
+  old, ren.prefetch_trips = ren.prefetch_trips, 0
+  try: assert f"+ {16 * 4096});" not in get_program(ast, ren).src
+  finally: ren.prefetch_trips = old
