@@ -64,7 +64,7 @@ test-emulate: setup
 	EMULATE=AMD DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 
 # the same subset on DEV=MOCK+AMD: the amd plugin's real runtime on the mock KFD, clang-19's gfx1100 machine code executed
-# by the RDNA3 emulator (plugrad_amd/mock/rdna3); about 90 s with 2 workers (docs/amd.md)
+# by the RDNA3 emulator (plugrad_amd/mock/rdna3); about 2 min with 2 workers on the loaded box (docs/amd.md)
 test-mock-amd: setup
 	DEV=MOCK+AMD $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 # tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s)
