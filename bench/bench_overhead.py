@@ -17,12 +17,14 @@ import numpy as np
 import torch
 
 from plugrad import Tensor, TinyJit
+from plugrad.engine import plan
 
 
-def best_of(fn, calls: int) -> float:
-  st = time.perf_counter()
+def timed(fn, calls: int) -> tuple[float, float]:
+  """(wall seconds, calling-thread CPU seconds) per call."""
+  st, ct = time.perf_counter(), time.thread_time()
   for _ in range(calls): fn()
-  return (time.perf_counter() - st) / calls
+  return (time.perf_counter() - st) / calls, (time.thread_time() - ct) / calls
 
 
 def main() -> None:
@@ -41,37 +43,48 @@ def main() -> None:
     for i in range(10): t = t * 1.01 + 0.5 if i % 2 else (t * 0.99).relu()
     return t
   built: list = []
-  cases = {
-    "add": (lambda: a + b, lambda: ta + tb, 1),
-    "chain (10 ops)": (lambda: chain(a), lambda: chain(ta), 10),
-    "matmul 256": (lambda: x @ y, lambda: tx @ ty, 1),
-  }
-  # the matmul's kernels alone: captured by TinyJit, replayed through the CPU batch runner
+  cases = {"add": (lambda: a + b, lambda: ta + tb), "chain (10 ops)": (lambda: chain(a), lambda: chain(ta)),
+           "matmul 256": (lambda: x @ y, lambda: tx @ ty)}
+  # the matmul's kernels alone: captured by TinyJit, replayed through the CPU batch runner (~0.1 us of host time)
   jit = TinyJit(lambda p, q: (p @ q).realize())
   for _ in range(3): jit(x, y)
   batch = jit.plan[0][0]
   if batch is None or len(jit.plan) != 1: raise RuntimeError("matmul 256 did not capture as one CPU batch")
-  kernel = lambda: batch({}, [])
+  zero = (lambda: None, lambda: None)
 
-  res: dict[str, dict[str, float]] = {}
-  for name, (ours, theirs, _) in cases.items():
+  res: dict[str, dict[str, tuple[float, float]]] = {}
+  for name, (ours, theirs) in cases.items():
     for _ in range(20): ours().realize(); theirs()
-    r = {"build": 1e9, "total": 1e9, "torch": 1e9, "kernel": 0.0}
-    for _ in range(args.rounds):
-      r["build"] = min(r["build"], best_of(lambda: built.append(ours()) or built.pop(), args.calls))
-      r["total"] = min(r["total"], best_of(lambda: ours().realize(), args.calls))
-      r["torch"] = min(r["torch"], best_of(theirs, args.calls))
-    if name == "matmul 256": r["kernel"] = min(best_of(kernel, args.calls) for _ in range(args.rounds))
-    res[name] = r
+    kernel = (lambda: batch({}, [])) if name == "matmul 256" else zero[0]
+    best = {k: (1e9, 1e9) for k in ("build", "total", "kernel", "torch")}
+    for _ in range(args.rounds):  # interleaved: ours, the kernel alone, torch
+      for k, fn in (("build", lambda: built.append(ours()) or built.pop()), ("total", lambda: ours().realize()),
+                    ("kernel", kernel), ("torch", theirs)):
+        w, c = timed(fn, args.calls)
+        best[k] = (min(best[k][0], w), min(best[k][1], c))
+    res[name] = best
 
-  print(f"load: {os.getloadavg()[0]:.2f}  (uptime 1-min average), CPU_THREADS={os.environ.get('CPU_THREADS', 'all')}")
-  print(f"{'case':16s} {'build':>9s} {'realize':>9s} {'total':>9s} {'kernel':>9s} {'host':>9s} {'torch':>9s} {'host/torch':>10s}")
+  # matmul's host path alone: the same realize with each launch's C call made a no-op (machine load can't leak in)
+  pl = plan.lookup(plan.targets_signature([(x @ y).uop]))
+  prgs = [] if pl is None else [r.prg for it in pl.items for r in (it.runner, *[pk.runner for pk in it.runner.packs])]
+  saved = [(p.fn, p._const_work) for p in prgs]
+  for p in prgs: p.fn, p._const_work = (lambda *_: None), (0, 1)
+  stub = min(timed(lambda: (x @ y).realize(), args.calls)[1] for _ in range(args.rounds))
+  for p, (fn, cw) in zip(prgs, saved): p.fn, p._const_work = fn, cw
+
+  us = lambda v: f"{v * 1e6:8.1f}"
+  print(f"load: {os.getloadavg()[0]:.2f} (1-min average), CPU_THREADS={os.environ.get('CPU_THREADS', 'all')}; "
+        "CPU time of the calling thread, best of rounds (wall time in parentheses)")
+  print(f"{'case':16s} {'build':>8s} {'realize':>8s} {'kernel':>8s} {'host':>8s} {'torch':>8s} {'host/torch':>10s} {'(wall)':>9s} {'(torch)':>9s}")
   for name, r in res.items():
-    host = r["total"] - r["kernel"]
-    realize = r["total"] - r["build"]
-    print(f"{name:16s} {r['build'] * 1e6:7.1f}us {realize * 1e6:7.1f}us {r['total'] * 1e6:7.1f}us {r['kernel'] * 1e6:7.1f}us "
-          f"{host * 1e6:7.1f}us {r['torch'] * 1e6:7.1f}us {host / r['torch']:9.2f}x")
-  print("host = total - kernel (matmul: the kernels replayed by the batch runner); torch = one eager call of the same ops")
+    build, total, kern, th = r["build"][1], r["total"][1], r["kernel"][1] if name == "matmul 256" else 0.0, r["torch"][1]
+    print(f"{name:16s} {us(build)} {us(total - build - kern)} {us(kern)} {us(total - kern)} {us(th)} {(total - kern) / th:9.2f}x "
+          f"{us(r['total'][0]):>9s} {us(r['torch'][0]):>9s}")
+  if prgs: print(f"matmul 256 with its {len(prgs)} launches stubbed (the C call a no-op): build + realize {us(stub)} us, "
+                 f"realize {us(stub - res['matmul 256']['build'][1])} us")
+  else: print("matmul 256 did not take a realize plan")
+  print("build: the Tensor ops alone; realize: realize() without the kernel; kernel: matmul's kernels replayed by the\n"
+        "batch runner; host = build + realize; torch: one eager call of the same ops (the chain: 10 ops), kernels included")
 
 
 if __name__ == "__main__":

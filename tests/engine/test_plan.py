@@ -103,7 +103,7 @@ def test_bound_variables_take_each_realizes_value():
 def test_conflicting_binds_still_raise():
   v = UOp.variable("pq", 1, 9)
   x = _t(np.zeros(2))
-  s = lambda k: Tensor.from_sint(v.bind(k)).cast("float32")  # noqa: E731
+  s = lambda k: Tensor.from_sint(v.bind(k)).cast("float32")
   (x + s(2) + s(2)).realize()
   (x + s(3) + s(3)).realize()
   with pytest.raises(RuntimeError, match="bind mismatch"): (x + s(2) + s(3)).realize()

@@ -53,7 +53,12 @@ def _intern(key: tuple) -> int:
   return i
 
 
-def _has_uop(arg: Any) -> bool: return isinstance(arg, UOp) or (type(arg) is tuple and any(_has_uop(a) for a in arg))
+def _has_uop(arg: Any) -> bool:
+  """Whether a movement arg holds a UOp (a symbolic size) anywhere in its nested tuples."""
+  if type(arg) is not tuple: return isinstance(arg, UOp)
+  for a in arg:
+    if type(a) is not int and _has_uop(a): return True
+  return False
 
 
 def _arg_key(arg: Any) -> Any:
@@ -145,7 +150,7 @@ class Plan:
   views: list[tuple[int, tuple[tuple[Ops, Any, Any], ...]]]  # per target: (output index, movement ops over it, bottom up)
   bind_leaves: tuple[int, ...]     # leaf indices of the BINDs (their values must agree per variable)
   allocators: dict[str, Any]       # per output device, its allocator
-  direct: bool = False             # every item a loop-mapped kernel (CPU) without variables or packs: launched directly
+  direct: bool = False             # every item a loop-mapped kernel (CPU) without variables: launched directly
   last: list[UOp | None] = field(default_factory=list)  # per output, the BUFFER of the previous run (reused when unreachable)
 
   def valid(self) -> bool:
@@ -201,8 +206,9 @@ def _make(leaves: tuple[UOp, ...], targets: list[UOp], info: dict, items: list[S
     views.append((outs[v], tuple(reversed(chain))))
   allocators = {dev: buffer_for(it.bufs[0]).allocator for it in items for dev in (buffer_for(it.bufs[0]).device,)}
   if any(d not in allocators for d, _, _ in out_specs): return None
-  direct = all(it.runner is not None and it.runner.slots is None and it.runner.spec.local_size is None and not it.runner.spec.vars
-               for it in pitems)
+  direct = all(r is not None and not r.spec.vars and r.spec.local_size is None and
+               all(pk.runner.slots is None and not pk.runner.spec.vars and pk.runner.spec.local_size is None for pk in r.packs)
+               for r in (it.runner for it in pitems))
   return Plan(nsink, entry, pitems, out_specs, views, tuple(i for i, x in enumerate(leaves) if x.op is Ops.BIND), allocators,
               direct, [None] * len(out_specs))
 
@@ -258,9 +264,14 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   eis: list[ExecItem] = []
   for it in p.items:
     bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
-    if direct:  # (what ExecItem.run does for a loop-mapped kernel without variables or packing kernels)
-      realize.GlobalCounters["kernels"] += 1
-      it.runner.prg(*[b._buf for b in bufs])
+    if direct:  # (what ExecItem.run does for loop-mapped kernels without variables: packing kernels first, codegen/pack.py)
+      if (r := it.runner).slots is None:
+        realize.GlobalCounters["kernels"] += 1
+        r.prg(*[b._buf for b in bufs])
+        continue
+      for pk in r.packs: pk.runner.prg(pk.scratch.ensure_allocated()._buf, *[bufs[j]._buf for j in pk.srcs])
+      realize.GlobalCounters["kernels"] += 1 + len(r.packs)
+      r.prg(*[bufs[j]._buf if j >= 0 else r.packs[-1 - j].scratch._buf for j in r.slots])
     else: eis.append(exec_item(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
   if eis: run_exec_items(eis, debug)
   ret = []
