@@ -1,6 +1,7 @@
 """Per-realize host overhead of a cached kernel (no TinyJit) vs torch eager's per-op time, in the same process.
 
 Run: .venv/bin/python bench/bench_overhead.py [--rounds 7] [--calls 300]
+(before/after: PYTHONPATH=<old checkout>/core:<old checkout>/plugins/cpu runs it against an older tree)
 Cases (all warm: the schedule and the kernel are cached before timing):
 - add: `(a + b).realize()` of two realized 16-float tensors (the kernel itself is a few ns: the time is host overhead)
 - chain: a 10-op elementwise chain on a 16-float tensor, fused into one kernel, built and realized per call
@@ -17,7 +18,9 @@ import numpy as np
 import torch
 
 from plugrad import Tensor, TinyJit
-from plugrad.engine import plan
+
+try: from plugrad.engine import plan  # (absent before realize plans: the bench then runs for the "before" figures)
+except ImportError: plan = None
 
 
 def timed(fn, calls: int) -> tuple[float, float]:
@@ -65,7 +68,7 @@ def main() -> None:
     res[name] = best
 
   # matmul's host path alone: the same realize with each launch's C call made a no-op (machine load can't leak in)
-  pl = plan.lookup(plan.targets_signature([(x @ y).uop]))
+  pl = None if plan is None else plan.lookup(plan.targets_signature([(x @ y).uop]))
   prgs = [] if pl is None else [r.prg for it in pl.items for r in (it.runner, *[pk.runner for pk in it.runner.packs])]
   saved = [(p.fn, p._const_work) for p in prgs]
   for p in prgs: p.fn, p._const_work = (lambda *_: None), (0, 1)
