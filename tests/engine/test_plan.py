@@ -180,3 +180,19 @@ def test_device_of_caches_the_chain():
     assert n._cache is not None and n._cache.get("device") == "CPU"
     n, k = n.src[0], k + 1
   assert k == 50
+
+
+def test_large_outputs_are_not_kept(monkeypatch):
+  monkeypatch.setattr(plan, "REUSE_MAX_BYTES", 32)
+  a = _t(np.ones(64))
+  for _ in range(3): (a + 2).realize()
+  p = plan.lookup(plan.targets_signature([(a + 2).uop]))
+  assert p is not None and p.last == [None]
+  np.testing.assert_allclose((a + 2).numpy(), 3.0)
+
+
+def test_plan_table_is_bounded(monkeypatch):
+  monkeypatch.setattr(plan, "MAX_PLANS", 4)
+  x = _t(np.ones(3))
+  for i in range(10): np.testing.assert_allclose((x * (i + 0.5)).numpy(), i + 0.5)
+  assert len(plan._PLANS) <= 4

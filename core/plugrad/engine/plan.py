@@ -36,6 +36,8 @@ from plugrad.viz import capture
 
 MAX_LEAVES = 64        # a node with more leaves than this is not planned (leaf lists are merged per node)
 MAX_INTERNED = 1 << 20  # structure ids kept before the table (and every plan) is dropped and ids start over
+MAX_PLANS = 4096        # plans kept (the oldest is dropped first)
+REUSE_MAX_BYTES = 1 << 20  # outputs up to this size are kept by their plan for the next run (allocation matters for small ones)
 PLAN_STATS = {"hits": 0, "built": 0, "reused": 0}
 _getrefcount = getattr(sys, "getrefcount", None)
 
@@ -161,6 +163,7 @@ class Plan:
 
 def build(key: tuple[int, tuple[UOp, ...]], targets: list[UOp], info: dict, items: list[ScheduleItem]) -> None:
   """Remember the plan of the schedule just made for `targets` (from `create_schedule`'s `info`), or that there is none."""
+  while _PLANS and len(_PLANS) >= MAX_PLANS: _PLANS.pop(next(iter(_PLANS)))
   _PLANS[key[0]] = _make(key[1], targets, info, items)
   if _PLANS[key[0]] is not None: PLAN_STATS["built"] += 1
 
@@ -251,7 +254,8 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
       out_uops.append(u); out_bufs.append(u._cache["buffer"])
       PLAN_STATS["reused"] += 1
       continue
-    u = last[k] = new_buffer(dev, size, dt)
+    u = new_buffer(dev, size, dt)
+    if size * dt.itemsize <= REUSE_MAX_BYTES: last[k] = u
     b = Buffer(dev, size, dt)
     b.__dict__["_allocator"] = p.allocators[dev]  # (what Buffer.allocator would look up in the device registry)
     u._cached()["buffer"] = b  # (realize.set_buffer, without its checks: the plan made these to match)
