@@ -22,6 +22,7 @@ import numpy as np
 
 from plugrad.device import Device, canonicalize
 from plugrad.dtype import dtypes
+from plugrad.helpers import getenv
 from plugrad import TinyJit, Variable
 from plugrad.nn.state import gguf_load
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
@@ -473,6 +474,17 @@ class Transformer:
     Tensor.realize_all(*ts)
     for (layer, w), t in zip(ws, ts): layer.dense[w] = t.uop
     return True
+
+  def fused_long_prefill(self) -> bool:
+    """Whether a long prefill should read the quantized weights through the fused graph (`forward(fused=True)`)
+    rather than dequantize each weight into an (in, out) buffer first: when the model keeps no dense copies and the
+    device's codegen packs a matmul operand that is an expression (CPU renderers with SIMD lanes, PACK not off: the
+    PACK optimization, codegen/pack.py, dequantizes each weight once into its panel-major scratch buffer, so the
+    separate (in, out) buffer would only add a write and a read of every weight; 1.35x faster on the qwen2-shaped
+    benchmark model, see BENCHMARKS.md)."""
+    if any(layer.dense for layer in self.layers): return False
+    devs = self.devices if self.devices is not None else (canonicalize(Device.DEFAULT),)
+    return bool(getenv("PACK", 1)) and all(getattr(Device[d].renderer, "vector_lanes", 0) >= 2 for d in devs)
 
   def _gather_rows(self, *ids: Any) -> Tensor:
     return Tensor.cat(*[Tensor(self.tok_embd)[i:i + 1] for i in ids]).realize()
