@@ -92,6 +92,8 @@ class Allocator:
 
   Opaque handles returned by `alloc` are passed back to the same allocator and to the device's Program class.
   """
+  external_memory: bool = False  # True where `BufferOptions(external_ptr=...)` wraps host memory (Tensor.from_blob)
+
   def __init__(self, dev: Compiled | None = None) -> None: self.dev = dev
 
   def alloc(self, size: int, options: BufferOptions | None = None) -> Any:
@@ -392,7 +394,7 @@ class _DeviceRegistry:
     reg = self.registry
     if (e := reg.devices.get(dname.device)) is None:
       raise DeviceNotFoundError(_report(reg, f"device {name!r}: no installed plugin provides {dname.device}", dname.device))
-    if not (a := e.availability()).ok:
+    if not (a := e.availability(dname.iface)).ok:
       raise DeviceUnavailableError(_report(reg, f"device {name!r} is unavailable: {a.reason}", dname.device))
     return e
 

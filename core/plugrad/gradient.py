@@ -81,6 +81,14 @@ def _pow_grads(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
   return ctx * e * ret / b, ctx * ret * (b.log2() * b.full_like(math.log(2)))
 
 
+def _custom_grads(ctx: UOp, ret: UOp) -> tuple[UOp | None, ...]:
+  """CUSTOM_GRAD(value, x1, g1, ...): ctx * g_i to x_i; nothing through the value's own graph or into the g_i."""
+  if len(ret.src) % 2 == 0: raise RuntimeError(f"CUSTOM_GRAD needs a value and (input, gradient) pairs, got {len(ret.src)} sources")
+  out: list[UOp | None] = [None]
+  for g in ret.src[2::2]: out += [ctx * g, None]
+  return tuple(out)
+
+
 def _float(ret: UOp) -> bool: return dtypes.is_float(ret.dtype)
 
 
@@ -111,6 +119,8 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.REDUCE_AXIS, name="ret"), lambda ctx, ret: (_reduce_grad(ctx, ret),)),
   # buffers and copies
   (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
+  (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (ctx.contiguous(),)),
+  (UPat(Ops.CUSTOM_GRAD, name="ret"), lambda ctx, ret: _custom_grads(ctx, ret)),
   (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (_to(ctx, ret.src[0].device), None)),
   (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),
   # multi-device tensors: the logical gradient split per device (schedule/multi.py)

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from plugrad.device import Device, canonicalize
+from plugrad.device import BufferOptions, Device, canonicalize
+from plugrad.download import fetch
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.engine.inline import inline_calls
 from plugrad.engine.realize import buffer_for, run_schedule
@@ -31,6 +32,7 @@ from plugrad.mixin.movement import MovementOps, argshape, check_shape
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
+from plugrad.tensor_ops.linalg import LinalgMixin
 from plugrad.tensor_ops.movement import MovementMixin
 from plugrad.tensor_ops.multi import MultiMixin
 from plugrad.tensor_ops.nn import NnMixin
@@ -190,7 +192,7 @@ def _cast_np(arr: np.ndarray, dtype: DType, device: str) -> UOp:
   return Tensor(_np_to_uop(arr.astype(np.float32), device)).cast(dtype).uop
 
 
-class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin, MultiMixin, MathOps, MovementOps):
+class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixin, LinalgMixin, MultiMixin, MathOps, MovementOps):
   """A lazily evaluated n-dimensional array on a device."""
   __slots__ = ("uop", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False
@@ -341,6 +343,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     self.uop = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,))).realize().uop
 
   def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def contiguous_backward(self) -> Tensor:
+    """The same values; the gradient flowing back through this point is made contiguous (its own buffer), so a
+    backward pass computes it once instead of fusing it into every consumer (tinygrad's contiguous_backward)."""
+    return Tensor(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)), requires_grad=self.requires_grad)
   def replace(self, x: Tensor) -> Tensor:
     """Make this tensor compute `x` (same shape and dtype) and return it (tinygrad's replace)."""
     if x.shape != self.shape or x.dtype != self.dtype:
@@ -433,6 +439,30 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     if isinstance(dev := _canon_device(device), tuple): return Tensor(multi([_view(new_buffer(d, prod(shape), dt), shape) for d in dev], None), **kw)
     return Tensor(_view(new_buffer(dev, prod(shape), dt), shape), **kw)
+
+  @staticmethod
+  def from_blob(ptr: int, shape: Sequence[int], dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
+    """A tensor over memory someone else owns at address `ptr` (e.g. `numpy_array.ctypes.data`), not a copy: writes
+    show in it, and the memory must outlive the tensor (tinygrad's from_blob). Host-memory devices only (CPU, PYTHON)."""
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0: raise TensorError(f"from_blob needs a non-null integer pointer, got {ptr!r}")
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+      raise TensorError(f"from_blob needs a shape of ints >= 0, got {shape}")
+    t = Tensor.empty(*shape, dtype=dtype, device=device, **kw)
+    buf = buffer_for(buffer_of(t.uop))
+    if not getattr(buf.allocator, "external_memory", False):
+      raise TensorError(f"from_blob: device {t.device} can't wrap external memory (its allocator has no external_ptr support); use CPU or PYTHON")
+    buf.options = BufferOptions(external_ptr=ptr)
+    buf.allocate()
+    return t
+
+  @staticmethod
+  def from_url(url: str, gunzip: bool = False, device: str | None = None, **fetch_kw: Any) -> Tensor:
+    """The bytes at `url` (http(s):// or file://; gunzipped when `gunzip`) as a uint8 tensor: on DISK, memory-mapped
+    from the downloaded file in $PLUGRAD_CACHE_DIR/downloads (tinygrad's from_url), or copied to `device`. Only this
+    call downloads; `fetch_kw` (name, timeout, size, sha256, use_cache) go to plugrad.download.fetch."""
+    t = Tensor(fetch(url, gunzip=gunzip, **fetch_kw))
+    return t if device is None else t.to(device)
 
   @staticmethod
   def from_sint(x: sint, device: str | None = None) -> Tensor:

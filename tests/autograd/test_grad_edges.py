@@ -70,3 +70,38 @@ def test_float16_matmul_backward_accumulates_in_float32():
   want_a, want_b = (ones @ b.astype(np.float32).T).astype(np.float16), (a.astype(np.float32).T @ ones).astype(np.float16)
   np.testing.assert_array_equal(ga.numpy(), want_a)  # one rounding of the float32 sum: bit-exact
   np.testing.assert_array_equal(gb.numpy(), want_b)
+
+
+_POW_BASES = [0.0, -0.0, float("inf"), -float("inf"), 2.0, -2.0, 1.0, -1.0, 0.5, float("nan")]
+_POW_EXPS = [0.0, 1.0, 2.0, 3.0, 4.0, 2.5, 1.5, 0.5, 0.3, -1.0, -2.0, -0.5, -1.5, float("inf"), -float("inf")]
+
+
+def test_pow_gradients_on_the_special_value_grid_match_torch():
+  """Every (base, exponent) pair of special values with a tensor exponent: both gradients equal torch's. Before the
+  CUSTOM_GRAD rule: 0**1 gave 0 (torch 1), -inf**e for e > 1 gave 0 (torch +-inf by e's parity), 0**e for e < 0 gave 0
+  (torch -+inf), and the exponent gradient of negative bases was finite (torch nan: log of a negative base)."""
+  bv = np.array([b for b in _POW_BASES for _ in _POW_EXPS], np.float32)
+  ev = np.array([e for _ in _POW_BASES for e in _POW_EXPS], np.float32)
+  b, e = Tensor(bv), Tensor(ev)
+  gb, ge = (b ** e).sum().gradient(b, e)
+  tb, te = torch.tensor(bv, requires_grad=True), torch.tensor(ev, requires_grad=True)
+  (tb ** te).sum().backward()
+  for name, got, want in (("d/dbase", gb, tb.grad), ("d/dexp", ge, te.grad)):
+    bad = [(float(x), float(y), float(g), float(w)) for x, y, g, w in zip(bv, ev, got.numpy(), want.numpy())
+           if not (g == w or (np.isnan(g) and np.isnan(w)) or (np.isfinite(w) and abs(g - w) <= 1e-5 * abs(w)))]
+    assert not bad, f"{name} (base, exp, ours, torch): {bad}"
+
+
+@pytest.mark.parametrize("e", _POW_EXPS)
+def test_pow_python_exponent_gradients_match_torch(e):
+  got, want = _grad(lambda x: x ** e, _POW_BASES)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=0, equal_nan=True, err_msg=f"x ** {e}")
+
+
+def test_pow_second_order_and_reverse():
+  x = Tensor([0.5, 2.0, 3.0])
+  (g,) = (x ** 3.0).sum().gradient(x)
+  (gg,) = g.sum().gradient(x)  # d2/dx2 x**3 = 6x: the gradient graph is differentiable
+  np.testing.assert_allclose(gg.numpy(), [3.0, 12.0, 18.0], rtol=1e-5)
+  (ge,) = (2.0 ** x).sum().gradient(x)  # a Python base: only the exponent's gradient, 2**x * ln 2
+  np.testing.assert_allclose(ge.numpy(), 2.0 ** np.array([0.5, 2.0, 3.0]) * np.log(2), rtol=1e-5)

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "core" / "plugrad"
 
 # lowest first; a module may import modules of its own layer or of a lower one. Patterns are fnmatch-style module names.
 LAYERS: list[tuple[str, list[str]]] = [
-  ("base", ["plugrad.dtype", "plugrad.helpers", "plugrad.errors", "plugrad.live", "plugrad.plugins.spec", "plugrad.viz.capture",
+  ("base", ["plugrad.dtype", "plugrad.helpers", "plugrad.errors", "plugrad.download", "plugrad.live", "plugrad.plugins.spec", "plugrad.viz.capture",
             "plugrad.viz.graph", "plugrad.mixin", "plugrad.engine", "plugrad.runtime"]),
   ("ir vocabulary", ["plugrad.uop.enums", "plugrad.uop.alu", "plugrad.uop.bounds", "plugrad.uop.render", "plugrad.uop.shape"]),
   ("op mixins", ["plugrad.mixin.*"]),

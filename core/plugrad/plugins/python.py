@@ -21,6 +21,7 @@ loaded/stored per warp instruction, barriers, warp instructions and active lanes
 from __future__ import annotations
 
 import base64
+import ctypes
 import functools
 import pickle
 import struct
@@ -38,7 +39,10 @@ from plugrad.uop.ops import GroupOp, Ops, UOp, python_alu
 
 class PythonAllocator(LRUAllocator):
   """Host memory: the opaque handle is a byte memoryview of a bytearray (offset views are slices of it)."""
-  def _alloc(self, size: int, options: BufferOptions) -> memoryview: return memoryview(bytearray(size))
+  external_memory = True
+  def _alloc(self, size: int, options: BufferOptions) -> memoryview:
+    if options.external_ptr is not None: return memoryview((ctypes.c_uint8 * size).from_address(options.external_ptr)).cast("B")
+    return memoryview(bytearray(size))
   def _copyin(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _copyout(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _offset(self, opaque: memoryview, size: int, offset: int) -> memoryview: return opaque[offset:offset + size]

@@ -167,7 +167,8 @@ def push_at(ctx: KernelContext, at: UOp) -> UOp | None:
     return UOp(Ops.REDUCE, x.dtype, (inner, *ranges), arg=rop) if ranges else inner
   if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
     return UOp(op, x.dtype, tuple(_at(v, gate, idxs if v.shape else ()) for v in s), x.arg)
-  if op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.AFTER): return _at(s[0], gate, idxs)  # AFTER only orders: its deps run first
+  if op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.AFTER, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_GRAD):  # AFTER only orders: its deps run first
+    return _at(s[0], gate, idxs)  # (the autograd markers' other sources are gradients, no part of the value)
   raise RuntimeError(f"the scheduler can't index {op} (shape {x.shape}) inside a kernel")
 
 

@@ -11,7 +11,7 @@ therefore only appears at the top of a tensor's graph: the scheduler, codegen, t
 single-device graphs, and every movement of data between devices is a COPY node (device to device where the
 allocators can, host-staged otherwise: `Buffer.copy_from`). The rules:
 
-- elementwise ops (ALU, CAST, BITCAST, CONTIGUOUS, DETACH, ASSIGN): per device, after resharding the sources to one
+- elementwise ops (ALU, CAST, BITCAST, CONTIGUOUS, DETACH, ASSIGN, CONTIGUOUS_BACKWARD, CUSTOM_GRAD): per device, after resharding the sources to one
   layout (the first sharded source's; an ASSIGN keeps its target's);
 - movement: PERMUTE moves the axis; EXPAND keeps it; RESHAPE keeps the shards when the shard axis maps onto one new
   axis whose shard bounds are whole (else it allgathers to replicas first); PAD along the shard axis grows the first
@@ -342,7 +342,9 @@ pm_multi = PatternMatcher([
   (UPat((Ops.CONST, Ops.BUFFER), name="x"), _replicate_leaf),
   (UPat(Ops.COPY, src=(UPat(name="src"), UPat(Ops.DEVICE, name="dev")), name="x"), _copy),
   (UPat(GroupOp.Movement | {Ops.REDUCE_AXIS}, name="x"), _movement),
-  (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.AFTER}, name="x"),
+  # (the autograd markers too: Tensor lowers each op when it is built, so gradients are taken per device)
+  (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.AFTER, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_GRAD},
+        name="x"),
    lambda x: _per_device(x) if any(s.op is Ops.MULTI for s in x.src) else None),
 ])
 

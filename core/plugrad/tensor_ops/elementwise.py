@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugrad.errors import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_float
-from plugrad.uop.ops import Ops
+from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
   from plugrad.tensor import Tensor
@@ -108,7 +108,28 @@ class ElementwiseMixin:
     return (e < 0).where(neg, ret)
 
   def pow(self: Any, x: Any, reverse: bool = False) -> Tensor:
-    """self ** x with broadcasting and promotion; 0 ** 0 is 1, negative bases take integer exponents, ints stay ints."""
+    """self ** x with broadcasting and promotion; 0 ** 0 is 1, negative bases take integer exponents, ints stay ints.
+
+    Float results carry torch's derivatives (a CUSTOM_GRAD node) instead of those of the composite that computes the
+    value: d/db = 0 where e == 0, else e * b**(e-1); d/de = 0 where b == 0 and e >= 0, else b**e * log(b) (nan for
+    negative bases, as torch). The composite's own derivatives differ at the special values it sets by constants:
+    0**1 (1), -inf**e for e > 1 (+-inf by e's parity), 0**e for e < 0 (-+inf)."""
+    if not reverse and isinstance(x, float) and x == 0.5: return self.sqrt()  # sqrt's gradient, as torch (-inf at -0.0)
+    ret = self._pow_value(x, reverse)
+    if not dtypes.is_float(ret.dtype): return ret
+    b, e = self._broadcasted(x, reverse)
+    b, e = b.cast(ret.dtype), e.cast(ret.dtype)
+    pairs = []
+    if isinstance(self if not reverse else x, type(self)):  # the base is a tensor: d/db (a Python exponent's e-1 takes
+      # the same fast paths as torch's self.pow(e - 1): 1.5 - 1 is a sqrt, nan at -inf)
+      eb = b._pow_value(x - 1) if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) else b._pow_value(e - 1)
+      pairs += [b.uop, (e == 0).where(0.0, e * eb).uop]
+    if isinstance(x if not reverse else self, type(self)):  # the exponent is a tensor: d/de
+      pairs += [e.uop, ((b == 0).logical_and(e >= 0)).where(0.0, ret * b.log()).uop]
+    return type(self)(UOp(Ops.CUSTOM_GRAD, ret.dtype, (ret.uop, *pairs)))
+
+  def _pow_value(self: Any, x: Any, reverse: bool = False) -> Tensor:
+    """The value of self ** x (C99's pow special cases), as a composite of EXP2/LOG2 and selects."""
     if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) and float(x).is_integer() and abs(x) <= 64:
       if dtypes.is_float(self.dtype) or isinstance(x, int):
         if not dtypes.is_float(self.dtype) and x < 0: raise TensorError(f"integers to negative integer powers are not allowed ({self.dtype} ** {x})")

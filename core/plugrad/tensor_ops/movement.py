@@ -57,6 +57,41 @@ def _not_bits(x: Any) -> Any:
   return x._alu(Ops.XOR, x._const_like(-1 if not dtypes.is_unsigned(x.dtype) else dtypes.max(x.dtype)))
 
 
+def _rearrange_side(side: str, formula: str) -> list[list[str]]:
+  """One side of an einops formula as groups of atoms: `a (b c) 1 ...` -> [["a"], ["b", "c"], [], ["..."]]. A bare
+  name is a group of one, `1` and `()` are empty groups (a unit axis); a bare `...` is the group ["..."] and `(...)`
+  (merged) is ["...", ""] so the two stay apart."""
+  groups: list[list[str]] = []
+  cur: list[str] | None = None
+  for tok in side.replace("…", "...").replace("(", " ( ").replace(")", " ) ").split():
+    if tok == "(":
+      if cur is not None: raise TensorError(f"rearrange: nested parentheses in {formula!r}")
+      cur = []
+    elif tok == ")":
+      if cur is None: raise TensorError(f"rearrange: unbalanced ')' in {formula!r}")
+      groups.append(cur + [""] if cur == ["..."] else cur)
+      cur = None
+    elif tok == "1":
+      if cur is not None: raise TensorError(f"rearrange: '1' inside parentheses in {formula!r}")
+      groups.append([])
+    elif tok == "..." or (tok.isidentifier() and not tok.startswith("_") and not tok.endswith("_")):
+      if cur is not None: cur.append(tok)
+      else: groups.append([tok])
+    else: raise TensorError(f"rearrange: invalid axis name {tok!r} in {formula!r} (identifiers not starting or ending with '_', '...', '1')")
+  if cur is not None: raise TensorError(f"rearrange: unbalanced '(' in {formula!r}")
+  atoms = [a for g in groups for a in g if a]
+  if len(atoms) != len(set(atoms)): raise TensorError(f"rearrange: an axis name appears twice on one side of {formula!r}")
+  return groups
+
+
+def _expand_ellipsis(groups: list[list[str]], ell: list[str]) -> list[list[str]]:
+  """Groups with a bare `...` replaced by one group per ellipsis dim and `...` inside a group by all of them."""
+  out: list[list[str]] = []
+  for g in groups:
+    if g == ["..."]: out += [[x] for x in ell]
+    else: out.append([x for a in g if a for x in (ell if a == "..." else [a])])
+  return out
+
 class MovementMixin:
   __slots__ = ()
 
@@ -87,6 +122,40 @@ class MovementMixin:
       sizes = tuple(self.shape[d] // known if s == -1 else s for s in sizes)
     if math.prod(sizes) != self.shape[d]: raise TensorError(f"unflatten: sizes {sizes} don't multiply to dim {dim} of size {self.shape[d]}")
     return self.reshape(self.shape[:d] + sizes + self.shape[d + 1:])
+
+  def rearrange(self, formula: str, **sizes: int) -> Any:
+    """einops' rearrange: `"b (h w) c -> b c h w"` splits, permutes and merges axes by name (`...` stands for the
+    axes not named, `1`/`()` for a unit axis); `sizes` gives the sizes a split needs beyond the one it can infer.
+    Only movement ops: reshape, permute, reshape."""
+    if not isinstance(formula, str) or formula.count("->") != 1: raise TensorError(f"rearrange needs one '->' in the formula, got {formula!r}")
+    lhs, rhs = (_rearrange_side(s, formula) for s in formula.split("->"))
+    if any("..." in g and len(g) > 1 for g in lhs): raise TensorError(f"rearrange: '...' can't be inside parentheses on the left of {formula!r}")
+    left, right = [a for g in lhs for a in g if a], [a for g in rhs for a in g if a]
+    if set(left) != set(right): raise TensorError(f"rearrange: axes {sorted(set(left) ^ set(right))} appear on only one side of {formula!r}")
+    if (extra := [n for n in sizes if n not in left]): raise TensorError(f"rearrange: sizes given for axes {extra} not on the left of {formula!r}")
+    if (bad := {n: v for n, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}):
+      raise TensorError(f"rearrange: axis sizes must be non-negative ints, got {bad}")
+    if "..." in left:  # the ellipsis is one group of the left side: it covers every dim the named groups don't
+      if (n_ell := self.ndim - (len(lhs) - 1)) < 0:
+        raise TensorError(f"rearrange: {formula!r} names {len(lhs) - 1} dims besides '...' but the tensor has shape {self.shape}")
+      ell = [f"...{i}" for i in range(n_ell)]
+      lhs, rhs = _expand_ellipsis(lhs, ell), _expand_ellipsis(rhs, ell)
+    else: lhs, rhs = _expand_ellipsis(lhs, []), _expand_ellipsis(rhs, [])
+    if len(lhs) != self.ndim:
+      raise TensorError(f"rearrange: the left of {formula!r} has {len(lhs)} dims, the tensor {self.ndim} (shape {self.shape})")
+    known: dict[str, int] = dict(sizes)
+    for g, dim in zip(lhs, self.shape):
+      unknown = [a for a in g if a not in known]
+      k = math.prod(known[a] for a in g if a in known)
+      if len(unknown) > 1: raise TensorError(f"rearrange: can't infer the sizes of {unknown} in {formula!r}: give all but one as keywords")
+      if unknown:
+        if k == 0 or dim % k: raise TensorError(f"rearrange: dim of size {dim} can't split into {g} with known sizes {[known.get(a) for a in g]}")
+        known[unknown[0]] = dim // k
+      elif k != dim: raise TensorError(f"rearrange: dim of size {dim} doesn't match {'(' + ' '.join(g) + ')' if g else '1'} = {k} in {formula!r}")
+    atoms = [a for g in lhs for a in g]
+    t = self.reshape(tuple(known[a] for a in atoms))
+    t = t.permute(tuple(atoms.index(a) for g in rhs for a in g))
+    return t.reshape(tuple(math.prod(known[a] for a in g) for g in rhs))
 
   def squeeze(self, dim: int | Sequence[int] | None = None) -> Any:
     if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))

@@ -18,6 +18,9 @@ class Ops(Enum):
   # buffers and devices (tensor level): BUFFER(UNIQUE, DEVICE, arg=size), BUFFER_VIEW, COPY, ASSIGN, CONTIGUOUS, DETACH
   UNIQUE = auto(); DEVICE = auto(); BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto()
   CONTIGUOUS = auto(); DETACH = auto(); KERNEL = auto()
+  # autograd markers (tensor level, the value of src[0] to the scheduler): CONTIGUOUS_BACKWARD(x) makes x's gradient
+  # contiguous; CUSTOM_GRAD(value, x1, g1, x2, g2, ...) is value, whose gradient to each x_i is the incoming one times g_i
+  CONTIGUOUS_BACKWARD = auto(); CUSTOM_GRAD = auto()
   # multi-device tensors: MULTI(*one node per device, arg=shard axis or None when replicated); schedule/multi.py lowers ops over it
   MULTI = auto()
   # movement (tensor level, arg is the new shape/order/padding)

@@ -48,7 +48,8 @@ _ARITY: dict[Ops, tuple[int, int]] = {**{o: (1, 1) for o in GroupOp.Unary}, **{o
   **{o: (3, 3) for o in GroupOp.Ternary}, Ops.CONST: (0, 2), Ops.VCONST: (0, 1), Ops.DEFINE_VAR: (0, 0), Ops.BIND: (2, 2),
   Ops.CAST: (1, 1), Ops.BITCAST: (1, 1), Ops.GEP: (1, 1), Ops.RANGE: (1, 1), Ops.INDEX: (2, 3), Ops.LOAD: (1, 3),
   Ops.STORE: (2, 3), Ops.PARAM: (0, 1), Ops.CALL: (1, 1 << 30), Ops.AT: (2, 1 << 30), Ops.REDUCE_AXIS: (1, 1), Ops.COPY: (2, 2),
-  Ops.ASSIGN: (2, 2), Ops.CONTIGUOUS: (1, 1), Ops.MULTI: (1, 1 << 30), Ops.DETACH: (1, 1), **{o: (1, 1) for o in GroupOp.Movement}}
+  Ops.ASSIGN: (2, 2), Ops.CONTIGUOUS: (1, 1), Ops.MULTI: (1, 1 << 30), Ops.DETACH: (1, 1),
+  Ops.CONTIGUOUS_BACKWARD: (1, 1), Ops.CUSTOM_GRAD: (3, 1 << 30), **{o: (1, 1) for o in GroupOp.Movement}}
 
 
 class UOpSpecError(TypeError):

@@ -35,7 +35,7 @@ def shape_of(u: UOp) -> tuple:
   if op is Ops.REDUCE_AXIS: return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
   if op in GroupOp.ALU:  # the widest source: a WHERE may mix a tensor with scalar constants
     return max((s.shape for s in u.src), key=len)
-  return src  # CAST, BITCAST, CONTIGUOUS, DETACH, COPY, ASSIGN, AFTER, BUFFER_VIEW ...
+  return src  # CAST, BITCAST, CONTIGUOUS, DETACH, CONTIGUOUS_BACKWARD, CUSTOM_GRAD, COPY, ASSIGN, AFTER, BUFFER_VIEW ...
 
 
 def device_of(u: UOp) -> str:

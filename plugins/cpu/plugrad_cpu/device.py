@@ -8,6 +8,7 @@ C such as the smoke kernel) are called directly as `void name(T0 *buf0, ..., int
 """
 from __future__ import annotations
 import ctypes
+import hashlib
 import math
 import os
 import subprocess
@@ -17,7 +18,7 @@ import weakref
 from typing import Any
 import numpy as np
 from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program, parse_device
-from plugrad.helpers import getenv
+from plugrad.helpers import cache_dir, getenv
 from plugrad.codegen.cstyle import CStyleRenderer, Stmt
 from plugrad.codegen.opt import eval_index
 from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS
@@ -31,6 +32,7 @@ MIN_WORK_PER_THREAD = 1 << 16  # estimated ops (loads, stores, ALU) one extra co
 
 class CPUAllocator(LRUAllocator):
   """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices)."""
+  external_memory = True
   def _alloc(self, size: int, options: BufferOptions) -> np.ndarray:
     if options.external_ptr is not None: return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(options.external_ptr))
     raw = np.empty(size + 64, np.uint8)
@@ -281,8 +283,6 @@ class ClangCompiler(Compiler):
 
   def supports_type(self, ctype: str) -> bool:
     """Whether this compiler has arithmetic on `ctype` (e.g. _Float16); the answer is cached on disk per compiler."""
-    import hashlib
-    from plugrad.helpers import cache_dir
     f = cache_dir() / "probe" / hashlib.sha256(f"{self.cachekey}|{ctype}".encode()).hexdigest()[:24]
     try:
       if (known := f.read_text()) in ("0", "1"): return known == "1"  # anything else (a torn write): probe again

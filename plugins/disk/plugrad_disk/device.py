@@ -13,7 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
-from plugrad.device import Allocator, BufferOptions, Compiled
+from plugrad.device import Allocator, BufferOptions, Compiled, parse_device
 from plugrad.runtime.compiler import UnsupportedCompiler
 from plugrad.runtime.renderer import Renderer
 
@@ -62,7 +62,6 @@ class DiskDevice(Compiled):
 
   @staticmethod
   def path_of(device: str) -> str:
-    from plugrad.device import parse_device
     if (p := parse_device(device).path) is None: raise ValueError(f"device {device!r} needs a file path: DISK:/path/to/file")
     return p
 

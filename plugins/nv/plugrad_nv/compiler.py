@@ -19,6 +19,8 @@ import tempfile
 from typing import Any
 
 from plugrad.runtime.compiler import CompileError, Compiler
+from plugrad_nv.autogen import nvjitlink as jl
+from plugrad_nv.autogen import nvrtc
 
 MAGIC = b"PGNV"
 
@@ -60,7 +62,6 @@ def cuda_include_dirs(nvrtc_path: str | None = None) -> list[str]:
 
 
 def nvrtc_version() -> tuple[int, int]:
-  from plugrad_nv.autogen import nvrtc
   a, b = ctypes.c_int32(), ctypes.c_int32()
   if nvrtc.nvrtcVersion(ctypes.byref(a), ctypes.byref(b)) != 0: raise RuntimeError("nvrtcVersion failed")
   return a.value, b.value
@@ -70,7 +71,6 @@ class NVRTCCompiler(Compiler):
   """CUDA C -> cubin for `arch` (sm_90 ...). `ptx=True`: NVRTC emits PTX for compute_XX, then ptxas ($PTXAS or on PATH)
   or nvJitLink assembles it; with neither, the PTX itself is kept for the driver to JIT at load."""
   def __init__(self, arch: str = "sm_90", ptx: bool = False) -> None:
-    from plugrad_nv.autogen import nvrtc
     self.nvrtc, self.arch, self.ptx = nvrtc, arch, ptx
     self.version = nvrtc_version()  # loads libnvrtc: LibraryNotFound (an OSError) names what was tried
     self.includes = cuda_include_dirs(nvrtc._libraries["libnvrtc"].path)
@@ -132,7 +132,6 @@ class NVRTCCompiler(Compiler):
 
 def jitlink_ptx(ptx: bytes, arch: str) -> bytes:
   """Assemble PTX to a cubin with nvJitLink (the `nvidia-nvjitlink` wheel); OSError when it isn't installed."""
-  from plugrad_nv.autogen import nvjitlink as jl
   h = jl.nvJitLinkHandle()
   opts, _keep = _cstrs([f"-arch={arch}".encode()])
   def check(rc: int, what: str) -> None:

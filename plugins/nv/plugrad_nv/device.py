@@ -17,10 +17,11 @@ import ctypes
 import threading
 from typing import Any
 
-from plugrad.device import BufferOptions
+from plugrad.device import BufferOptions, parse_device
 from plugrad.helpers import getenv
 from plugrad.runtime.hcq import HCQAllocator, HCQArgsState, HCQBuffer, HCQCompiled, HCQProgram, HWQueue, Signal
 from plugrad_nv.compiler import NVRTCCompiler, unpack
+from plugrad_nv.driver import CUDADriver
 from plugrad_nv.renderer import CUDARenderer
 
 _DRIVER: Any = None
@@ -32,7 +33,6 @@ def get_driver() -> Any:
   global _DRIVER
   with _DRIVER_LOCK:
     if _DRIVER is None:
-      from plugrad_nv.driver import CUDADriver
       _DRIVER = CUDADriver()
     return _DRIVER
 
@@ -134,7 +134,6 @@ class NVProgram(HCQProgram):
 class NVDevice(HCQCompiled):
   """An NVIDIA GPU (`NV`, `NV:1`, `NV::sm_90`, `NV::PTX`-style arch/renderer selection via the DEV grammar)."""
   def __init__(self, device: str, driver: Any = None, compiler: Any = None) -> None:
-    from plugrad.device import parse_device
     self.driver = driver if driver is not None else get_driver()
     idx = parse_device(device).index
     if not 0 <= idx < (n := self.driver.device_count()): raise ValueError(f"device {device}: there are {n} CUDA device(s) (NV:0 .. NV:{n - 1})")

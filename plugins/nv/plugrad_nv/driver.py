@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Sequence
 
+from plugrad_nv.autogen import cuda
+
 
 class CUDAError(RuntimeError):
   """A CUDA driver call failed; `code` is the CUresult."""
@@ -21,7 +23,6 @@ class CUDADriver:
   NOT_READY = 600
 
   def __init__(self) -> None:
-    from plugrad_nv.autogen import cuda
     self.cu = cuda
     cuda._libraries["libcuda"].load()  # LibraryNotFound (OSError) with the names tried when the driver isn't installed
     self.check(cuda.cuInit(0), "cuInit")

@@ -15,6 +15,8 @@ import os
 import socket
 from typing import Any
 import numpy as np
+from plugrad.dtype import dtypes
+from plugrad.tensor import Tensor
 from plugrad_tinyfs.hashing import CHUNK_SIZE, FANOUT, HASH_SIZE, chunk_hash_ref, h, node_bytes, tree_levels
 from plugrad_tinyfs.protocol import (BLOB_SIZES, INFO, LOAD, MAX_MSG, OK, STATUS_NAMES, STORE, U32, U64, recv_exact)
 
@@ -91,7 +93,6 @@ class Connection:
     return {"chunks": c, "nodes": n, "bytes": b}
 
 def _tensor_bytes(t: Any) -> bytes:
-  from plugrad.dtype import dtypes
   flat = t.reshape(-1)
   if flat.dtype != dtypes.uint8: flat = flat.bitcast(dtypes.uint8).reshape(-1)
   return flat.numpy().tobytes()
@@ -159,13 +160,10 @@ def load_bytes(root: bytes, size: int, conn: Connection | None = None) -> bytes:
 
 def fs_store(t: Any) -> Any:
   """Store tensor `t`'s bytes; returns its 16-byte root hash as a uint8 Tensor of shape (16,)."""
-  from plugrad.tensor import Tensor
   return Tensor(np.frombuffer(store_bytes(_tensor_bytes(t)), np.uint8).copy())
 
 def fs_load(hash_tensor: Any, size: int) -> Any:
   """The `size` bytes stored under the root hash `hash_tensor` (16 uint8 values), as a uint8 Tensor of shape (size,)."""
-  from plugrad.dtype import dtypes
-  from plugrad.tensor import Tensor
   if not isinstance(size, int) or isinstance(size, bool) or size < 0: raise ValueError(f"fs_load size must be an int >= 0, got {size!r}")
   if hash_tensor.dtype != dtypes.uint8 or hash_tensor.shape != (HASH_SIZE,):
     raise ValueError(f"fs_load needs a uint8 hash tensor of shape ({HASH_SIZE},), got {hash_tensor.dtype} {hash_tensor.shape}")

@@ -11,6 +11,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import numpy as np
+from plugrad.device import Device, canonicalize
+from plugrad.engine.jit import TinyJit
+from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops
 
 CHUNK_SIZE = 1 << 20
@@ -95,8 +98,6 @@ def _rho_pi_chi_iota(a, d, rot, back, rc):
 class _Keccak:
   """Keccak-f[1600] on (NB, 5, 5, W) states on one device: constants uploaded once, one permutation captured by TinyJit."""
   def __init__(self, device: str, nb: int):
-    from plugrad.engine.jit import TinyJit
-    from plugrad.tensor import Tensor
     r = np.array(_ROT, np.uint64).reshape(1, 5, 5, 1)
     self.rot, self.back = Tensor(r, device=device).realize(), Tensor((64 - r) % 64, device=device).realize()
     rcs = np.zeros((24, 1, 5, 5, 1), np.uint64)
@@ -126,8 +127,6 @@ def _blocks(msgs: np.ndarray, nb: int) -> np.ndarray:
   return out.reshape(NBLK, nb, 5, 5, W)
 
 def _shake_batch(msgs: np.ndarray, device: str | None) -> np.ndarray:
-  from plugrad.device import Device, canonicalize
-  from plugrad.tensor import Tensor
   device = canonicalize(device if device is not None else Device.DEFAULT)
   n = msgs.shape[0]
   nb = 1 << max(-(-n // W) - 1, 0).bit_length()  # rows rounded up to a power of two: few distinct kernel shapes
