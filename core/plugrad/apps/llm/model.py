@@ -36,6 +36,15 @@ sint = int | UOp
 # so the causal mask hides them from every real query and the next write overwrites their cache rows
 PREFILL_MULTIPLE = 8
 CACHE_PAD = 2 * PREFILL_MULTIPLE - 1   # positions past max_context a padded prefill may write or read (masked)
+# the caches' position axis is allocated a multiple of this long: the transposed keys' rows (one per head dimension)
+# then start 64-byte aligned, so the score kernel's vector loads along the keys don't straddle cache lines (1039-long
+# rows for max_context 1024 did; decode score kernels at 450 positions: 4.68 -> 4.30 ms over 30 layers, under load)
+CACHE_ROW_ALIGN = 16
+
+
+def cache_rows(max_context: int) -> int:
+  """Positions allocated in each KV cache: max_context + CACHE_PAD, rounded up to a multiple of CACHE_ROW_ALIGN."""
+  return -(-(max_context + CACHE_PAD) // CACHE_ROW_ALIGN) * CACHE_ROW_ALIGN
 EMBED_ROWS = 8   # embedding rows gathered per kernel call
 
 # llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x[2i], x[2i+1]) (the converter permuted q/k
@@ -327,7 +336,7 @@ class Block:
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     # Tensor.empty: a unique buffer each (zeros(...).contiguous() twice is one hash-consed node, hence one buffer)
-    rows = max_context + CACHE_PAD
+    rows = cache_rows(max_context)
     self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, cfg.head_dim, rows)   # transposed; zeroed by Transformer
     self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
