@@ -7,7 +7,7 @@ bandwidth, the decode floor (weight bytes read per token / bandwidth), plugrad's
 size plus the KV cache.
 
   .venv/bin/python bench/bench_llm.py [--model smollm2|qwen2|both] [--tokens 450] [--decode 64] [--threads 2]
-                                      [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P] [--profile]
+                                      [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P] [--profile] [--prefill-ab]
 
 --profile: also the per-kernel times of one captured decode step (each kernel of the decode JIT run alone, best of 3,
 grouped by kernel name): time, bytes the kernel reads and writes, GB/s and the share of the read bandwidth, against
@@ -97,6 +97,22 @@ def decode_profile(ours: "Ours", bw: float, top: int = 12) -> None:
     print(f"  {name:28s} x{n:<3d} {t * 1e3:8.3f} ms {t / total:6.1%}  {b / 1e6:8.2f} MB  {gbs:6.1f} GB/s = {gbs / bw:5.0%} of {bw:.1f}")
 
 
+def prefill_ab(ours: "Ours", rounds: int) -> None:
+  """The long prefill through the dequantized (in, out) buffers (the graph before `fused_long_prefill`) against the
+  default graph, alternately in this process (see --prefill-ab)."""
+  from functools import partial
+  from plugrad import TinyJit
+  from plugrad.apps.llm.generate import Generator
+  old = Generator(ours.llm.model)
+  old.prefill_jit = TinyJit(partial(old._prefill, fused=False))
+  new, p = ours.g, ours.prompt
+  for g in (old, old): g.forward(p, 0)   # compile and capture
+  for r in range(rounds):
+    a, b = _timed(lambda: old.forward(p, 0)), _timed(lambda: new.forward(p, 0))
+    print(f"prefill A/B round {r + 1} (load {load_avg()}): (in, out) buffers {len(p) / a:.1f} tok/s, default "
+          f"(fused={ours.llm.model.fused_long_prefill()}) {len(p) / b:.1f} tok/s")
+
+
 def _timed(f) -> float:
   t0 = time.perf_counter()
   f()
@@ -128,6 +144,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
         f"prefill floor: {flops / 1e9:.1f} GFLOP / {peak:.0f} GFLOP/s f32 peak = {flops / peak / 1e9 * 1e3:.0f} ms "
         f"({T * peak * 1e9 / flops:.0f} tok/s)")
   if args.profile: decode_profile(ours, bw)
+  if args.prefill_ab: prefill_ab(ours, args.rounds)
   ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads, poll=args.llamacpp_poll)
   if ref is not None: ref.rates(prompt, 4)   # warm-up
   best: dict[str, float] = {}
@@ -158,6 +175,7 @@ def main() -> None:
   ap.add_argument("--skip-llamacpp", action="store_true")
   ap.add_argument("--llamacpp-poll", type=int, default=None, help="llama.cpp's thread polling level 0-100 (default: its own, 50)")
   ap.add_argument("--profile", action="store_true", help="per-kernel times of one decode step")
+  ap.add_argument("--prefill-ab", action="store_true", help="old long-prefill graph vs the default, alternately")
   args = ap.parse_args()
   from plugrad.apps.llm.registry import resolve_model
   np_bw, pg_bw = read_bandwidth()
