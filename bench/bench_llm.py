@@ -7,7 +7,11 @@ bandwidth, the decode floor (weight bytes read per token / bandwidth), plugrad's
 size plus the KV cache.
 
   .venv/bin/python bench/bench_llm.py [--model smollm2|qwen2|both] [--tokens 450] [--decode 64] [--threads 2]
-                                      [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P]
+                                      [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P] [--profile] [--prefill-ab]
+
+--profile: also the per-kernel times of one captured decode step (each kernel of the decode JIT run alone, best of 3,
+grouped by kernel name): time, bytes the kernel reads and writes, GB/s and the share of the read bandwidth, against
+the whole step's time (the difference is the replay's own cost: the batched C call, thread wake-ups).
 """
 from __future__ import annotations
 
@@ -72,6 +76,49 @@ def kv_bytes(m) -> int:
   return sum(c.nbytes() for layer in m.layers for c in (layer.cache_k, layer.cache_v))
 
 
+def decode_profile(ours: "Ours", bw: float, top: int = 12) -> None:
+  """Per-kernel times of one captured decode step (see --profile)."""
+  g, pos = ours.g, len(ours.prompt)
+  g.forward([ours.prompt[0]], pos)
+  vv = {"start": pos, "S": -(-(pos + 1) // 8)}
+  step = min(_timed(lambda: g.forward([ours.prompt[0]], pos)) for _ in range(5))
+  rows: dict[str, list[float]] = {}
+  for ei in g.decode_jit.captured:
+    v = vv if ei.runner.spec.vars else None
+    ei.run(v)
+    t = min(_timed(lambda: ei.run(v)) for _ in range(3))
+    r = rows.setdefault(ei.runner.spec.name, [0, 0.0, 0])
+    r[0], r[1], r[2] = r[0] + 1, r[1] + t, r[2] + ei.runner.spec.mem_bytes
+  total = sum(r[1] for r in rows.values())
+  print(f"decode step {step * 1e3:.2f} ms (forward(), with embedding and logits copy); its {len(g.decode_jit.captured)} kernels run one "
+        f"by one: {total * 1e3:.2f} ms, {sum(r[2] for r in rows.values()) / 1e6:.1f} MB")
+  for name, (n, t, b) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+    gbs = b / t / 1e9
+    print(f"  {name:28s} x{n:<3d} {t * 1e3:8.3f} ms {t / total:6.1%}  {b / 1e6:8.2f} MB  {gbs:6.1f} GB/s = {gbs / bw:5.0%} of {bw:.1f}")
+
+
+def prefill_ab(ours: "Ours", rounds: int) -> None:
+  """The long prefill through the dequantized (in, out) buffers (the graph before `fused_long_prefill`) against the
+  default graph, alternately in this process (see --prefill-ab)."""
+  from functools import partial
+  from plugrad import TinyJit
+  from plugrad.apps.llm.generate import Generator
+  old = Generator(ours.llm.model)
+  old.prefill_jit = TinyJit(partial(old._prefill, fused=False))
+  new, p = ours.g, ours.prompt
+  for g in (old, old): g.forward(p, 0)   # compile and capture
+  for r in range(rounds):
+    a, b = _timed(lambda: old.forward(p, 0)), _timed(lambda: new.forward(p, 0))
+    print(f"prefill A/B round {r + 1} (load {load_avg()}): (in, out) buffers {len(p) / a:.1f} tok/s, default "
+          f"(fused={ours.llm.model.fused_long_prefill()}) {len(p) / b:.1f} tok/s")
+
+
+def _timed(f) -> float:
+  t0 = time.perf_counter()
+  f()
+  return time.perf_counter() - t0
+
+
 def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> None:
   from plugrad.apps.llm.__main__ import weight_bytes
   from plugrad.apps.llm.tokenizer import Tokenizer
@@ -96,6 +143,8 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   print(f"decode floor: {wb / 1e6:.1f} MB of weights per token / {bw:.1f} GB/s = {wb / bw / 1e6:.2f} ms ({bw * 1e9 / wb:.0f} tok/s); "
         f"prefill floor: {flops / 1e9:.1f} GFLOP / {peak:.0f} GFLOP/s f32 peak = {flops / peak / 1e9 * 1e3:.0f} ms "
         f"({T * peak * 1e9 / flops:.0f} tok/s)")
+  if args.profile: decode_profile(ours, bw)
+  if args.prefill_ab: prefill_ab(ours, args.rounds)
   ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads, poll=args.llamacpp_poll)
   if ref is not None: ref.rates(prompt, 4)   # warm-up
   best: dict[str, float] = {}
@@ -125,6 +174,8 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--skip-llamacpp", action="store_true")
   ap.add_argument("--llamacpp-poll", type=int, default=None, help="llama.cpp's thread polling level 0-100 (default: its own, 50)")
+  ap.add_argument("--profile", action="store_true", help="per-kernel times of one decode step")
+  ap.add_argument("--prefill-ab", action="store_true", help="old long-prefill graph vs the default, alternately")
   args = ap.parse_args()
   from plugrad.apps.llm.registry import resolve_model
   np_bw, pg_bw = read_bandwidth()

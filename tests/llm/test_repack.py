@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llm_helpers import tiny_config, tiny_weights
 
+from plugrad import TinyJit
 from plugrad.apps.llm.generate import Generator
 from plugrad.device import Device, canonicalize
 from plugrad.apps.llm.model import _REPACKABLE, Transformer, linear, repack
@@ -75,6 +76,40 @@ def test_fused_products_match_float64(qtype):
   np.testing.assert_allclose(Tensor(x[:, :1]).linear(w.transpose()).numpy(), want[:, :1], **tol, err_msg="matvec")
   np.testing.assert_allclose(Tensor(x).linear(w.transpose()).numpy(), want, **tol, err_msg="fused matmul")
   np.testing.assert_allclose(linear(Tensor(x), w).numpy(), want, **tol, err_msg="matmul through the dequantized buffer")
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q6_K", "Q8_0"])   # the qwen2 Q4_K_M mix's block weights
+def test_long_fused_matmul_packs_the_dequantized_weight(qtype):
+  """A long prefill's fused matmul (64 tokens: enough row blocks for PACK) against float64; on a CPU renderer with SIMD
+  lanes the dequantized weight is packed by a kernel of its own that runs first (what `fused_long_prefill` relies on)."""
+  elems, _ = GEOMETRY[qtype]
+  rows, cols = 64, 2 * 256
+  rng = np.random.default_rng(sum(map(ord, qtype)) + 1)
+  blocks = finite_blocks(qtype, rows * cols // elems, rng)
+  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype)).astype(np.float64)
+  w = packed(blocks, qtype, rows)
+  x = Tensor(rng.standard_normal((1, 64, cols)).astype(np.float32)).realize()
+  jit = TinyJit(lambda x: x.linear(w.transpose()).realize())
+  for _ in range(3): out = jit(x).numpy()
+  np.testing.assert_allclose(out, x.numpy().astype(np.float64) @ ref.T, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(cols))
+  if getattr(Device[canonicalize(Device.DEFAULT)].renderer, "vector_lanes", 0) >= 2:
+    assert len(jit.captured) == 2, [ei.runner.spec.name for ei in jit.captured]   # the packing kernel, then the matmul
+
+
+def test_long_prefill_takes_the_fused_graph_unless_dense_copies_are_kept(monkeypatch):
+  """`fused_long_prefill`: the fused graph for long prefills when the model keeps no dense copies and the device packs
+  operands; the dense copies (or PACK=0) keep the (in, out) path, and the Generator's long prefill JIT follows it."""
+  cfg = tiny_config("llama")
+  w = {k: Tensor(v) for k, v in tiny_weights(cfg, 1, True).items()}
+  simd = getattr(Device[canonicalize(Device.DEFAULT)].renderer, "vector_lanes", 0) >= 2
+  m = Transformer(cfg, w, max_context=16)
+  assert m.fused_long_prefill() is simd
+  assert Generator(m).prefill_jit.fn.keywords == {"fused": simd}
+  monkeypatch.setenv("PACK", "0")
+  assert m.fused_long_prefill() is False
+  monkeypatch.delenv("PACK")
+  for layer in m.layers: layer.dense[layer.wq] = layer.wq   # as keep_dense_weights leaves it
+  assert m.fused_long_prefill() is False
 
 
 def test_repacked_bytes_stay_close_to_the_file():

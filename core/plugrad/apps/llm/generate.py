@@ -26,7 +26,9 @@ from plugrad.apps.llm.model import CACHE_PAD, PREFILL_MULTIPLE, Transformer
 from plugrad.apps.llm.tokenizer import Tokenizer
 
 # prefills of at most this many (padded) tokens run the graph whose matmuls dequantize weights in their inner loop;
-# longer ones dequantize each weight into an (in, out) buffer first (or read the model's dense copies, if it keeps them)
+# longer ones run the same fused graph sized for PREFILL_CHUNK where the device packs the dequantized operand
+# (`Transformer.fused_long_prefill`), else dequantize each weight into an (in, out) buffer first (or read the model's
+# dense copies, if it keeps them)
 SHORT_PREFILL = 64
 # longer prefills run in chunks of this many tokens: the intermediate buffers (attention scores: heads x chunk x
 # context) are sized for the largest chunk
@@ -98,7 +100,8 @@ class Generator:
     rows = (min(self.max_context, PREFILL_CHUNK) + m - 1) // m * m
     self.inp = Tensor.zeros(model.batch, rows, dim).contiguous().realize()   # prefill embeddings, written in place
     self.inp1 = Tensor.zeros(model.batch, 1, dim).contiguous().realize()                 # decode embedding
-    self.prefill_jit, self.decode_jit = TinyJit(self._prefill), TinyJit(self._decode)
+    self.prefill_jit = TinyJit(functools.partial(self._prefill, fused=model.fused_long_prefill()))
+    self.decode_jit = TinyJit(self._decode)
     self.short_jit = TinyJit(functools.partial(self._prefill, fused=True))
     self.finish_reason: str | None = None
 
@@ -307,7 +310,8 @@ class BatchGenerator:
                                             self.mask_lb)}.values())
     self.cos_np, self.sin_np = model.cos.numpy(), model.sin.numpy()
     self.cos_lnp, self.sin_lnp = (model.cos_l.numpy(), model.sin_l.numpy()) if local else (None, None)
-    self.prefill_jit, self.decode_jit, self.decode1_jit = TinyJit(self._prefill), TinyJit(self._decode), TinyJit(self._decode1)
+    self.prefill_jit = TinyJit(functools.partial(self._prefill, fused=model.fused_long_prefill()))
+    self.decode_jit, self.decode1_jit = TinyJit(self._decode), TinyJit(self._decode1)
     self.short_jit = TinyJit(functools.partial(self._prefill, fused=True))
 
   def _prefill(self, T: Any, start: Any, last: Any, keys: Any, slot: Any, fused: bool = False) -> Tensor:

@@ -22,6 +22,7 @@ import numpy as np
 
 from plugrad.device import Device, canonicalize
 from plugrad.dtype import dtypes
+from plugrad.helpers import getenv
 from plugrad import TinyJit, Variable
 from plugrad.nn.state import gguf_load
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
@@ -35,6 +36,15 @@ sint = int | UOp
 # so the causal mask hides them from every real query and the next write overwrites their cache rows
 PREFILL_MULTIPLE = 8
 CACHE_PAD = 2 * PREFILL_MULTIPLE - 1   # positions past max_context a padded prefill may write or read (masked)
+# the caches' position axis is allocated a multiple of this long: the transposed keys' rows (one per head dimension)
+# then start 64-byte aligned, so the score kernel's vector loads along the keys don't straddle cache lines (1039-long
+# rows for max_context 1024 did; decode score kernels at 450 positions: 4.68 -> 4.30 ms over 30 layers, under load)
+CACHE_ROW_ALIGN = 16
+
+
+def cache_rows(max_context: int) -> int:
+  """Positions allocated in each KV cache: max_context + CACHE_PAD, rounded up to a multiple of CACHE_ROW_ALIGN."""
+  return -(-(max_context + CACHE_PAD) // CACHE_ROW_ALIGN) * CACHE_ROW_ALIGN
 EMBED_ROWS = 8   # embedding rows gathered per kernel call
 
 # llama.cpp's rope type per architecture: "norm" rotates adjacent pairs (x[2i], x[2i+1]) (the converter permuted q/k
@@ -326,7 +336,7 @@ class Block:
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     # Tensor.empty: a unique buffer each (zeros(...).contiguous() twice is one hash-consed node, hence one buffer)
-    rows = max_context + CACHE_PAD
+    rows = cache_rows(max_context)
     self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, cfg.head_dim, rows)   # transposed; zeroed by Transformer
     self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
@@ -473,6 +483,17 @@ class Transformer:
     Tensor.realize_all(*ts)
     for (layer, w), t in zip(ws, ts): layer.dense[w] = t.uop
     return True
+
+  def fused_long_prefill(self) -> bool:
+    """Whether a long prefill should read the quantized weights through the fused graph (`forward(fused=True)`)
+    rather than dequantize each weight into an (in, out) buffer first: when the model keeps no dense copies and the
+    device's codegen packs a matmul operand that is an expression (CPU renderers with SIMD lanes, PACK not off: the
+    PACK optimization, codegen/pack.py, dequantizes each weight once into its panel-major scratch buffer, so the
+    separate (in, out) buffer would only add a write and a read of every weight; 1.35x faster on the qwen2-shaped
+    benchmark model, see BENCHMARKS.md)."""
+    if any(layer.dense for layer in self.layers): return False
+    devs = self.devices if self.devices is not None else (canonicalize(Device.DEFAULT),)
+    return bool(getenv("PACK", 1)) and all(getattr(Device[d].renderer, "vector_lanes", 0) >= 2 for d in devs)
 
   def _gather_rows(self, *ids: Any) -> Tensor:
     return Tensor.cat(*[Tensor(self.tok_embd)[i:i + 1] for i in ids]).realize()
