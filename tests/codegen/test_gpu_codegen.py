@@ -20,6 +20,7 @@ from plugrad.engine.realize import buffer_for, run_schedule
 from plugrad.schedule import kernelize
 from plugrad.plugins.python import GPU_COUNTERS, BarrierError, PythonDevice, PythonProgram, PythonRenderer, reset_gpu_counters
 from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.symbolic import sym_infer
 
 RNG = np.random.default_rng(0)
 
@@ -450,6 +451,23 @@ def test_tiny_reduce_is_unrolled(monkeypatch):
   out, spec = run_emulated(t_(x).sum(1), dev)
   np.testing.assert_allclose(out, x.sum(1), rtol=1e-6)
   assert not any(u.op is Ops.RANGE for u in spec.uops)
+
+
+def test_symbolic_attention_flops_in_a_gpu_launch(monkeypatch):
+  """Causal attention over a symbolic sequence: kernels with a loop whose trip count is the variable inside a launch
+  whose size is symbolic too. The flop count multiplies the loop's int32 bound by the launch's index-typed thread count
+  (it raised UOpSpecError: MUL of int32 with index)."""
+  v = Variable("k", 1, 12)
+  q = RNG.standard_normal((1, 2, 12, 4)).astype(np.float32)
+  dev = emu_device(monkeypatch)
+  for k in (2, 7):
+    x = t_(q)[:, :, :v.bind(k)]
+    out, spec = run_emulated(x.scaled_dot_product_attention(x, x, is_causal=True), dev)
+    qq = q[:, :, :k]
+    sc = qq @ qq.transpose(0, 1, 3, 2) / 2.0 + np.triu(np.full((k, k), -np.inf), 1)
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    np.testing.assert_allclose(out[:2 * k * 4].reshape(1, 2, k, 4), e / e.sum(-1, keepdims=True) @ qq, rtol=1e-5, atol=1e-6)
+    assert isinstance(spec.flops, UOp) and sym_infer(spec.flops, {"k": k}) > 0
 
 
 # ----- row kernels: softmax in one kernel (scheduler + GROUPOUT)

@@ -48,6 +48,24 @@ def test_unavailable_device_says_why(use_registry):
   with pytest.warns(DeviceWarning, match=r"default device is PYTHON.*NV \(from plugrad-nv 0.2\) is unavailable: no /dev/nvidiactl"):
     assert Device.DEFAULT == "PYTHON"  # unavailable high-priority device is skipped; NULL (fake) never becomes the default
 
+def test_interface_probes(use_registry):
+  """`DeviceSpec.interfaces`: an IFACE+ device string is checked with that interface's probe (a mock can be available
+  where the hardware is not), an unlisted interface is unavailable naming the listed ones; probes run once."""
+  calls = []
+  def mock_probe() -> Availability:
+    calls.append(1)
+    return Availability.yes("in-process mock")
+  s = DeviceSpec("GPUX", 150, PLUGIN_API_VERSION, lambda: Availability.no("no /dev/gpux"), "plugrad.plugins.null:NullDevice",
+                 interfaces={"MOCK": mock_probe})
+  reg = use_registry(fake_ep("gpux", "plugrad-gpux", "1", lambda: plugin(s)))
+  with pytest.raises(DeviceUnavailableError, match="'GPUX' is unavailable: no /dev/gpux"): Device.entry("GPUX")
+  assert Device.entry("mock+gpux:1").name == "GPUX" and Device.entry("MOCK+GPUX").availability("mock").ok
+  with pytest.raises(DeviceUnavailableError, match=r"GPUX has no interface PCI \(it has MOCK and the default one\)"): Device.entry("PCI+GPUX")
+  assert len(calls) == 1 and not reg.devices["GPUX"].availability().ok
+  plain = DeviceSpec("PLAIN", 1, PLUGIN_API_VERSION, Availability.yes, "x:Y")  # no interfaces: the IFACE+ part is ignored as before
+  use_registry(fake_ep("plain", "plugrad-plain", "1", lambda: plugin(plain)))
+  assert Device.entry("PCI+PLAIN").name == "PLAIN"
+
 def test_default_is_highest_priority_available():
   assert Device.DEFAULT == "CPU"  # CPU (100); DISK (storage) and NULL (fake) are never defaults
 

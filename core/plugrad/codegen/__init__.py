@@ -80,7 +80,13 @@ def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> 
   glbls = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
   mem = sum(g.dtype.size * g.dtype.base.itemsize for g in glbls if isinstance(g.dtype.size, int) and g.dtype.size > 0)
   return ProgramSpec(name, renderer.render(name, uops), uops, glbls, [u for u in uops if u.op is Ops.DEFINE_VAR],
-                     global_size=dims.global_size, local_size=dims.local_size, flops=estimate_flops(uops) * _threads(dims), mem_bytes=mem)
+                     global_size=dims.global_size, local_size=dims.local_size, flops=_mul(estimate_flops(uops), _threads(dims)), mem_bytes=mem)
+
+
+def _mul(a: sint, b: sint) -> sint:
+  """a * b where both may be symbolic with different int dtypes (linearized loop bounds are int32, launch sizes index)."""
+  if isinstance(a, UOp) and isinstance(b, UOp) and a.dtype != b.dtype: a = a.cast(b.dtype)
+  return a * b
 
 
 def _threads(dims) -> sint:

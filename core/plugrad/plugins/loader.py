@@ -52,14 +52,22 @@ class DeviceEntry:
   dist: DistInfo
   refused: str = ""
   _avail: Availability | None = None
+  _iface_avail: dict[str, Availability] = field(default_factory=dict)
 
   @property
   def name(self) -> str: return self.spec.name
 
-  def availability(self) -> Availability:
+  def availability(self, iface: str | None = None) -> Availability:
     """Run the probe once, isolated: one that raises (SystemExit too) or runs past PLUGRAD_PROBE_TIMEOUT means unavailable;
-    refused devices are never available."""
+    refused devices are never available. With `iface` (the `IFACE+` part of a device string) the probe of that
+    interface answers, when the spec lists any."""
     if self.refused: return Availability.no(self.refused)
+    if iface is not None and self.spec.interfaces:
+      if (probe := self.spec.interfaces.get(iface.upper())) is None:
+        return Availability.no(f"{self.name} has no interface {iface.upper()} (it has {', '.join(sorted(self.spec.interfaces))} "
+                               "and the default one)")
+      if iface.upper() not in self._iface_avail: self._iface_avail[iface.upper()] = run_probe(probe)
+      return self._iface_avail[iface.upper()]
     if self._avail is None: self._avail = run_probe(self.spec.probe)
     return self._avail
 

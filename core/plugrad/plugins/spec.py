@@ -36,6 +36,9 @@ class DeviceSpec:
   renderers: names of the renderers the device offers, first is the default (informational, shown by plugrad-devices).
   storage: True for storage-only devices (DISK, TINYFS): never the default device, and DEV may not name them.
   fake: True for devices that keep no data and compute nothing (NULL): never chosen as the default, only by DEV=NAME.
+  interfaces: probes of the `IFACE+` interfaces the device offers besides its default one (`MOCK+AMD`), by upper-case name;
+  a device string with an interface is checked with that probe (an interface not listed is unavailable, naming the ones
+  there are). Devices that list none ignore the interface part, as before.
   distribution: filled in by the loader with the name of the distribution that registered the spec.
   """
   name: str
@@ -48,6 +51,7 @@ class DeviceSpec:
   storage: bool = False
   fake: bool = False
   distribution: str = field(default="", compare=False)
+  interfaces: dict[str, Callable[[], Availability]] = field(default_factory=dict, compare=False)
 
   def __post_init__(self) -> None:
     if not isinstance(self.name, str) or not DEVICE_NAME_RE.match(self.name):

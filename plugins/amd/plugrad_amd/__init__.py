@@ -1,0 +1,82 @@
+"""plugrad-amd: AMD GPUs through the amdgpu kernel driver's /dev/kfd, kernels as LLVM IR compiled by clang-19 + lld-19.
+
+Registration imports nothing heavy. The probe reads /dev/kfd's permissions and the KFD topology in sysfs; it never
+raises and never opens the device: without a usable GPU it says why ("no /dev/kfd: the amdgpu driver is not loaded",
+"no AMD GPU in the KFD topology", "permission denied on /dev/kfd: ..."). `DEV=MOCK+AMD` selects the in-process mock
+KFD (plugrad_amd.mock), available wherever clang-19 is. The device (plugrad_amd.device) is imported on first open.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+
+from plugrad.plugins import PLUGIN_API_VERSION, Availability, DeviceSpec, hookimpl
+
+KFD_PATH = "/dev/kfd"
+TOPOLOGY = "/sys/devices/virtual/kfd/kfd/topology/nodes"
+
+
+def gfx_arch(gfx_target_version: int) -> str:
+  """KFD's gfx_target_version (major*10000 + minor*100 + stepping, decimal) as an LLVM processor name: 110000 -> gfx1100."""
+  major, minor, step = gfx_target_version // 10000, gfx_target_version // 100 % 100, gfx_target_version % 100
+  return f"gfx{major}{minor:x}{step:x}"
+
+
+def read_properties(text: str) -> dict[str, int]:
+  """A KFD topology `properties` file ("name value" lines) as a dict of ints; malformed lines are skipped."""
+  out = {}
+  for ln in text.splitlines():
+    k, _, v = ln.strip().partition(" ")
+    try: out[k] = int(v)
+    except ValueError: continue
+  return out
+
+
+def topology_gpus(nodes_dir: str = TOPOLOGY) -> list[dict[str, int]]:
+  """Properties of the GPU nodes in the KFD topology (CPU nodes have gfx_target_version 0), with their node number as
+  "node" and gpu_id as "gpu_id", in node order."""
+  out = []
+  try: nodes = sorted(os.listdir(nodes_dir), key=lambda n: int(n) if n.isdigit() else 1 << 30)
+  except OSError: return out
+  for n in nodes:
+    try:
+      with open(os.path.join(nodes_dir, n, "properties")) as f: props = read_properties(f.read())
+      with open(os.path.join(nodes_dir, n, "gpu_id")) as f: gpu_id = int(f.read().strip() or 0)
+    except (OSError, ValueError): continue
+    if props.get("gfx_target_version", 0) and gpu_id: out.append({**props, "node": int(n) if n.isdigit() else -1, "gpu_id": gpu_id})
+  return out
+
+
+def probe_kfd(kfd: str = KFD_PATH, nodes_dir: str = TOPOLOGY) -> Availability:
+  """Availability of the KFD interface: /dev/kfd exists and is read-write for us, and the topology lists a GPU."""
+  if not os.path.exists(kfd): return Availability.no(f"no {kfd}: the amdgpu driver is not loaded")
+  if not os.access(kfd, os.R_OK | os.W_OK):
+    return Availability.no(f"permission denied on {kfd}: add the user to the render and video groups (sudo usermod -aG render,video $USER)")
+  gpus = topology_gpus(nodes_dir)
+  if not gpus: return Availability.no("no AMD GPU in the KFD topology")
+  render = [f"/dev/dri/renderD{g['drm_render_minor']}" for g in gpus if "drm_render_minor" in g]
+  if render and not any(os.access(r, os.R_OK | os.W_OK) for r in render):
+    return Availability.no(f"permission denied on {render[0]}: add the user to the render and video groups")
+  if shutil.which("clang-19") is None: return Availability.no("clang-19 not found: apt-get install clang-19 lld-19")
+  return Availability.yes(f"{len(gpus)} GPU(s): {', '.join(gfx_arch(g['gfx_target_version']) for g in gpus)}")
+
+
+def probe_mock() -> Availability:
+  """The mock KFD needs only the compiler (kernels run only once an executor is registered, see plugrad_amd.mock)."""
+  if shutil.which("clang-19") is None: return Availability.no("clang-19 not found: apt-get install clang-19 lld-19")
+  if shutil.which("ld.lld-19") is None and shutil.which("ld.lld") is None: return Availability.no("ld.lld-19 not found: apt-get install lld-19")
+  return Availability.yes("in-process mock KFD (gfx1100)")
+
+
+@functools.lru_cache(None)
+def probe() -> Availability:
+  try: return probe_kfd()
+  except Exception as e: return Availability.no(f"KFD probe failed: {type(e).__name__}: {e}")
+
+
+@hookimpl
+def plugrad_devices() -> list[DeviceSpec]:
+  return [DeviceSpec("AMD", 190, PLUGIN_API_VERSION, probe, "plugrad_amd.device:AMDDevice", renderers=("AMDGPU",),
+                     description="AMD GPU: LLVM IR (amdgcn) compiled by clang-19, run through /dev/kfd with PM4/SDMA queues",
+                     interfaces={"KFD": probe, "MOCK": probe_mock})]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rdna3_harness import TestMemory
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from plugrad_amd.mock.rdna3 import alu, isa
@@ -364,6 +364,8 @@ def _round32(q: Fraction) -> np.float32:
 
 @settings(max_examples=300, deadline=None)
 @given(finite32, finite32, finite32)
+@example(5.0, 2580019603832832.0, 1.0)  # a*b is a float32 midpoint and c is under half a float64 ulp of it: rounds up
+@example(1.0, 16777217.0 - 1, 0.5)
 def test_fma32_is_correctly_rounded(a, b, c):
   with np.errstate(all="ignore"):
     r = alu.fma32(np.float32(a), np.float32(b), np.float32(c))

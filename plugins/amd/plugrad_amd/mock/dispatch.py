@@ -1,16 +1,31 @@
-"""The mock KFD's dispatch record and GPU memory protocol, shared by the mock and its kernel executor (the RDNA3
-emulator in mock/rdna3). Written from the GPU IR contract's "AMD mock executor hook" text."""
+"""The mock KFD's kernel-executor hook (docs/amd.md, GPU contract): what a dispatch is and who runs it.
+
+The mock decodes each dispatch the runtime wrote into a `Dispatch` and hands it, with the mock GPU's memory, to the
+executor registered with `set_executor` (the RDNA3 emulator in plugrad_amd.mock.rdna3 registers itself). With none
+registered a dispatch is an error. Memory accesses outside any allocation raise `PageFault`, like the GPU's MMU.
+"""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Optional, Protocol
+
+
+@dataclass(frozen=True)
+class Dispatch:
+  """One kernel launch as the hardware sees it."""
+  kernel_object: int                        # GPU virtual address of the 64-byte amdhsa kernel descriptor
+  kernarg_address: int
+  grid_size: tuple[int, int, int]           # in work-items, as in the AQL packet
+  workgroup_size: tuple[int, int, int]
+  group_segment_size: int                   # LDS bytes
+  private_segment_size: int                 # scratch bytes per work-item
+  arch: str                                 # "gfx1100"
 
 
 class PageFault(RuntimeError):
-  """A GPU access outside any allocation."""
-  def __init__(self, addr: int, size: int):
-    super().__init__(f"GPU page fault: access of {size} bytes at {addr:#x} is outside any allocation")
+  """A GPU access outside every allocation."""
+  def __init__(self, addr: int, size: int) -> None:
+    super().__init__(f"GPU page fault: access of {size} byte(s) at {addr:#x} is outside every allocation")
     self.addr, self.size = addr, size
 
 
@@ -20,30 +35,18 @@ class GPUMemory(Protocol):
   def view(self, addr: int, size: int) -> memoryview: ...
 
 
-@dataclass(frozen=True)
-class Dispatch:
-  kernel_object: int
-  kernarg_address: int
-  grid_size: tuple[int, int, int]
-  workgroup_size: tuple[int, int, int]
-  group_segment_size: int
-  private_segment_size: int
-  arch: str
-
-
 Executor = Callable[[GPUMemory, Dispatch], None]
-_executor: Executor | None = None
+_executor: Optional[Executor] = None
 
 
-def set_executor(fn: Executor | None) -> Executor | None:
+def set_executor(fn: Optional[Executor]) -> Optional[Executor]:
   """Register the kernel executor (None removes it); returns the previous one."""
   global _executor
   prev, _executor = _executor, fn
   return prev
 
 
-def get_executor() -> Executor | None:
-  return _executor
+def get_executor() -> Optional[Executor]: return _executor
 
 
 def execute(mem: GPUMemory, d: Dispatch) -> None:

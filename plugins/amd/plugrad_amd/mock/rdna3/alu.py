@@ -14,15 +14,17 @@ TWO_PI = 6.283185307179586
 
 
 def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-  """Correctly rounded float32 a*b+c: the product is exact in float64, the sum's rounding error (TwoSum) breaks the
-  ties that a second rounding to float32 would otherwise get wrong."""
+  """Correctly rounded float32 a*b+c: the product is exact in float64; the sum is made round-to-odd in float64 (an
+  inexact sum, per TwoSum's error term, with an even mantissa moves one ulp toward the exact value), which float64's 29
+  extra bits make safe to round once more to float32. (Nudging only by the error's direction at any mantissa is wrong
+  twice: below half an ulp `s + err` rounds back to `s`, and a value one ulp under a float32 midpoint would become it.)"""
   p = np.asarray(a, F64) * np.asarray(b, F64)
   c64 = np.asarray(c, F64)
   s = p + c64
   bp = s - c64
   err = (p - bp) + (c64 - (s - bp))
-  fix = np.isfinite(err) & (err != 0)
-  if np.any(fix): s = np.where(fix, np.nextafter(s, s + np.where(fix, err, 0)), s)
+  fix = np.isfinite(err) & (err != 0) & ((s.view(np.uint64) & 1) == 0)
+  if np.any(fix): s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
   return s.astype(F32)
 
 

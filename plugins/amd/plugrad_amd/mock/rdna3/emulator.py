@@ -8,7 +8,8 @@ from __future__ import annotations
 import functools
 import struct
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -88,6 +89,7 @@ class Program:
       raise EmulatorError(f"kernel {self.name}: {e} (code offset {pc:#x})") from None
     inst.addr = pc
     fn = compile_inst(inst, self.name)
+    STATS.decoded[(inst.enc, inst.name or "?")] += 1
     self.ops[pc] = (fn, pc + inst.size)
     self.extent = max(self.extent, pc + inst.size)
     return self.ops[pc]
@@ -112,9 +114,17 @@ def name_kernel(kernel_object: int, name: str) -> None:
 
 @dataclass
 class Stats:
+  """Wave-instructions executed, seconds spent and dispatches run; `decoded` counts the code locations decoded per
+  (encoding, mnemonic) (code is decoded when first executed: the mnemonics that ran), `kernels` the kernel names."""
   instructions: int = 0
   seconds: float = 0.0
   dispatches: int = 0
+  decoded: Counter = field(default_factory=Counter)
+  kernels: set = field(default_factory=set)
+
+  def reset(self) -> None:
+    self.instructions, self.seconds, self.dispatches = 0, 0.0, 0
+    self.decoded, self.kernels = Counter(), set()
 
   @property
   def per_second(self) -> float:
@@ -259,6 +269,7 @@ def execute(mem: GPUMemory, d: Dispatch) -> None:
   STATS.instructions += start - budget[0]
   STATS.seconds += time.perf_counter() - t0
   STATS.dispatches += 1
+  STATS.kernels.add(prog.name)
 
 
 def _run_group(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, prog: Program, group: tuple[int, int, int], nwaves: int,

@@ -1,0 +1,1 @@
+"""Generated ctypes bindings (kfd, amdgpu_drm, hsa, amd_hsa, amdhsa_kd, pm4_nv, pm4_soc15, sdma_gfx9, sdma_gfx10, sdma_gfx11, gc_9_4_3, gc_11_0_0, gc_12_0_0, sdma_4_4_2, mmhub_1_8_0, mmhub_3_0_0, mmhub_4_1_0, nbio_7_9_0, nbio_4_3_0, nbif_6_3_1); regenerate with `make autogen`."""

@@ -1,0 +1,219 @@
+"""AMDGPU renderer: golden LLVM IR for small kernels, hand-built GPU linear programs (SPECIAL ids, DEFINE_LOCAL,
+BARRIER, IF/ENDIF) compiled for every arch and checked in the machine code and kernel descriptor, launch metadata,
+constants. Values are checked in test_amd_semantics.py."""
+from __future__ import annotations
+
+import math
+import shutil
+import struct
+
+import pytest
+
+from plugrad.codegen import get_program
+from plugrad.dtype import AddrSpace, dtypes
+from plugrad.uop.ops import Ops, UOp
+from plugrad_amd import f64math
+from plugrad_amd.autogen import amdhsa_kd
+from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, unpack
+from plugrad_amd.device import load_image
+from plugrad_amd.renderer import ARCHS, AMDGPURenderer, fp8_bits, fp8_value, launch_dims, parse_launch, render_const
+
+needs_clang = pytest.mark.skipif(shutil.which("clang-19") is None or shutil.which("ld.lld-19") is None, reason="clang-19/lld-19 not installed")
+GPU_ARCHS = ["gfx1100", "gfx1201", "gfx942", "gfx90a"]
+
+
+def gl(slot: int, size: int, dt=dtypes.float32) -> UOp: return UOp(Ops.DEFINE_GLOBAL, dt.ptr(size), arg=slot)
+
+
+def elementwise_ast(n: int = 16) -> UOp:
+  i = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, n),), arg=(0, "global"))
+  a = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, gl(1, n).dtype, (gl(1, n), i)),))
+  return UOp.sink_of(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, gl(0, n).dtype, (gl(0, n), i)), a * 2.0 + 1.0)))
+
+
+GOLDEN_ELEMENTWISE = """\
+define amdgpu_kernel void @E_16(ptr addrspace(1) noalias align 4 %data0, ptr addrspace(1) noalias align 4 %data1) #0 {
+entry:
+  %id1 = call i32 @llvm.amdgcn.workitem.id.x()
+  %p2 = getelementptr inbounds float, ptr addrspace(1) %data0, i32 %id1
+  %p3 = getelementptr inbounds float, ptr addrspace(1) %data1, i32 %id1
+  %v4 = load float, ptr addrspace(1) %p3, align 4
+  %v5 = fmul float %v4, 0x4000000000000000
+  %v6 = fadd float %v5, 0x3FF0000000000000
+  store float %v6, ptr addrspace(1) %p2, align 4
+  ret void
+}"""
+
+
+def test_golden_elementwise():
+  src = get_program(elementwise_ast(), AMDGPURenderer("gfx1100")).src
+  assert GOLDEN_ELEMENTWISE in src, src
+  assert src.startswith('; gfx1100 kernel E_16\ntarget triple = "amdgcn-amd-amdhsa"')
+  assert '"target-cpu"="gfx1100"' in src and '"amdgpu-flat-work-group-size"="1,16"' in src
+  assert "declare i32 @llvm.amdgcn.workitem.id.x()" in src  # core's GPU codegen: the 16 elements are 16 work-items of one group
+  assert parse_launch(src) == {"grid": [1, 1, 1], "block": [16, 1, 1], "vars": [], "arch": "gfx1100"}
+
+
+def test_gated_load_never_touches_memory_on_a_false_gate():
+  i = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 8),), arg=(0, "global"))
+  gate = i < 4
+  a = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, gl(1, 4).dtype, (gl(1, 4), i, gate)),))
+  src = get_program(UOp.sink_of(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, gl(0, 8).dtype, (gl(0, 8), i)), a))), AMDGPURenderer()).src
+  body = src[src.index("entry:"):]
+  # the load sits in its own block, entered only when the gate holds, and a phi gives 0 otherwise
+  then = body[body.index("_then:"):body.index("_join:")]
+  assert "load float" in then and "phi float" in body and "0x0000000000000000" in body[body.index("phi float"):]
+  assert "load float" not in body[:body.index("_then:")]
+
+
+def test_constants_are_exact():
+  assert render_const(0.1, dtypes.float32) == "0x%016X" % struct.unpack("<Q", struct.pack("<d", struct.unpack("<f", struct.pack("<f", 0.1))[0]))[0]
+  assert render_const(math.inf, dtypes.float32) == "0x7FF0000000000000" and render_const(-math.inf, dtypes.float64) == "0xFFF0000000000000"
+  assert render_const(1.0, dtypes.float16) == "0xH3C00" and render_const(65536.0, dtypes.float16) == "0xH7C00"
+  assert render_const(1.0, dtypes.bfloat16) == "0xR3F80" and render_const(math.nan, dtypes.bfloat16) == "0xR7FC0"
+  assert render_const(-1, dtypes.uint8) == "-1" and render_const(255, dtypes.uint8) == "-1" and render_const(2**31, dtypes.int32) == "-2147483648"
+  assert render_const(True, dtypes.bool) == "true"
+
+
+@pytest.mark.parametrize("dt", [dtypes.fp8e4m3, dtypes.fp8e5m2])
+def test_fp8_constants_round_to_nearest_even(dt):
+  for code in range(256):
+    v = fp8_value(code, dt)
+    if math.isfinite(v) and not (v == 0 and code & 0x80): assert fp8_bits(v, dt) == code, (code, v)
+  assert fp8_bits(1.0, dt) == (0x38 if dt == dtypes.fp8e4m3 else 0x3C)
+  # out of range, as core converts (and the kernels' own conversions do): e4m3 saturates to 448, e5m2 overflows to inf
+  assert fp8_value(fp8_bits(1e6, dt), dt) == 448.0 if dt == dtypes.fp8e4m3 else math.isinf(fp8_value(fp8_bits(1e6, dt), dt))
+  assert fp8_bits(1e300, dt) == fp8_bits(math.inf, dt) and fp8_bits(-1e300, dt) == fp8_bits(-math.inf, dt)
+  assert fp8_bits(math.nan, dt) == 0x7F
+
+
+def gpu_program(lsz: int = 128, groups: int = 4) -> list[UOp]:
+  """out[g*lsz + l] = in[g*lsz + lsz-1 - l] through LDS (reversed within the workgroup), stored only by lanes l < 32.
+  128 threads: more than one wave on every arch, so the barrier is real."""
+  i32 = dtypes.int32
+  def c(v: int) -> UOp: return UOp.const(i32, v)
+  out, inp = gl(0, groups * lsz), gl(1, groups * lsz)
+  g = UOp(Ops.SPECIAL, i32, (c(groups),), "gidx0")
+  l = UOp(Ops.SPECIAL, i32, (c(lsz),), "lidx0")
+  lds = UOp(Ops.DEFINE_LOCAL, dtypes.float32.ptr(lsz, AddrSpace.LOCAL), arg=("temp0", lsz))
+  base = UOp(Ops.MUL, i32, (g, c(lsz)))
+  gidx = UOp(Ops.ADD, i32, (base, l))
+  src_idx = UOp(Ops.INDEX, inp.dtype, (inp, gidx))
+  ld = UOp(Ops.LOAD, dtypes.float32, (src_idx,))
+  lds_idx = UOp(Ops.INDEX, lds.dtype, (lds, l))
+  st = UOp(Ops.STORE, dtypes.void, (lds_idx, ld))
+  bar = UOp(Ops.BARRIER, dtypes.void, (st,))
+  revidx = UOp(Ops.SUB, i32, (c(lsz - 1), l))
+  rev_idx = UOp(Ops.INDEX, lds.dtype, (lds, revidx))
+  rev = UOp(Ops.LOAD, dtypes.float32, (rev_idx, bar))
+  cond = UOp(Ops.CMPLT, dtypes.bool, (l, c(32)))
+  iff = UOp(Ops.IF, dtypes.void, (cond,))
+  out_idx = UOp(Ops.INDEX, out.dtype, (out, gidx))
+  st2 = UOp(Ops.STORE, dtypes.void, (out_idx, rev))
+  endif = UOp(Ops.ENDIF, dtypes.void, (iff,))
+  return [out, inp, g, l, lds, base, gidx, src_idx, ld, lds_idx, st, bar, revidx, rev_idx, rev, cond, iff, out_idx, st2, endif]
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", GPU_ARCHS)
+def test_special_local_barrier_if_compile(arch: str):
+  src = AMDGPURenderer(arch).render("lds_reverse", gpu_program())
+  assert "@llvm.amdgcn.workgroup.id.x()" in src and "@llvm.amdgcn.workitem.id.x()" in src
+  assert "@temp0 = internal addrspace(3) global [128 x float] undef" in src
+  assert 'fence syncscope("workgroup") release\n  call void @llvm.amdgcn.s.barrier()\n  fence syncscope("workgroup") acquire' in src
+  meta = parse_launch(src)
+  assert meta["grid"] == [4, 1, 1] and meta["block"] == [128, 1, 1] and '"amdgpu-flat-work-group-size"="1,128"' in src
+  c = AMDGPUCompiler(arch)
+  lib = c.compile(src)
+  _, elf = unpack(lib)
+  kd_off = elf_symbols(elf)["lds_reverse.kd"][0]
+  kd = amdhsa_kd.struct_kernel_descriptor_t.from_buffer_copy(load_image(elf), kd_off)
+  assert kd.group_segment_fixed_size == 512 and kd.private_segment_fixed_size == 0
+  if shutil.which("llvm-objdump-19"):
+    asm = c.disassemble(lib)
+    assert "s_barrier" in asm and ("ds_store" in asm or "ds_write" in asm) and ("ds_load" in asm or "ds_read" in asm)
+
+
+def test_launch_dims_symbolic():
+  meta = {"grid": [["*", "n", 2], 1, 1], "block": [32, 1, 1], "vars": ["n"]}
+  assert launch_dims(meta, (5,)) == ((10, 1, 1), (32, 1, 1)) and launch_dims(meta, {"n": 0}) == ((1, 1, 1), (32, 1, 1))
+  with pytest.raises(ValueError, match="takes 1 variable"): launch_dims(meta, ())
+
+
+def test_capabilities_per_arch():
+  assert AMDGPURenderer("gfx1100").warp_size == 32 and AMDGPURenderer("gfx942").warp_size == 64 and AMDGPURenderer("gfx90a").warp_size == 64
+  for a in GPU_ARCHS:
+    r = AMDGPURenderer(a)
+    assert r.has_local and r.has_shared and r.shared_max == 65536 and r.local_max_threads == 1024 and r.arch == a
+  assert AMDGPURenderer.accepts_arch("gfx942") and not AMDGPURenderer.accepts_arch("sm_90") and set(GPU_ARCHS) <= set(ARCHS)
+
+
+def test_bad_special_is_a_clear_error():
+  bad = UOp(Ops.SPECIAL, dtypes.int32, (UOp.const(dtypes.int32, 4),), "tid")
+  with pytest.raises(ValueError, match="SPECIAL 'tid'"): AMDGPURenderer().render("k", [gl(0, 4), bad])
+
+
+class TCRenderer(AMDGPURenderer):
+  """Core has no WMMA op on this branch yet (the GPU-codegen work adds it): a CUSTOM uop stands in for it here, rendered
+  by the same `wmma` method the renderer uses for WMMA."""
+  def alu(self, u: UOp, args: list[str]) -> str: return self.wmma(u) if u.op is Ops.CUSTOM else super().alu(u, args)
+
+
+def tc_program(na: int, nc: int, lanes: int, dt_in) -> list[UOp]:
+  """Each lane loads its a/b fragments (na elements) and c (nc floats), runs one tensor-core op, stores the result."""
+  i32 = dtypes.int32
+  a, b, c, out = gl(1, lanes * na, dt_in), gl(2, lanes * na, dt_in), gl(3, lanes * nc), gl(0, lanes * nc)
+  lane = UOp(Ops.SPECIAL, i32, (UOp.const(i32, lanes),), "lidx0")
+  prog = [out, a, b, c, lane]
+  def frag(buf: UOp, n: int, dt) -> UOp:
+    base = UOp(Ops.MUL, i32, (lane, UOp.const(i32, n)))
+    prog.append(base)
+    vals = []
+    for j in range(n):
+      idx = UOp(Ops.ADD, i32, (base, UOp.const(i32, j)))
+      ix = UOp(Ops.INDEX, buf.dtype, (buf, idx))
+      ld = UOp(Ops.LOAD, dt, (ix,))
+      prog.extend([idx, ix, ld])
+      vals.append(ld)
+    v = UOp(Ops.VECTORIZE, dt.vec(n), tuple(vals))
+    prog.append(v)
+    return v
+  va, vb, vc = frag(a, na, dt_in), frag(b, na, dt_in), frag(c, nc, dtypes.float32)
+  w = UOp(Ops.CUSTOM, dtypes.float32.vec(nc), (va, vb, vc), "WMMA_16_16_16")
+  prog.append(w)
+  base = UOp(Ops.MUL, i32, (lane, UOp.const(i32, nc)))
+  prog.append(base)
+  for j in range(nc):
+    g = UOp(Ops.GEP, dtypes.float32, (w,), (j,))
+    idx = UOp(Ops.ADD, i32, (base, UOp.const(i32, j)))
+    ix = UOp(Ops.INDEX, out.dtype, (out, idx))
+    prog.extend([g, idx, ix, UOp(Ops.STORE, dtypes.void, (ix, g))])
+  return prog
+
+
+TC_CASES = [("gfx1100", 16, 8, 32, "v_wmma_f32_16x16x16_f16", "v_wmma_f32_16x16x16_bf16"),
+            ("gfx1201", 8, 8, 32, "v_wmma_f32_16x16x16_f16", "v_wmma_f32_16x16x16_bf16"),
+            ("gfx942", 4, 4, 64, "v_mfma_f32_16x16x16_f16", "v_mfma_f32_16x16x16_bf16"),
+            ("gfx90a", 4, 4, 64, "v_mfma_f32_16x16x16f16", "v_mfma_f32_16x16x16bf16_1k")]
+
+
+@needs_clang
+@pytest.mark.skipif(shutil.which("llvm-objdump-19") is None, reason="llvm-objdump-19 not installed")
+@pytest.mark.parametrize("arch,na,nc,lanes,f16_ins,bf16_ins", TC_CASES)
+def test_tensor_core_instructions(arch: str, na: int, nc: int, lanes: int, f16_ins: str, bf16_ins: str):
+  c = AMDGPUCompiler(arch)
+  for dt, ins in ((dtypes.float16, f16_ins), (dtypes.bfloat16, bf16_ins)):
+    src = TCRenderer(arch).render("tc", tc_program(na, nc, lanes, dt))
+    asm = c.disassemble(c.compile(src))
+    assert ins in asm, f"{arch} {dt}: {ins} not in\n{asm[:3000]}"
+  with pytest.raises(NotImplementedError, match="no tensor core"): TCRenderer(arch).render("tc", tc_program(na * 2, nc, lanes, dtypes.float16))
+
+
+def test_two_over_pi_chunks_for_the_sin_reduction():
+  """The float32 sin's large-argument reduction: 2/pi in eight 28-bit chunks (each exact times a 24-bit mantissa),
+  computed from Machin's formula; the leading bits agree with the published hex expansion of 2/pi."""
+  assert f"{f64math._TOP:X}".startswith("A2F9836E4E441529FC2757D1F534DDC0DB6295993C439041FE5163")
+  for i, c in enumerate(f64math.TWO_OVER_PI_CHUNKS):
+    m = c * 2.0 ** (28 * (i + 1))
+    assert m == int(m) and 0 <= m < 2**28
+  assert abs(sum(f64math.TWO_OVER_PI_CHUNKS) - 2 / math.pi) < 1e-16
