@@ -69,7 +69,7 @@ def test_input_grad_is_a_convolution():
   _, dx, dw = _grad_asts()
   assert [_reduce_trips(a) for a in dx] == [32 * 9]
   assert [_reduce_trips(a) for a in dw] == [8 * 16]
-  _, dx2, _ = _grad_asts(stride=2)  # four phases (taps 2x2, 2x1, 1x2, 1x1), every multiply-add useful
+  _, dx2, _ = _grad_asts(stride=2)  # four phase kernels (taps 2x2, 2x1, 1x2, 1x1, every multiply-add useful)
   trips = sorted(int(np.prod([r.src[0].arg for r in n.src[1:]])) for a in dx2 for n in a.toposort() if n.op is Ops.REDUCE)
   assert trips == [32, 64, 64, 128]
 
@@ -87,15 +87,18 @@ def test_conv_kernels_get_the_channel_tile():
   assert conv_opts((a @ b).schedule()[-1].ast, lanes, regs) is None  # a matmul keeps the matmul tile
 
 
-def test_conv_grads_float32_kernels_match_torch():
-  """The optimized float32 kernels (the tile above) give torch's values for the digits CNN's second conv."""
+@pytest.mark.parametrize("stride,groups,size", [(1, 1, 4), (2, 1, 7), (1, 2, 5)])
+def test_conv_grads_float32_kernels_match_torch(stride, groups, size):
+  """The optimized float32 kernels (the tile above) give torch's values: the digits CNN's second conv, a stride-2 conv
+  (four phase convolutions) and a grouped one."""
   rng = np.random.default_rng(0)
-  x, w = rng.standard_normal((8, 16, 4, 4)).astype(np.float32), rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+  x = rng.standard_normal((8, 16, size, size)).astype(np.float32)
+  w = rng.standard_normal((32, 16 // groups, 3, 3)).astype(np.float32)
   tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-  ty = F.conv2d(tx, tw, padding=1)
+  ty = F.conv2d(tx, tw, padding=1, stride=stride, groups=groups)
   gy = rng.standard_normal(tuple(ty.shape)).astype(np.float32)
   ty.backward(torch.tensor(gy))
   px, pw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
-  py = px.conv2d(pw, padding=1)
+  py = px.conv2d(pw, padding=1, stride=stride, groups=groups)
   (py * Tensor(gy)).sum().backward()
   for a, b in ((py, ty), (px.grad, tx.grad), (pw.grad, tw.grad)): np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4)

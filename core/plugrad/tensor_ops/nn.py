@@ -188,7 +188,7 @@ def _conv_input_grad(dy: Tensor, weight: Tensor, groups: int, stride: Sequence[i
   phase rho = i % s: the phase's taps are every (s/g)-th one from its first (g = gcd(s, d)), and output position
   i' = i // s reads o = i' + c0 - j*(d/g) for its j-th tap, a stride-1 correlation of dy with the reversed sub-kernel at
   dilation d/g. Stride 1 is one phase (the whole kernel, pads d*(k-1) - p); stride s > 1 is s**nd such convolutions
-  (every multiply-add useful, unlike zero-stuffing dy) interleaved by one elementwise kernel."""
+  (every multiply-add useful, unlike zero-stuffing dy), each its own kernel, interleaved by one elementwise kernel."""
   nd = weight.ndim - 2
   cout, cin, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
   rc, bs, O = cout // groups, dy.shape[0], dy.shape[2:]
@@ -219,10 +219,11 @@ def _conv_input_grad(dy: Tensor, weight: Tensor, groups: int, stride: Sequence[i
     cpads = [(t[4], t[5]) for _, _, t in combo]
     parts.append((combo, _conv(dy, w, groups, (1,) * nd, tuple(t[3] for _, _, t in combo), cpads, dtype)))
   if all(s == 1 for s in stride): return parts[0][1]
+  # each phase its own kernel (a plain convolution the conv tile fits), then one elementwise kernel interleaves them
   full = [-(-I // s) for I, s in zip(in_shape, stride)]
   ret = None
   for combo, p in parts:  # phase rho of dim j goes to positions i' * s + rho
-    p = p._pad(((0, 0), (0, 0), *[(0, f - n) for f, (_, n, _) in zip(full, combo)]))
+    p = p.contiguous()._pad(((0, 0), (0, 0), *[(0, f - n) for f, (_, n, _) in zip(full, combo)]))
     p = p.reshape(bs, groups * cin, *[v for f in full for v in (f, 1)])
     p = p._pad(((0, 0), (0, 0), *[q for (rho, _, _), s in zip(combo, stride) for q in ((0, 0), (rho, s - 1 - rho))]))
     ret = p if ret is None else ret + p
