@@ -265,7 +265,9 @@ class _ConvVJP:
   dtype: DType | None
   def __call__(self, ctx: UOp, ret: UOp) -> tuple:
     T, (x, w) = self.cls, ret.src[1:]
-    dy = T(ctx)
+    # the output gradient once into a buffer: both gradients read it as a plain operand (else each re-evaluates the
+    # fused BatchNorm/ReLU backward expression per tile row and tap)
+    dy = T(ctx).contiguous()
     dx = _conv_input_grad(dy, T(w), self.groups, self.stride, self.dilation, self.pads, x.shape[2:], self.dtype).cast(x.dtype)
     dw = _conv_weight_grad(dy, T(x), self.groups, self.stride, self.dilation, self.pads, w.shape[2:], self.dtype).cast(w.dtype)
     return None, dx.uop, dw.uop
