@@ -425,7 +425,9 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
 
 def _gated_or_strided(v: UOp, glbl: list[UOp], lanes: int) -> bool:
   """Whether operand `v` can't be read as whole vectors along any global range: anything but an ungated load that walks
-  memory with stride 1 along a global range of a size the lanes divide (which the matmul tile would vectorize)."""
+  memory with stride 1 along a global range of a size the lanes divide (which the matmul tile would vectorize), also
+  through a CAST (16-bit matmul inputs)."""
+  while v.op is Ops.CAST: v = v.src[0]
   if v.op is not Ops.LOAD or v.src[0].op is not Ops.INDEX or len(v.src[0].src) > 2: return True
   return not any(_stride_one(v.src[0].src[1], g) and (_const_end(g) or 0) % lanes == 0 for g in glbl)
 
