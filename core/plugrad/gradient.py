@@ -82,7 +82,10 @@ def _pow_grads(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
 
 
 def _custom_grads(ctx: UOp, ret: UOp) -> tuple[UOp | None, ...]:
-  """CUSTOM_GRAD(value, x1, g1, ...): ctx * g_i to x_i; nothing through the value's own graph or into the g_i."""
+  """CUSTOM_GRAD(value, x1, g1, ...): ctx * g_i to x_i; nothing through the value's own graph or into the g_i.
+  With a callable arg, CUSTOM_GRAD(value, x1, x2, ...) takes its gradients from `arg(ctx, ret)` (a vector-Jacobian
+  product: None for the value, then one gradient per x_i, e.g. a convolution's as convolutions)."""
+  if callable(ret.arg): return tuple(ret.arg(ctx, ret))
   if len(ret.src) % 2 == 0: raise RuntimeError(f"CUSTOM_GRAD needs a value and (input, gradient) pairs, got {len(ret.src)} sources")
   out: list[UOp | None] = [None]
   for g in ret.src[2::2]: out += [ctx * g, None]

@@ -382,6 +382,7 @@ def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
   if not upcast_max: return []
   split = not getattr(renderer, "vectorizes_reductions", False)
   lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
+  if lanes >= 2 and (co := conv_opts(ast, lanes, regs)) is not None: return co + local_opts(ast, renderer)
   opts = choose_opts(ast, upcast_max, split, lanes, regs)
   if lanes >= 2 and (po := _operand_pack_opts(ast, upcast_max, split, lanes, regs, opts)): opts = po
   return opts + local_opts(ast, renderer)
@@ -420,6 +421,61 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
     rngs = ranges_of(ast)
     if not rows or math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS: return None
   return first + opts
+
+
+def _gated_or_strided(v: UOp, glbl: list[UOp], lanes: int) -> bool:
+  """Whether operand `v` can't be read as whole vectors along any global range: anything but an ungated load that walks
+  memory with stride 1 along a global range of a size the lanes divide (which the matmul tile would vectorize), also
+  through a CAST (16-bit matmul inputs)."""
+  while v.op is Ops.CAST: v = v.src[0]
+  if v.op is not Ops.LOAD or v.src[0].op is not Ops.INDEX or len(v.src[0].src) > 2: return True
+  return not any(_stride_one(v.src[0].src[1], g) and (_const_end(g) or 0) % lanes == 0 for g in glbl)
+
+
+def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
+  """A direct convolution (or one of its gradients) as a register-blocked matmul with the channels in the vector lanes:
+  out[.., c, .., spatial] = sum over (channels, taps) of f[c, reduce..] * g[spatial.., reduce..], where the channel
+  operand f moves with one global range c (the output or input channels: the weights, or the output gradient in the
+  weight gradient) that it doesn't read contiguously, and the other operand is a gated window (padding) or strided, so
+  no axis of the output vectorizes as it is. f is packed panel-major along c (PACK, codegen/pack.py), its panels of
+  `lanes` x u channels are read as u vectors per reduce step, and the innermost other output axes (the output row,
+  then the ones above it: the spatial rows in a forward conv, the kernel taps in a weight gradient) are the tile's rows,
+  each a broadcast of g. A whole small axis is upcast so its padding gates fold to constants. The reduce loops stay
+  loops (unrolling the 3x3 taps or splitting the channel loop measured slower: a bigger body, more live registers).
+  None when the kernel isn't shaped like that (PACK=0 or CONV_OPT=0 turns it off)."""
+  if not getenv("PACK", 1) or not getenv("CONV_OPT", 1): return None
+  topo = ast.toposort()
+  reduces = [n for n in topo if n.op is Ops.REDUCE]
+  if not reduces or any(n.dtype.scalar() != dtypes.float32 for n in reduces) or len(ast.src) != 1: return None
+  glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  red = {r for n in reduces for r in n.src[1:]}
+  main = max(reduces, key=lambda n: math.prod(_const_end(r) or 1 for r in n.src[1:]))
+  if any(r.src[0].op is not Ops.CONST for r in (*glbl, *red)) or len(glbl) < 2: return None
+  ops = _mul_operands(UOp(Ops.SINK, dtypes.void, (main,)))
+  if len(ops) != 2: return None
+  cands = []
+  for f, g in (ops, ops[::-1]):
+    fr = {n for n in f.toposort() if n.op is Ops.RANGE}
+    gr = {n for n in g.toposort() if n.op is Ops.RANGE}
+    fg = [r for r in glbl if r in fr]
+    if len(fg) != 1 or not fr & red or (c := fg[0]) in gr or c is glbl[-1] or (_const_end(c) or 0) % lanes: continue
+    if _plain_load_along(f, "global", c) or not _gated_or_strided(g, glbl, lanes): continue
+    if not set(glbl) - {c} <= gr | fr: continue
+    cands.append(c)
+  if len(cands) != 1: return None
+  c = cands[0]
+  u = 2 if (_const_end(c) // lanes) % 2 == 0 else 1
+  opts = [Opt("PACK", c.arg[0], lanes * u), Opt("VECTOR", c.arg[0], lanes)]
+  if u > 1: opts.append(Opt("UPCAST", c.arg[0], u))
+  budget = max(1, (regs * 3 // 4) // u)  # output rows of the tile: u accumulators each
+  for gr_ in reversed([r for r in glbl if r is not c]):
+    n = _const_end(gr_)
+    k = n if n <= budget else next((a for a in (8, 7, 6, 5, 4, 3, 2) if a <= budget and n % a == 0), 1)
+    if k < 2: continue
+    opts.append(Opt("UPCAST", gr_.arg[0], k))
+    budget //= k
+    if budget < 2: break
+  return opts
 
 
 def optimize(ast: UOp, renderer) -> UOp:

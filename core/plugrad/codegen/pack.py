@@ -77,7 +77,7 @@ def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp], skip: int | None =
   reduce inside, over ranges of constant size (None when there is none). Any layout along `n` packs (a transposed
   operand becomes contiguous). Operands reading a parameter numbered `skip` or above (scratch buffers already packed)
   are left alone."""
-  if (size := _const_end(n)) is None or size % P or size == P: return None
+  if (size := _const_end(n)) is None or size % P: return None
   red_rngs = {r for x in ast.toposort() if x.op is Ops.REDUCE for r in x.src[1:]}
   for x in _mul_operands(ast):
     topo = x.toposort()

@@ -8,11 +8,12 @@ with pad/reshape/expand/shrink/permute only, so a conv is a broadcast-multiply a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from plugrad.errors import TensorError
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
-from plugrad.uop.ops import Ops
+from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
   from plugrad.tensor import Tensor
@@ -151,6 +152,125 @@ def _diagonal(x: Tensor, a: int, b: int) -> Tensor:
   order = list(range(len(rest)))
   order.insert(a, len(rest))
   return y.permute(*order)
+
+
+def _conv(x: Tensor, weight: Tensor, groups: int, stride: Sequence[int], dilation: Sequence[int], pads: Sequence[tuple[int, int]],
+          dtype: DType | str | None) -> Tensor:
+  """The cross-correlation itself (arguments validated): pad (negative pads crop), the window view, one multiply-reduce."""
+  nd = weight.ndim - 2
+  (bs, _), (cout, cin), ks = x.shape[:2], weight.shape[:2], weight.shape[2:]
+  x = _pad_spatial(x, pads)
+  o = [_out_size(i, k, s, d) for i, k, s, d in zip(x.shape[2:], ks, stride, dilation)]
+  x = _pool_view(x, ks, stride, dilation)  # (bs, cin_all, *o, *k)
+  rc = cout // groups
+  x = x.reshape(bs, groups, cin, 1, *o, *ks).expand(bs, groups, cin, rc, *o, *ks)
+  x = x.permute(0, 1, 3, *range(4, 4 + nd), 2, *range(4 + nd, 4 + 2 * nd))  # (bs, groups, rc, *o, cin, *k)
+  w = weight.reshape(1, groups, rc, *[1] * nd, cin, *ks)
+  out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, weight.dtype)
+  return (x * w).sum(tuple(range(-1 - nd, 0)), dtype=dtype).cast(out_dt).reshape(bs, cout, *o)
+
+
+def _every(w: Tensor, axis: int, start: int, step: int, count: int) -> Tensor:
+  """w[..., start::step][:count] along `axis` (movement ops only)."""
+  n = w.shape[axis]
+  w = w.shrink([None] * axis + [(start, min(n, start + (count - 1) * step + 1))] + [None] * (w.ndim - axis - 1))
+  if step == 1: return w
+  w = w._pad(tuple((0, 0) if i != axis else (0, count * step - w.shape[axis]) for i in range(w.ndim)))
+  w = w.reshape(*w.shape[:axis], count, step, *w.shape[axis + 1:])
+  return w.shrink([None] * (axis + 1) + [(0, 1)] + [None] * (w.ndim - axis - 2)).reshape(*w.shape[:axis], count, *w.shape[axis + 2:])
+
+
+def _conv_input_grad(dy: Tensor, weight: Tensor, groups: int, stride: Sequence[int], dilation: Sequence[int],
+                     pads: Sequence[tuple[int, int]], in_shape: Sequence[int], dtype: DType | str | None) -> Tensor:
+  """d conv / d x for output gradient dy: stride-1 convolutions of dy with the flipped, in/out-swapped kernel.
+
+  Input position i (in the padded input's coordinates i + pb) takes the taps k with i + pb - k*d = o*s. Split i by its
+  phase rho = i % s: the phase's taps are every (s/g)-th one from its first (g = gcd(s, d)), and output position
+  i' = i // s reads o = i' + c0 - j*(d/g) for its j-th tap, a stride-1 correlation of dy with the reversed sub-kernel at
+  dilation d/g. Stride 1 is one phase (the whole kernel, pads d*(k-1) - p); stride s > 1 is s**nd such convolutions
+  (every multiply-add useful, unlike zero-stuffing dy), each its own kernel, interleaved by one elementwise kernel."""
+  nd = weight.ndim - 2
+  cout, cin, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
+  rc, bs, O = cout // groups, dy.shape[0], dy.shape[2:]
+  wt = weight.reshape(groups, rc, cin, *ks).permute(0, 2, 1, *range(3, 3 + nd)).reshape(groups * cin, rc, *ks)
+  dims = []  # per spatial dim: for each phase (positions, first tap, tap step, taps, dilation, left pad, right pad)
+  for I, o, k, s, d, (pb, _) in zip(in_shape, O, ks, stride, dilation, pads):
+    g = math.gcd(s, d)
+    phases = []
+    for rho in range(s):
+      n = -(-(I - rho) // s)
+      taps = [kk for kk in range(k) if (rho + pb - kk * d) % s == 0]
+      if n <= 0: continue
+      if not taps: phases.append((rho, n, None)); continue
+      J, dd, c0 = len(taps), d // g, (rho + pb - taps[0] * d) // s
+      left = (J - 1) * dd - c0
+      phases.append((rho, n, (taps[0], s // g, J, dd, left, n + (J - 1) * dd - o - left)))
+    dims.append(phases)
+  out_dt = least_upper_dtype(dy.dtype, weight.dtype) if dtype is None else to_dtype(dtype)
+  parts = []
+  for combo in _product(dims):
+    shape = (bs, groups * cin, *[n for _, n, _ in combo])
+    if any(t is None for _, _, t in combo):  # a phase no tap reaches: zero gradient
+      parts.append((combo, type(dy).zeros(*shape, dtype=out_dt, device=dy.device)))
+      continue
+    w = wt
+    for ax, (_, _, (k0, step, J, _, _, _)) in enumerate(combo): w = _every(w, 2 + ax, k0, step, J)
+    w = w.flip(*range(2, 2 + nd))
+    cpads = [(t[4], t[5]) for _, _, t in combo]
+    parts.append((combo, _conv(dy, w, groups, (1,) * nd, tuple(t[3] for _, _, t in combo), cpads, dtype)))
+  if all(s == 1 for s in stride): return parts[0][1]
+  # each phase its own kernel (a plain convolution the conv tile fits), then one elementwise kernel interleaves them
+  full = [-(-I // s) for I, s in zip(in_shape, stride)]
+  ret = None
+  for combo, p in parts:  # phase rho of dim j goes to positions i' * s + rho
+    p = p.contiguous()._pad(((0, 0), (0, 0), *[(0, f - n) for f, (_, n, _) in zip(full, combo)]))
+    p = p.reshape(bs, groups * cin, *[v for f in full for v in (f, 1)])
+    p = p._pad(((0, 0), (0, 0), *[q for (rho, _, _), s in zip(combo, stride) for q in ((0, 0), (rho, s - 1 - rho))]))
+    ret = p if ret is None else ret + p
+  assert ret is not None
+  ret = ret.reshape(bs, groups * cin, *[f * s for f, s in zip(full, stride)])
+  return ret.shrink([None, None, *[(0, I) for I in in_shape]])
+
+
+def _product(lists: list[list]) -> list[tuple]:
+  out: list[tuple] = [()]
+  for lst in lists: out = [t + (v,) for t in out for v in lst]
+  return out
+
+
+def _conv_weight_grad(dy: Tensor, x: Tensor, groups: int, stride: Sequence[int], dilation: Sequence[int],
+                      pads: Sequence[tuple[int, int]], ks: Sequence[int], dtype: DType | str | None) -> Tensor:
+  """d conv / d weight: the correlation of the padded input's windows with dy, summed over the batch and the outputs."""
+  nd = len(ks)
+  bs, cin_all, O = x.shape[0], x.shape[1], dy.shape[2:]
+  cout, cin = dy.shape[1], cin_all // groups
+  rc = cout // groups
+  xv = _pool_view(_pad_spatial(x, pads), ks, stride, dilation)  # (bs, cin_all, *O', *k), O' >= O
+  xv = xv.shrink([None, None, *[(0, o) for o in O], *[None] * nd]).reshape(bs, groups, 1, cin, *O, *ks)
+  g = dy.reshape(bs, groups, rc, 1, *O, *[1] * nd)
+  out_dt = least_upper_dtype(dy.dtype, x.dtype) if dtype is None else to_dtype(dtype)
+  red = (0, *range(4, 4 + nd))
+  return (xv * g).sum(red, dtype=dtype).cast(out_dt).reshape(cout, cin, *ks)
+
+
+@dataclass(frozen=True)
+class _ConvVJP:
+  """The vector-Jacobian product of a convolution (the arg of its CUSTOM_GRAD node, whose sources are the value, x and
+  the weight): called by autograd with the output's gradient, it returns (None, d x, d weight) as convolutions."""
+  cls: type
+  groups: int
+  stride: tuple
+  dilation: tuple
+  pads: tuple
+  dtype: DType | None
+  def __call__(self, ctx: UOp, ret: UOp) -> tuple:
+    T, (x, w) = self.cls, ret.src[1:]
+    # the output gradient once into a buffer: both gradients read it as a plain operand (else each re-evaluates the
+    # fused BatchNorm/ReLU backward expression per tile row and tap)
+    dy = T(ctx).contiguous()
+    dx = _conv_input_grad(dy, T(w), self.groups, self.stride, self.dilation, self.pads, x.shape[2:], self.dtype).cast(x.dtype)
+    dw = _conv_weight_grad(dy, T(x), self.groups, self.stride, self.dilation, self.pads, w.shape[2:], self.dtype).cast(w.dtype)
+    return None, dx.uop, dw.uop
 
 
 class NnMixin:
@@ -317,7 +437,7 @@ class NnMixin:
     if nd < 1: raise RuntimeError(f"conv weight needs at least 3 dims, got shape {weight.shape}")
     if x.ndim != weight.ndim: raise RuntimeError(f"conv: expected {weight.ndim}-D input for weight of shape {weight.shape}, got shape {x.shape}")
     if not isinstance(groups, int) or groups < 1: raise TensorError(f"conv groups must be a positive int, got {groups!r}")
-    (bs, cin_all), (cout, cin), ks = x.shape[:2], weight.shape[:2], weight.shape[2:]
+    (_, cin_all), (cout, cin), ks = x.shape[:2], weight.shape[:2], weight.shape[2:]
     if cin * groups != cin_all:
       raise RuntimeError(f"conv: input {x.shape} has {cin_all} channels but weight {weight.shape} with groups={groups} expects {cin * groups}")
     if cout % groups: raise RuntimeError(f"conv: out channels {cout} of weight {weight.shape} not divisible by groups={groups}")
@@ -330,17 +450,15 @@ class NnMixin:
       tot = [d * (k - 1) if padding == "same" else 0 for k, d in zip(ks, dilation)]
       pads = [(t // 2, t - t // 2) for t in tot]
     else: pads = _resolve_pads(padding, nd)
-    x = _pad_spatial(x, pads)
-    o = [_out_size(i, k, s, d) for i, k, s, d in zip(x.shape[2:], ks, stride, dilation)]
-    if any(v < 1 for v in o) or any(k < 1 for k in ks):
-      raise RuntimeError(f"conv: kernel {tuple(ks)} (dilation {dilation}) is larger than the padded input {x.shape[2:]}")
-    x = _pool_view(x, ks, stride, dilation)  # (bs, cin_all, *o, *k)
-    rc = cout // groups
-    x = x.reshape(bs, groups, cin, 1, *o, *ks).expand(bs, groups, cin, rc, *o, *ks)
-    x = x.permute(0, 1, 3, *range(4, 4 + nd), 2, *range(4 + nd, 4 + 2 * nd))  # (bs, groups, rc, *o, cin, *k)
-    w = weight.reshape(1, groups, rc, *[1] * nd, cin, *ks)
+    if any(_out_size(i + pb + pa, k, 1, d) < 1 for i, (pb, pa), k, d in zip(x.shape[2:], pads, ks, dilation)) or any(k < 1 for k in ks):
+      raise RuntimeError(f"conv: kernel {tuple(ks)} (dilation {dilation}) is larger than the padded input "
+                         f"{tuple(i + pb + pa for i, (pb, pa) in zip(x.shape[2:], pads))}")
     out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, weight.dtype)
-    ret = (x * w).sum(tuple(range(-1 - nd, 0)), dtype=dtype).cast(out_dt).reshape(bs, cout, *o)
+    ret = _conv(x, weight, groups, stride, dilation, pads, dtype)
+    if dtypes.is_float(out_dt) and x.uop.op is not Ops.MULTI and weight.uop.op is not Ops.MULTI:
+      # torch's derivatives as convolutions (_ConvVJP) instead of the adjoint of the window view (a masked gather)
+      vjp = _ConvVJP(type(x), groups, stride, dilation, tuple(pads), None if dtype is None else to_dtype(dtype))
+      ret = type(x)(UOp(Ops.CUSTOM_GRAD, ret.dtype, (ret.uop, x.uop, weight.uop), vjp))
     return ret if bias is None else ret + bias.reshape(1, cout, *[1] * nd)
 
   def conv1d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0,

@@ -20,6 +20,7 @@ class Ops(Enum):
   CONTIGUOUS = auto(); DETACH = auto(); KERNEL = auto()
   # autograd markers (tensor level, the value of src[0] to the scheduler): CONTIGUOUS_BACKWARD(x) makes x's gradient
   # contiguous; CUSTOM_GRAD(value, x1, g1, x2, g2, ...) is value, whose gradient to each x_i is the incoming one times g_i
+  # (with a callable arg, CUSTOM_GRAD(value, x1, x2, ...): the arg computes the x_i's gradients, gradient.py)
   CONTIGUOUS_BACKWARD = auto(); CUSTOM_GRAD = auto()
   # multi-device tensors: MULTI(*one node per device, arg=shard axis or None when replicated); schedule/multi.py lowers ops over it
   MULTI = auto()

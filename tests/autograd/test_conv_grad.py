@@ -1,0 +1,104 @@
+"""Convolution gradients (the CUSTOM_GRAD rule of Tensor.conv2d: input gradient as stride-1 convolutions of the output
+gradient, one per stride phase, and the weight gradient as a window correlation) against torch float64, on hypothesis
+shapes over every stride/padding/dilation/groups combination, 1-D and 2-D; and the kernels they lower to."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from plugrad import Device
+from plugrad.codegen.opt import conv_opts
+from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the oracle of these tests)")
+F = torch.nn.functional
+
+
+@st.composite
+def conv_case(draw):
+  nd = draw(st.sampled_from([1, 2]))
+  groups = draw(st.integers(1, 3))
+  cin, rc, bs = groups * draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 2))
+  ks = [draw(st.integers(1, 4)) for _ in range(nd)]
+  stride = [draw(st.integers(1, 3)) for _ in range(nd)]
+  dil = [draw(st.integers(1, 3)) for _ in range(nd)]
+  pads = [(draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in range(nd)]
+  ins = [draw(st.integers(max(1, d * (k - 1) + 1 - pb - pa), d * (k - 1) + 8)) for k, d, (pb, pa) in zip(ks, dil, pads)]
+  return nd, groups, cin, rc * groups, bs, ks, stride, dil, pads, ins
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_case(), st.integers(0, 2**31 - 1))
+def test_conv_grads_match_torch(case, seed):
+  nd, groups, cin, cout, bs, ks, stride, dil, pads, ins = case
+  rng = np.random.default_rng(seed)
+  x, w = rng.standard_normal((bs, cin, *ins)), rng.standard_normal((cout, cin // groups, *ks))
+  flat = [v for pb, pa in pads[::-1] for v in (pb, pa)]  # torch's F.pad order: last dim first
+  tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+  conv = F.conv1d if nd == 1 else F.conv2d
+  ty = conv(F.pad(tx, flat), tw, stride=stride, dilation=dil, groups=groups)
+  gy = rng.standard_normal(tuple(ty.shape))
+  ty.backward(torch.tensor(gy))
+  px, pw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+  py = px.conv2d(pw, groups=groups, stride=stride, dilation=dil, padding=flat)
+  (py * Tensor(gy)).sum().backward()
+  np.testing.assert_allclose(py.numpy(), ty.detach().numpy(), rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(px.grad.numpy(), tx.grad.numpy(), rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(pw.grad.numpy(), tw.grad.numpy(), rtol=1e-9, atol=1e-9)
+
+
+def _grad_asts(stride: int = 1):
+  x = Tensor(np.zeros((8, 16, 4, 4), np.float32), requires_grad=True)
+  w = Tensor(np.zeros((32, 16, 3, 3), np.float32), requires_grad=True)
+  y = x.conv2d(w, padding=1, stride=stride)
+  (y * Tensor(np.ones(y.shape, np.float32))).sum().backward()
+  def sinks(t): return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK and any(n.op is Ops.REDUCE for n in si.ast.toposort())]
+  return sinks(y), sinks(x.grad), sinks(w.grad)
+
+
+def _reduce_trips(ast) -> int:
+  return max(int(np.prod([r.src[0].arg for r in n.src[1:]])) for n in ast.toposort() if n.op is Ops.REDUCE)
+
+
+def test_input_grad_is_a_convolution():
+  """Regression: the input gradient was the adjoint of the window view, a reduce over a 4x4 masked window (512 trips
+  for 32 channels x 3x3) instead of a convolution's 32 x 3 x 3 = 288."""
+  _, dx, dw = _grad_asts()
+  assert [_reduce_trips(a) for a in dx] == [32 * 9]
+  assert [_reduce_trips(a) for a in dw] == [8 * 16]
+  _, dx2, _ = _grad_asts(stride=2)  # four phase kernels (taps 2x2, 2x1, 1x2, 1x1, every multiply-add useful)
+  trips = sorted(int(np.prod([r.src[0].arg for r in n.src[1:]])) for a in dx2 for n in a.toposort() if n.op is Ops.REDUCE)
+  assert trips == [32, 64, 64, 128]
+
+
+def test_conv_kernels_get_the_channel_tile():
+  """The CPU heuristic tiles the forward conv and both gradients with the channels in the vector lanes (PACK of the
+  channel operand, VECTOR + UPCAST of the channel range, the innermost spatial/tap axes as the tile's rows)."""
+  r = Device["CPU"].renderer
+  lanes, regs = getattr(r, "vector_lanes", 0), getattr(r, "vector_regs", 16)
+  if lanes < 4: pytest.skip("the CPU renderer has no explicit SIMD here")
+  for asts in _grad_asts():
+    opts = conv_opts(asts[-1], lanes, regs)
+    assert opts is not None and [o.kind for o in opts[:2]] == ["PACK", "VECTOR"] and any(o.kind == "UPCAST" for o in opts[2:])
+  a = Tensor(np.zeros((64, 64), np.float32)); b = Tensor(np.zeros((64, 64), np.float32))
+  assert conv_opts((a @ b).schedule()[-1].ast, lanes, regs) is None  # a matmul keeps the matmul tile
+
+
+@pytest.mark.parametrize("stride,groups,size", [(1, 1, 4), (2, 1, 7), (1, 2, 5)])
+def test_conv_grads_float32_kernels_match_torch(stride, groups, size):
+  """The optimized float32 kernels (the tile above) give torch's values: the digits CNN's second conv, a stride-2 conv
+  (four phase convolutions) and a grouped one."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((8, 16, size, size)).astype(np.float32)
+  w = rng.standard_normal((32, 16 // groups, 3, 3)).astype(np.float32)
+  tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+  ty = F.conv2d(tx, tw, padding=1, stride=stride, groups=groups)
+  gy = rng.standard_normal(tuple(ty.shape)).astype(np.float32)
+  ty.backward(torch.tensor(gy))
+  px, pw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+  py = px.conv2d(pw, padding=1, stride=stride, groups=groups)
+  (py * Tensor(gy)).sum().backward()
+  for a, b in ((py, ty), (px.grad, tx.grad), (pw.grad, tw.grad)): np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4)
