@@ -122,8 +122,8 @@ def test_dispatch_goes_to_the_executor(executor: ReferenceExecutor):
   d = executor.dispatches[-1]
   mem = Device[D0].os
   # kernel_object is the descriptor as loaded, and its code entry offset points into the loaded code
-  prg = next(p for p in executor.programs().values() if p.prg.kd_addr == d.kernel_object).prg
-  groups, block = prg.launch_dims(())
+  runner = next(p for p in executor.programs().values() if p.prg.kd_addr == d.kernel_object)
+  prg, (groups, block) = runner.prg, runner.spec.launch_dims()  # the launch codegen planned
   assert d.arch == "gfx1100" and d.workgroup_size == block and d.private_segment_size == 0 and block[0] > 1
   assert d.grid_size == tuple(g * b for g, b in zip(groups, block))  # the AQL convention: the grid in work-items
   assert isinstance(prg, AMDProgram) and ctypes.string_at(d.kernel_object, 64) == ctypes.string_at(prg.kd_addr, 64) and prg.entry > d.kernel_object
@@ -137,7 +137,8 @@ def test_no_executor_is_a_device_fault():
     spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
     prg = d.load(spec.name, d.compiler.compile_cached(spec.src))
     a, b = d.allocator.alloc(64), d.allocator.alloc(64)
-    with pytest.raises(RuntimeError, match="no kernel executor for gfx1100"): prg(a, b, wait=True)
+    glb, lcl = spec.launch_dims()
+    with pytest.raises(RuntimeError, match="no kernel executor for gfx1100"): prg(a, b, global_size=glb, local_size=lcl, wait=True)
   finally: dispatch.set_executor(prev)
 
 
