@@ -18,6 +18,7 @@ from plugrad.device import Buffer, Device
 from plugrad.dtype import dtypes
 from plugrad.engine.jit import TinyJit
 from plugrad.runtime.hcq import Var
+from plugrad import Variable
 from plugrad.tensor import Tensor
 from plugrad_amd.device import AMDComputeQueue, AMDCopyQueue, AMDDevice, AMDProgram
 from plugrad_amd.mock import dispatch
@@ -175,3 +176,22 @@ def test_jit_replays_kernels_as_one_batched_submission(executor: ReferenceExecut
     assert np.allclose(out, (x * 2 + 1) * 3)
   assert f.plan and any(b is not None for b, _, _ in f.plan), "the replay should use AMDDevice.batch_runner"
   assert d.compute_ring.wptr > before
+
+
+def test_jit_batches_symbolic_launch_sizes(executor: ReferenceExecutor):
+  """Kernels over a symbolic length replay as one batched submission, each DISPATCH_DIRECT's workgroup count patched
+  from ProgramSpec.launch_dims with the replay's value (the reference executor asserts every dispatched grid is the
+  planned one, and computes the values from the linear IR)."""
+  v = Variable("n", 1, 3000)
+  x = np.arange(3000, dtype=np.float32) / 7
+  xt = Tensor(x, device=D0).realize()
+  @TinyJit
+  def f(n) -> Tensor: return (((xt[:n] * 2).contiguous() + 1).contiguous() * 3).realize()
+  replay_grids = set()
+  for i, n in enumerate((5, 300, 2999, 1, 1500, 3000)):
+    start = len(executor.dispatches)
+    np.testing.assert_allclose(f(v.bind(n)).numpy(), (x[:n] * 2 + 1) * 3, rtol=1e-6)
+    if i >= 2: replay_grids |= {d.grid_size for d in executor.dispatches[start:]}
+  batches = [b for b, _, _ in f.plan if b is not None]
+  assert batches and batches[0].symbolic, "the symbolic kernels should replay through AMDBatch with patched grids"
+  assert len(replay_grids) >= 3, replay_grids  # different n launched different grids from the same recorded queue
