@@ -20,6 +20,7 @@ from plugrad.engine.jit import TinyJit
 from plugrad.runtime.hcq import Var
 from plugrad import Variable
 from plugrad.tensor import Tensor
+from plugrad_amd.compiler import AMDGPUCompiler
 from plugrad_amd.device import AMDComputeQueue, AMDCopyQueue, AMDDevice, AMDProgram
 from plugrad_amd.mock import dispatch
 from plugrad_amd.mock.kfd import MockKFD
@@ -195,3 +196,14 @@ def test_jit_batches_symbolic_launch_sizes(executor: ReferenceExecutor):
   batches = [b for b, _, _ in f.plan if b is not None]
   assert batches and batches[0].symbolic, "the symbolic kernels should replay through AMDBatch with patched grids"
   assert len(replay_grids) >= 3, replay_grids  # different n launched different grids from the same recorded queue
+
+
+def test_launch_sizes_are_required_and_the_arch_must_match():
+  d = fresh()
+  spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
+  prg = d.load(spec.name, d.compiler.compile_cached(spec.src))
+  a, b = d.allocator.alloc(64), d.allocator.alloc(64)
+  with pytest.raises(ValueError, match="global_size and local_size not given"): prg(a, b)
+  with pytest.raises(ValueError, match="local_size not given"): prg(a, b, global_size=(1, 1, 1))
+  other = AMDGPUCompiler("gfx1201").compile(get_program(elementwise_ast(), AMDGPURenderer("gfx1201")).src)
+  with pytest.raises(ValueError, match="compiled for gfx1201, the device is gfx1100"): d.load(spec.name, other)

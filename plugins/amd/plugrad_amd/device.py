@@ -293,7 +293,7 @@ class AMDProgram(HCQProgram):
   def __init__(self, dev: AMDDevice, name: str, lib: bytes) -> None:
     super().__init__(dev, name, lib)
     self.meta, elf = unpack(lib)
-    if self.meta.get("arch") != dev.arch: raise ValueError(f"{name} was compiled for {self.meta['arch']}, the device is {dev.arch}")
+    if self.meta.get("arch") != dev.arch: raise ValueError(f"{name} was compiled for {self.meta.get('arch')}, the device is {dev.arch}")
     syms = elf_symbols(elf)
     if f"{name}.kd" not in syms: raise ValueError(f"code object has no kernel descriptor {name}.kd (symbols: {sorted(syms)})")
     image = load_image(elf)
