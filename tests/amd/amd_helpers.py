@@ -10,7 +10,6 @@ from plugrad.plugins.python import decode, interpret_gpu
 
 from plugrad.runtime.compiler import CompileError
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, pack, unpack
-from plugrad_amd.renderer import LAUNCH_TAG, launch_dims
 
 _GLOBAL = re.compile(r"@(?!llvm\.)([A-Za-z_][\w.]*)")
 
@@ -22,10 +21,9 @@ def merge(sources: list[str]) -> str:
   for k, src in enumerate(sources):
     for ln in src.splitlines():
       if ln.startswith("declare "): decls.add(ln)
-      elif ln.startswith(("target triple", ";")) or not ln: continue
+      elif ln.startswith("target triple") or not ln: continue
       else: body.append(_GLOBAL.sub(lambda m, k=k: f"@k{k}_{m.group(1)}", ln).replace("#0", f"#{k}"))
-  meta = '; ' + LAUNCH_TAG + ' {"grid":[1,1,1],"block":[1,1,1],"vars":[]}'
-  return "\n".join(['target triple = "amdgcn-amd-amdhsa"', *sorted(decls), *body, meta, ""])
+  return "\n".join(['target triple = "amdgcn-amd-amdhsa"', *sorted(decls), *body, ""])
 
 
 def compile_batched(sources: list[str], arch: str, batch: int = 200) -> tuple[int, list[str]]:
@@ -50,8 +48,8 @@ class ReferenceExecutor:
   """A test executor for the mock's dispatch hook that runs the kernel's *linear IR* (found through the realize engine's
   runner cache by kernel-descriptor address) with the PYTHON device's GPU interpreter, on the mock GPU's memory at the
   addresses the kernarg segment holds. It checks that the launch the runtime encoded (workgroups x work-items) is the
-  one the renderer planned, and records each Dispatch. It is independent of the RDNA3 emulator, which executes the
-  machine code itself."""
+  one codegen planned (ProgramSpec.launch_dims with the kernarg's variable values), and records each Dispatch. It is
+  independent of the RDNA3 emulator, which executes the machine code itself."""
   def __init__(self) -> None:
     self.dispatches: list = []
 
@@ -68,7 +66,8 @@ class ReferenceExecutor:
     addrs = struct.unpack_from(f"<{n_bufs}Q", args)
     vals = struct.unpack_from(f"<{len(spec.vars)}i", args, 8 * n_bufs)
     groups = tuple(-(-g // w) for g, w in zip(d.grid_size, d.workgroup_size))
-    assert (groups, d.workgroup_size) == launch_dims(runner.prg.meta, vals), (groups, d.workgroup_size, runner.prg.meta)
+    want = spec.launch_dims({v.arg[0]: x for v, x in zip(spec.vars, vals)})
+    assert (groups, d.workgroup_size) == want, (spec.name, groups, d.workgroup_size, want)
     sizes = {g.arg: g.dtype.size * g.dtype.base.itemsize for g in spec.globals}
     views = [mem.view(a, sizes.get(i, 0)) if i in sizes else None for i, a in enumerate(addrs)]
     interpret_gpu(decode(spec.uops, gpu=True), views, tuple(vals), groups, d.workgroup_size, get_target("AMD"))

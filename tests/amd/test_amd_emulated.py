@@ -169,13 +169,13 @@ def test_unimplemented_instruction_names_its_opcode_and_the_kernel():
   src = ('target triple = "amdgcn-amd-amdhsa"\n'
          'define amdgpu_kernel void @halting_kernel(ptr addrspace(1) %data0) #0 {\nentry:\n'
          '  call void asm sideeffect "s_sethalt 0", ""()\n  store i32 1, ptr addrspace(1) %data0\n  ret void\n}\n'
-         'attributes #0 = { nounwind "amdgpu-flat-work-group-size"="1,32" "target-cpu"="gfx1100" "amdgpu-no-implicitarg-ptr" }\n'
-         '; plugrad-launch {"grid":[1,1,1],"block":[32,1,1],"vars":[],"arch":"gfx1100"}\n')
+         'attributes #0 = { nounwind "amdgpu-flat-work-group-size"="1,32" "target-cpu"="gfx1100" "amdgpu-no-implicitarg-ptr" }\n')
+
   mock = MockKFD(1, 64 << 20)
   d = AMDDevice("MOCK+AMD", os_iface=mock)
   prg = d.load("halting_kernel", dev.compiler.compile_cached(src))
   buf = d.allocator.alloc(64)
-  with pytest.raises(RuntimeError) as ei: prg(buf, wait=True)
+  with pytest.raises(RuntimeError) as ei: prg(buf, global_size=(1, 1, 1), local_size=(32, 1, 1), wait=True)
   msg = str(ei.value)
   assert "s_sethalt" in msg and "halting_kernel" in msg and "SOPP" in msg and "opcode" in msg, msg
 
@@ -184,12 +184,13 @@ def test_page_fault_names_the_address():
   src = ('target triple = "amdgcn-amd-amdhsa"\n'
          'define amdgpu_kernel void @wild_store(ptr addrspace(1) %data0) #0 {\nentry:\n'
          '  %p = getelementptr inbounds i32, ptr addrspace(1) %data0, i64 268435456\n  store i32 7, ptr addrspace(1) %p\n  ret void\n}\n'
-         'attributes #0 = { nounwind "amdgpu-flat-work-group-size"="1,1" "target-cpu"="gfx1100" "amdgpu-no-implicitarg-ptr" }\n'
-         '; plugrad-launch {"grid":[1,1,1],"block":[1,1,1],"vars":[],"arch":"gfx1100"}\n')
+         'attributes #0 = { nounwind "amdgpu-flat-work-group-size"="1,1" "target-cpu"="gfx1100" "amdgpu-no-implicitarg-ptr" }\n')
+
   d = AMDDevice("MOCK+AMD", os_iface=MockKFD(1, 64 << 20))
   prg = d.load("wild_store", d.compiler.compile_cached(src))
   buf = d.allocator.alloc(64)
-  with pytest.raises(RuntimeError, match=rf"page fault: access of 4 byte\(s\) at {buf.va_addr + (1 << 30):#x}"): prg(buf, wait=True)
+  with pytest.raises(RuntimeError, match=rf"page fault: access of 4 byte\(s\) at {buf.va_addr + (1 << 30):#x}"):
+    prg(buf, global_size=(1, 1, 1), local_size=(1, 1, 1), wait=True)
 
 
 @pytest.mark.slow

@@ -18,7 +18,9 @@ from plugrad.device import Buffer, Device
 from plugrad.dtype import dtypes
 from plugrad.engine.jit import TinyJit
 from plugrad.runtime.hcq import Var
+from plugrad import Variable
 from plugrad.tensor import Tensor
+from plugrad_amd.compiler import AMDGPUCompiler
 from plugrad_amd.device import AMDComputeQueue, AMDCopyQueue, AMDDevice, AMDProgram
 from plugrad_amd.mock import dispatch
 from plugrad_amd.mock.kfd import MockKFD
@@ -122,8 +124,8 @@ def test_dispatch_goes_to_the_executor(executor: ReferenceExecutor):
   d = executor.dispatches[-1]
   mem = Device[D0].os
   # kernel_object is the descriptor as loaded, and its code entry offset points into the loaded code
-  prg = next(p for p in executor.programs().values() if p.prg.kd_addr == d.kernel_object).prg
-  groups, block = prg.launch_dims(())
+  runner = next(p for p in executor.programs().values() if p.prg.kd_addr == d.kernel_object)
+  prg, (groups, block) = runner.prg, runner.spec.launch_dims()  # the launch codegen planned
   assert d.arch == "gfx1100" and d.workgroup_size == block and d.private_segment_size == 0 and block[0] > 1
   assert d.grid_size == tuple(g * b for g, b in zip(groups, block))  # the AQL convention: the grid in work-items
   assert isinstance(prg, AMDProgram) and ctypes.string_at(d.kernel_object, 64) == ctypes.string_at(prg.kd_addr, 64) and prg.entry > d.kernel_object
@@ -137,7 +139,8 @@ def test_no_executor_is_a_device_fault():
     spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
     prg = d.load(spec.name, d.compiler.compile_cached(spec.src))
     a, b = d.allocator.alloc(64), d.allocator.alloc(64)
-    with pytest.raises(RuntimeError, match="no kernel executor for gfx1100"): prg(a, b, wait=True)
+    glb, lcl = spec.launch_dims()
+    with pytest.raises(RuntimeError, match="no kernel executor for gfx1100"): prg(a, b, global_size=glb, local_size=lcl, wait=True)
   finally: dispatch.set_executor(prev)
 
 
@@ -174,3 +177,33 @@ def test_jit_replays_kernels_as_one_batched_submission(executor: ReferenceExecut
     assert np.allclose(out, (x * 2 + 1) * 3)
   assert f.plan and any(b is not None for b, _, _ in f.plan), "the replay should use AMDDevice.batch_runner"
   assert d.compute_ring.wptr > before
+
+
+def test_jit_batches_symbolic_launch_sizes(executor: ReferenceExecutor):
+  """Kernels over a symbolic length replay as one batched submission, each DISPATCH_DIRECT's workgroup count patched
+  from ProgramSpec.launch_dims with the replay's value (the reference executor asserts every dispatched grid is the
+  planned one, and computes the values from the linear IR)."""
+  v = Variable("n", 1, 3000)
+  x = np.arange(3000, dtype=np.float32) / 7
+  xt = Tensor(x, device=D0).realize()
+  @TinyJit
+  def f(n) -> Tensor: return (((xt[:n] * 2).contiguous() + 1).contiguous() * 3).realize()
+  replay_grids = set()
+  for i, n in enumerate((5, 300, 2999, 1, 1500, 3000)):
+    start = len(executor.dispatches)
+    np.testing.assert_allclose(f(v.bind(n)).numpy(), (x[:n] * 2 + 1) * 3, rtol=1e-6)
+    if i >= 2: replay_grids |= {d.grid_size for d in executor.dispatches[start:]}
+  batches = [b for b, _, _ in f.plan if b is not None]
+  assert batches and batches[0].symbolic, "the symbolic kernels should replay through AMDBatch with patched grids"
+  assert len(replay_grids) >= 3, replay_grids  # different n launched different grids from the same recorded queue
+
+
+def test_launch_sizes_are_required_and_the_arch_must_match():
+  d = fresh()
+  spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
+  prg = d.load(spec.name, d.compiler.compile_cached(spec.src))
+  a, b = d.allocator.alloc(64), d.allocator.alloc(64)
+  with pytest.raises(ValueError, match="global_size and local_size not given"): prg(a, b)
+  with pytest.raises(ValueError, match="local_size not given"): prg(a, b, global_size=(1, 1, 1))
+  other = AMDGPUCompiler("gfx1201").compile(get_program(elementwise_ast(), AMDGPURenderer("gfx1201")).src)
+  with pytest.raises(ValueError, match="compiled for gfx1201, the device is gfx1100"): d.load(spec.name, other)

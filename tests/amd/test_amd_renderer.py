@@ -1,6 +1,6 @@
 """AMDGPU renderer: golden LLVM IR for small kernels, hand-built GPU linear programs (SPECIAL ids, DEFINE_LOCAL,
-BARRIER, IF/ENDIF) compiled for every arch and checked in the machine code and kernel descriptor, launch metadata,
-constants. Values are checked in test_amd_semantics.py."""
+BARRIER, IF/ENDIF) compiled for every arch and checked in the machine code and kernel descriptor, launch sizes (in
+ProgramSpec, never in the source), constants. Values are checked in test_amd_semantics.py."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+from plugrad import Tensor
 from plugrad.codegen import get_program
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.uop.ops import Ops, UOp
@@ -16,7 +17,7 @@ from plugrad_amd import f64math
 from plugrad_amd.autogen import amdhsa_kd
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, unpack
 from plugrad_amd.device import load_image
-from plugrad_amd.renderer import ARCHS, AMDGPURenderer, fp8_bits, fp8_value, launch_dims, parse_launch, render_const
+from plugrad_amd.renderer import ARCHS, AMDGPURenderer, fp8_bits, fp8_value, render_const
 
 needs_clang = pytest.mark.skipif(shutil.which("clang-19") is None or shutil.which("ld.lld-19") is None, reason="clang-19/lld-19 not installed")
 GPU_ARCHS = ["gfx1100", "gfx1201", "gfx942", "gfx90a"]
@@ -46,12 +47,13 @@ entry:
 
 
 def test_golden_elementwise():
-  src = get_program(elementwise_ast(), AMDGPURenderer("gfx1100")).src
+  spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
+  src = spec.src
   assert GOLDEN_ELEMENTWISE in src, src
-  assert src.startswith('; gfx1100 kernel E_16\ntarget triple = "amdgcn-amd-amdhsa"')
+  assert src.startswith('target triple = "amdgcn-amd-amdhsa"\n')
   assert '"target-cpu"="gfx1100"' in src and '"amdgpu-flat-work-group-size"="1,16"' in src
   assert "declare i32 @llvm.amdgcn.workitem.id.x()" in src  # core's GPU codegen: the 16 elements are 16 work-items of one group
-  assert parse_launch(src) == {"grid": [1, 1, 1], "block": [16, 1, 1], "vars": [], "arch": "gfx1100"}
+  assert spec.global_size == [1, 1, 1] and spec.local_size == [16, 1, 1] and spec.launch_dims() == ((1, 1, 1), (16, 1, 1))
 
 
 def test_gated_load_never_touches_memory_on_a_false_gate():
@@ -121,11 +123,11 @@ def test_special_local_barrier_if_compile(arch: str):
   assert "@llvm.amdgcn.workgroup.id.x()" in src and "@llvm.amdgcn.workitem.id.x()" in src
   assert "@temp0 = internal addrspace(3) global [128 x float] undef" in src
   assert 'fence syncscope("workgroup") release\n  call void @llvm.amdgcn.s.barrier()\n  fence syncscope("workgroup") acquire' in src
-  meta = parse_launch(src)
-  assert meta["grid"] == [4, 1, 1] and meta["block"] == [128, 1, 1] and '"amdgpu-flat-work-group-size"="1,128"' in src
+  assert '"amdgpu-flat-work-group-size"="1,128"' in src and ";" not in src
   c = AMDGPUCompiler(arch)
   lib = c.compile(src)
-  _, elf = unpack(lib)
+  meta, elf = unpack(lib)
+  assert meta == {"arch": arch}  # the code object's arch travels with it; the launch doesn't
   kd_off = elf_symbols(elf)["lds_reverse.kd"][0]
   kd = amdhsa_kd.struct_kernel_descriptor_t.from_buffer_copy(load_image(elf), kd_off)
   assert kd.group_segment_fixed_size == 512 and kd.private_segment_fixed_size == 0
@@ -134,10 +136,41 @@ def test_special_local_barrier_if_compile(arch: str):
     assert "s_barrier" in asm and ("ds_store" in asm or "ds_write" in asm) and ("ds_load" in asm or "ds_read" in asm)
 
 
-def test_launch_dims_symbolic():
-  meta = {"grid": [["*", "n", 2], 1, 1], "block": [32, 1, 1], "vars": ["n"]}
-  assert launch_dims(meta, (5,)) == ((10, 1, 1), (32, 1, 1)) and launch_dims(meta, {"n": 0}) == ((1, 1, 1), (32, 1, 1))
-  with pytest.raises(ValueError, match="takes 1 variable"): launch_dims(meta, ())
+def test_symbolic_launch_sizes_are_in_the_spec():
+  """A kernel over a symbolic length: the workgroup count is an expression of the variable in ProgramSpec (evaluated at
+  launch), the source names only the constant workgroup size."""
+  n = UOp(Ops.DEFINE_VAR, dtypes.index, arg=("n", 1, 4096))
+  i = UOp(Ops.RANGE, dtypes.index, (n,), arg=(0, "global"))
+  a = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, gl(1, 4096).dtype, (gl(1, 4096), i)),))
+  spec = get_program(UOp.sink_of(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, gl(0, 4096).dtype, (gl(0, 4096), i)), a + 1.0))), AMDGPURenderer())
+  (lsz,) = {x for x in spec.local_size if x > 1}
+  assert isinstance(spec.global_size[0], UOp) and ";" not in spec.src and f'"amdgpu-flat-work-group-size"="1,{lsz}"' in spec.src
+  for v in (1, lsz, lsz + 1, 4096):
+    assert spec.launch_dims({"n": v}) == ((-(-v // lsz), 1, 1), tuple(spec.local_size))
+  with pytest.raises(RuntimeError, match="launch size needs"): spec.launch_dims({})
+
+
+def test_renderer_checks_the_ids_it_is_given():
+  i32 = dtypes.int32
+  def prog(name: str, size: UOp) -> list[UOp]:
+    out = gl(0, 64)
+    s = UOp(Ops.SPECIAL, i32, (size,), name)
+    return [out, s, (idx := UOp(Ops.INDEX, out.dtype, (out, s))), UOp(Ops.STORE, dtypes.void, (idx, UOp.const(dtypes.float32, 1.0)))]
+  with pytest.raises(ValueError, match="gidx0..2 or lidx0..2"): AMDGPURenderer().render("k", prog("tid0", UOp.const(i32, 8)))
+  with pytest.raises(ValueError, match="exceeds 1024"): AMDGPURenderer().render("k", prog("lidx0", UOp.const(i32, 2048)))
+  with pytest.raises(NotImplementedError, match="workgroup size must be a constant"):
+    AMDGPURenderer().render("k", prog("lidx0", UOp(Ops.DEFINE_VAR, i32, arg=("n", 1, 8))))
+  assert '"amdgpu-flat-work-group-size"="1,1"' in AMDGPURenderer().render("k", prog("gidx0", UOp.const(i32, 8)))
+
+
+def test_no_comments_in_kernels():
+  """No metadata rides in kernel sources (LLVM IR comments start with ';'): hand-built GPU programs and what codegen
+  makes for every arch (group sums, tiled tensor cores). The conformance collection is checked in test_amd_compile.py."""
+  a, h = Tensor.empty(4096, 1024, device="CPU"), Tensor.empty(256, 256, dtype=dtypes.float16, device="CPU")
+  asts = [t.schedule()[-1].ast for t in (a.sum(1), a.sum(), h @ h, a.softmax(1))]
+  for arch in GPU_ARCHS:
+    srcs = [AMDGPURenderer(arch).render("lds_reverse", gpu_program())] + [get_program(ast, AMDGPURenderer(arch)).src for ast in asts]
+    for src in srcs: assert ";" not in src, [ln for ln in src.splitlines() if ";" in ln]
 
 
 def test_capabilities_per_arch():

@@ -24,7 +24,7 @@ from plugrad.dtype import dtypes, f32_to_fp8, fp8_to_f32
 from plugrad.codegen.targets import get_target
 from plugrad.plugins.python import decode, interpret_gpu
 from plugrad.uop.ops import Ops
-from plugrad_amd.renderer import AMDGPURenderer, launch_dims, parse_launch
+from plugrad_amd.renderer import AMDGPURenderer
 from amd_helpers import merge
 from test_amd_compile import FP8, sweep_asts
 
@@ -85,9 +85,10 @@ def x86_lib(tmp_path_factory) -> tuple[ctypes.CDLL, dict[str, int]]:
   return ctypes.CDLL(str(d / "all.so")), index
 
 
-def run_grid(lib: ctypes.CDLL, sym: str, src: str, args: list, vals: tuple[int, ...] = ()) -> None:
-  """Call kernel `sym` once per work-item of the launch its source plans, with the id globals set as the hardware would."""
-  grid, block = launch_dims(parse_launch(src), vals)
+def run_grid(lib: ctypes.CDLL, sym: str, spec, args: list, vals: tuple[int, ...] = ()) -> None:
+  """Call kernel `sym` once per work-item of the launch codegen planned (ProgramSpec.launch_dims), with the id globals
+  set as the hardware would."""
+  grid, block = spec.launch_dims({v.arg[0]: x for v, x in zip(spec.vars, vals)})
   ids = {g: ctypes.c_int32.in_dll(lib, g) for g in ID_GLOBALS}
   fn = getattr(lib, sym)
   for gz, gy, gx in itertools.product(*(range(n) for n in reversed(grid))):
@@ -115,11 +116,11 @@ def test_ir_values_match_the_reference(desc: str, ast, x86_lib):
   bufs = [bytearray(g.dtype.size * g.dtype.base.itemsize) if g.arg == 0 else
           bytearray(inputs(g.dtype.base, g.dtype.size, rng, op_name)) for g in globs]
   ref = [bytearray(b) for b in bufs]
-  grid, block = launch_dims(parse_launch(spec.src), ())
+  grid, block = spec.launch_dims()
   interpret_gpu(decode(spec.uops, gpu=True), [memoryview(b) for b in ref], (), grid, block, get_target("AMD"))
   lib, index = x86_lib
   arrs = [(ctypes.c_uint8 * len(b)).from_buffer(b) for b in bufs]
-  run_grid(lib, f"k{index[desc]}_{spec.name}", spec.src, [ctypes.cast(a, ctypes.c_void_p) for a in arrs])
+  run_grid(lib, f"k{index[desc]}_{spec.name}", spec, [ctypes.cast(a, ctypes.c_void_p) for a in arrs])
   out_dt = globs[0].dtype.base
   got, want = decode_out(bytes(bufs[0]), out_dt), decode_out(bytes(ref[0]), out_dt)
   if dtypes.is_float(out_dt) and out_dt not in FP8:
@@ -148,9 +149,8 @@ def test_float64_math_edge_cases(op: str, fn, rtol: float, x86_lib):
   x = x.astype(np.float64)
   out = np.zeros(64, np.float64)
   name = next(k for k in index if k == f"{op} dtypes.float64")
-  spec_name = get_program(dict(CASES)[name], AMDGPURenderer("gfx1100")).name
-  src = get_program(dict(CASES)[name], AMDGPURenderer("gfx1100")).src
-  run_grid(lib, f"k{index[name]}_{spec_name}", src, [out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p)])
+  spec = get_program(dict(CASES)[name], AMDGPURenderer("gfx1100"))
+  run_grid(lib, f"k{index[name]}_{spec.name}", spec, [out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p)])
   with np.errstate(all="ignore"): want = fn(x)
   np.testing.assert_allclose(out, want, rtol=rtol, atol=1e-300 if op != "SIN" else 1e-15, equal_nan=True)
 
@@ -158,12 +158,12 @@ def test_float64_math_edge_cases(op: str, fn, rtol: float, x86_lib):
 def _call_chunks(lib, index, desc: str, x: np.ndarray, out_np) -> np.ndarray:
   """Run sweep kernel `desc` (64 elements: out = f(in)) over `x` in chunks of 64."""
   spec = get_program(dict(CASES)[desc], AMDGPURenderer("gfx1100"))
-  src, sym = spec.src, f"k{index[desc]}_{spec.name}"
+  sym = f"k{index[desc]}_{spec.name}"
   x = np.concatenate([x, np.zeros(-len(x) % 64, x.dtype)])
   out = np.zeros(len(x), out_np)
   for i in range(0, len(x), 64):
     o, a = out[i:i + 64], np.ascontiguousarray(x[i:i + 64])
-    run_grid(lib, sym, src, [o.ctypes.data_as(ctypes.c_void_p), a.ctypes.data_as(ctypes.c_void_p)])
+    run_grid(lib, sym, spec, [o.ctypes.data_as(ctypes.c_void_p), a.ctypes.data_as(ctypes.c_void_p)])
   return out
 
 

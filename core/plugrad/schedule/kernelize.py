@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from plugrad.device import Device
 from plugrad.dtype import dtypes
+from plugrad.errors import TensorError
 from plugrad.schedule.indexing import TRUE, KernelContext, pm_index, same_size
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
@@ -326,8 +327,18 @@ def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]
       out = new_out(device_of(src), max_size(value.numel()), src.dtype)
       ast = _kernel_ast(value, out, ctx)
       becomes[n] = view_as(out, n.shape)
+    _check_one_device(src, ctx.bufs)
     items.append(ScheduleItem(ast, list(ctx.bufs), {v: -1 for v in ast.toposort() if v.op is Ops.DEFINE_VAR}))
   return items, becomes
+
+
+def _check_one_device(node: UOp, bufs: list[UOp]) -> None:
+  """A kernel runs on its output's device and reads every buffer there: inputs on other devices are an error (tinygrad's
+  "all buffers must be on the same device"), never a foreign buffer handed to the kernel."""
+  devs = list(dict.fromkeys(device_of(b) for b in bufs))
+  if len(devs) > 1:
+    raise TensorError(f"{node.op.name} of shape {node.shape} combines tensors on different devices: its kernel runs on {devs[0]} and "
+                      f"reads tensors on {', '.join(map(str, devs[1:]))}; move them to one device first (t.to({devs[0]!r}))")
 
 
 class _Normalize:

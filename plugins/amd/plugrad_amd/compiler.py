@@ -1,9 +1,9 @@
 """clang-19 + ld.lld-19: LLVM IR -> HSA code object (ELF, e_machine EM_AMDGPU) for one gfx arch, on core's disk cache.
 
-A compiled library is `pack(meta, elf)`: the launch metadata the renderer put in the source (grid/block
-expressions, variable names) in front of the code object, so the Program knows how to launch it (the realize engine
-hands programs only `vals`). `unpack` splits it again; `elf_symbols` reads the code object's symbol table (the
-runtime finds `<name>.kd`, the 64-byte kernel descriptor, there).
+A compiled library is `pack(meta, elf)`: the arch the code object was compiled for (`{"arch": "gfx1100"}`, so a device
+refuses code for another arch) in front of the code object. Launch sizes are not part of it: they travel in
+`ProgramSpec.global_size/local_size` and come with every launch. `unpack` splits it again; `elf_symbols` reads the
+code object's symbol table (the runtime finds `<name>.kd`, the 64-byte kernel descriptor, there).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import tempfile
 from typing import Any
 
 from plugrad.runtime.compiler import CompileError, Compiler
-from plugrad_amd.renderer import ARCHS, parse_launch
+from plugrad_amd.renderer import ARCHS
 
 MAGIC = b"PGAM"
 EM_AMDGPU = 224
@@ -67,13 +67,11 @@ class AMDGPUCompiler(Compiler):
     ver = "missing"
     if self.clang is not None:
       ver = subprocess.run([self.clang, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    super().__init__(f"amdgpu-{arch}-{ver}-O3-v1")
+    super().__init__(f"amdgpu-{arch}-{ver}-O3-v2")
 
   def compile(self, src: str) -> bytes:
     if self.clang is None: raise CompileError("clang-19 not found: apt-get install clang-19 lld-19 (make sysdeps)", "", src)
     if self.lld is None: raise CompileError("ld.lld-19 not found: apt-get install lld-19 (make sysdeps)", "", src)
-    try: meta = parse_launch(src)
-    except ValueError as e: raise CompileError(str(e), "", src) from None
     with tempfile.TemporaryDirectory(prefix="plugrad-amd-") as d:
       obj, out = os.path.join(d, "k.o"), os.path.join(d, "k.hsaco")
       p = subprocess.run([self.clang, "-x", "ir", "-", "-target", "amdgcn-amd-amdhsa", f"-mcpu={self.arch}", "-O3", "-nogpulib", "-c", "-o", obj,
@@ -83,7 +81,9 @@ class AMDGPUCompiler(Compiler):
       if p.returncode != 0: raise CompileError(f"ld.lld failed for {self.arch} (exit {p.returncode})", p.stderr, src)
       with open(out, "rb") as f: elf = f.read()
     if elf_machine(elf) != EM_AMDGPU: raise CompileError(f"linker output is not an AMDGPU code object (e_machine {elf_machine(elf)})", "", src)
-    return pack(meta, elf)
+    if not any(n.endswith(".kd") for n in elf_symbols(elf)):
+      raise CompileError("the source defines no amdgpu_kernel (no kernel descriptor in the code object)", "", src)
+    return pack({"arch": self.arch}, elf)
 
   def disassemble(self, lib: bytes) -> str:
     _, elf = unpack(lib)

@@ -28,7 +28,7 @@ from plugrad_amd import TOPOLOGY, gfx_arch, read_properties
 from plugrad_amd.autogen import amd_hsa, amdhsa_kd, kfd, pm4_nv, sdma_gfx11
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, unpack
 from plugrad_amd.kfd import MAP_ANONYMOUS, MAP_FIXED, MAP_NORESERVE, MAP_PRIVATE, MAP_SHARED, PROT_NONE, PROT_READ, PROT_WRITE, OSInterface
-from plugrad_amd.renderer import ARCHS, AMDGPURenderer, launch_dims
+from plugrad_amd.renderer import ARCHS, AMDGPURenderer
 
 GC_BASE = {"gfx11": 0x1260, "gfx12": 0x1260}  # GC register segment 0 base (IP discovery) of the supported families
 TIMESTAMP_HZ = 100_000_000
@@ -285,13 +285,15 @@ class AMDArgsState(HCQArgsState):
 
 
 class AMDProgram(HCQProgram):
-  """A code object loaded into GPU memory; called without sizes it launches with the geometry the renderer planned."""
+  """A code object loaded into GPU memory: `prg(*bufs, global_size=workgroups, local_size=work-items per workgroup,
+  vals=..., wait=...)`. Both sizes are required (the engine takes them from `ProgramSpec.launch_dims`): the code object
+  doesn't know its launch, and a guessed workgroup size would run the kernel with the wrong ids."""
   dev: AMDDevice
 
   def __init__(self, dev: AMDDevice, name: str, lib: bytes) -> None:
     super().__init__(dev, name, lib)
     self.meta, elf = unpack(lib)
-    if self.meta.get("arch") not in (None, dev.arch): raise ValueError(f"{name} was compiled for {self.meta['arch']}, the device is {dev.arch}")
+    if self.meta.get("arch") != dev.arch: raise ValueError(f"{name} was compiled for {self.meta.get('arch')}, the device is {dev.arch}")
     syms = elf_symbols(elf)
     if f"{name}.kd" not in syms: raise ValueError(f"code object has no kernel descriptor {name}.kd (symbols: {sorted(syms)})")
     image = load_image(elf)
@@ -313,13 +315,12 @@ class AMDProgram(HCQProgram):
       raise TypeError(f"{self.name}: AMD kernels take AMD buffers, got {[type(b).__name__ for b in bufs]}")
     return AMDArgsState(self, bufs, vals)
 
-  def launch_dims(self, vals: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]: return launch_dims(self.meta, vals)
-
   def __call__(self, *bufs: Any, global_size: tuple[int, ...] | None = None, local_size: tuple[int, ...] | None = None,  # type: ignore[override]
                vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
-    if global_size is None:
-      if local_size is not None: raise ValueError(f"{self.name}: local_size given without global_size")
-      global_size, local_size = self.launch_dims(tuple(vals))
+    if global_size is None or local_size is None:
+      missing = " and ".join(n for n, v in (("global_size", global_size), ("local_size", local_size)) if v is None)
+      raise ValueError(f"{self.name}: an AMD kernel launch needs global_size (workgroups) and local_size (work-items per workgroup); "
+                       f"{missing} not given (a rendered kernel's sizes are ProgramSpec.launch_dims(var_vals))")
     return super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=tuple(vals), wait=wait)
 
 
@@ -337,26 +338,43 @@ def load_image(elf: bytes) -> bytes:
 class AMDBatch:
   """TinyJit replay of a stretch of kernels as one compute-queue submission: every launch is recorded once with its
   kernel arguments, and each replay rewrites the argument slots of the JIT's input buffers and submits the queue with
-  the new variable values (the timeline value is a Var patched in the packets)."""
+  the new variable values. Patched at submit: the timeline value, and each symbolic workgroup count (a Var in the
+  DISPATCH_DIRECT packet, recomputed from the item's `ProgramSpec.launch_dims` with the replay's variable values)."""
   def __init__(self, dev: AMDDevice, items: list) -> None:
     self.dev, self.items, self.last = dev, items, 0
     self.states: list[AMDArgsState] = []
+    self.symbolic: list[tuple[int, int, str]] = []  # (item, dim, queue Var name) of each workgroup count that depends on variables
     q = AMDComputeQueue().wait(dev.timeline_signal, Var("timeline") - 1).memory_barrier()
-    for ei in items:
+    for i, ei in enumerate(items):
       prg: AMDProgram = ei.runner.prg
-      names = [v.arg[0] for v in ei.runner.spec.vars]
-      vals = tuple(ei.var_vals.get(n, 0) for n in names)
+      spec = ei.runner.spec
+      vals = tuple(ei.var_vals.get(v.arg[0], 0) for v in spec.vars)
       st = prg.fill_kernargs(tuple(b._buf for b in ei.bufs), vals)
       self.states.append(st)
-      gsz, lsz = prg.launch_dims(vals)
-      if names and any(isinstance(e, (str, list)) for e in prg.meta["grid"]): return self._fail("symbolic launch size")
+      lsz = spec.local_size
+      gsz: list[int | Var] = [1, 1, 1]
+      for d, g in enumerate(spec.global_size):
+        if isinstance(g, int): gsz[d] = g
+        else:
+          self.symbolic.append((i, d, f"grid.{i}.{d}"))  # not an identifier: can't meet a user Variable's name
+          gsz[d] = Var(f"grid.{i}.{d}")
       q.exec(prg, st, gsz, lsz).memory_barrier()
     self.queue = q.signal(dev.timeline_signal, Var("timeline"))
     self.var_names = sorted({v.arg[0] for ei in items for v in ei.runner.spec.vars})
 
-  def _fail(self, why: str) -> None: self.queue = None  # type: ignore[assignment]
+  def grid_values(self, var_vals: dict[str, int]) -> dict[str, int]:
+    """The symbolic workgroup counts of this replay (each launch must have at least one workgroup)."""
+    out: dict[str, int] = {}
+    dims: dict[int, tuple[int, ...]] = {}
+    for i, d, name in self.symbolic:
+      if i not in dims: dims[i] = self.items[i].runner.spec.launch_dims(var_vals)[0]
+      if (n := dims[i][d]) < 1:
+        raise ValueError(f"{self.items[i].runner.spec.name}: {n} workgroups in dim {d} with {var_vals} (a launch needs at least one)")
+      out[name] = n
+    return out
 
   def __call__(self, var_vals: dict[str, int], slots: list[tuple[int, int]] = ()) -> None:
+    grid = self.grid_values(var_vals)  # before anything is written: a bad size leaves the device untouched
     if self.last: self.dev.timeline_signal.wait(self.last, self.dev.timeout_ms)  # the previous replay still reads these kernargs
     for i, ei in enumerate(self.items):
       names = [v.arg[0] for v in ei.runner.spec.vars]
@@ -365,7 +383,7 @@ class AMDBatch:
       blob = struct.pack(f"<{len(bufs)}Q{len(vals)}i", *bufs, *vals)
       ctypes.memmove(self.states[i].kernarg, blob, len(blob))
     self.last = self.dev.next_timeline()
-    self.queue.submit(self.dev, {"timeline": self.last})
+    self.queue.submit(self.dev, {"timeline": self.last, **grid})
 
 
 class AMDDevice(HCQCompiled):
@@ -467,9 +485,9 @@ class AMDDevice(HCQCompiled):
     return self._kernargs.va_addr + self._kernarg_next - size
 
   def batch_runner(self, items: list) -> AMDBatch | None:
-    if not items or any(ei.runner is None or not isinstance(ei.runner.prg, AMDProgram) or ei.runner.prg.dev is not self for ei in items): return None
-    b = AMDBatch(self, items)
-    return b if b.queue is not None else None
+    if not items or any(ei.runner is None or not isinstance(ei.runner.prg, AMDProgram) or ei.runner.prg.dev is not self or
+                        ei.runner.spec.local_size is None for ei in items): return None
+    return AMDBatch(self, items)
 
   def synchronize(self) -> None:
     super().synchronize()

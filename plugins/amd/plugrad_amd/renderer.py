@@ -7,17 +7,17 @@ wave64). Buffers are `ptr addrspace(1)`, DEFINE_LOCAL an `addrspace(3)` global, 
 (promoted to registers by clang -O3). Loops are blocks with a counter in an alloca; a gated LOAD/STORE branches
 around the access so a false gate never touches memory.
 
-Kernels without SPECIAL ids (today's CPU-style kernels) run their global ranges as loops in one work-item; kernels
-with SPECIALs launch on the grid they name. The launch geometry is appended as a `; plugrad-launch {...}` comment
-whose grid entries are expression trees over the kernel's variables (evaluated at launch by `launch_dims`).
+The source carries no metadata: launch sizes travel in `ProgramSpec.global_size` (workgroups per dim, symbolic where
+the kernel is) / `local_size` (work-items per workgroup), which the engine passes to every launch. The renderer only
+checks the work-item ids it is given (gidx0..2 / lidx0..2, a constant workgroup size within `local_max_threads`) and
+states the workgroup size to the backend as the `amdgpu-flat-work-group-size` attribute.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +28,6 @@ from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad_amd import f64math
 
-Expr = Union[int, str, list]
-LAUNCH_TAG = "plugrad-launch"
-_EXPR_OPS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.MAX: "max"}
 
 
 # ---------------------------------------------------------------------------- targets (capabilities as data)
@@ -59,47 +56,6 @@ TC_INTRINSICS: dict[tuple[str, int, int, str], tuple[str, str]] = {
   ("mfma", 4, 4, "half"): ("llvm.amdgcn.mfma.f32.16x16x16f16", ", i32 0, i32 0, i32 0"),
   ("mfma", 4, 4, "bfloat"): ("llvm.amdgcn.mfma.f32.16x16x16bf16.1k", ", i32 0, i32 0, i32 0"),
 }
-
-
-def size_expr(u: UOp) -> Expr | None:
-  """An index expression (CONSTs, DEFINE_VARs, + - * // % max) as a JSON-able tree; None if it uses anything else."""
-  if u.op is Ops.CONST: return int(u.arg)
-  if u.op is Ops.DEFINE_VAR: return u.arg[0]
-  if u.op in _EXPR_OPS and len(u.src) == 2:
-    a, b = size_expr(u.src[0]), size_expr(u.src[1])
-    return None if a is None or b is None else [_EXPR_OPS[u.op], a, b]
-  return None
-
-
-def eval_expr(e: Expr, vals: dict[str, int]) -> int:
-  """Evaluate a launch expression; // and % truncate toward zero like the kernel."""
-  if isinstance(e, int): return e
-  if isinstance(e, str):
-    if e not in vals: raise RuntimeError(f"launch size needs variable {e!r}, which was not given")
-    return vals[e]
-  op, a, b = e[0], eval_expr(e[1], vals), eval_expr(e[2], vals)
-  if op in ("//", "%"):
-    if b == 0: raise ZeroDivisionError(f"launch size expression {e!r} divides by zero with {vals}")
-    q = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
-    return q if op == "//" else a - q * b
-  return {"+": a + b, "-": a - b, "*": a * b, "max": max(a, b)}[op]
-
-
-def parse_launch(src: str) -> dict[str, Any]:
-  """The launch metadata the renderer put in `src`; ValueError when it has none."""
-  m = re.search(r"^; " + LAUNCH_TAG + r" (\{.*\})$", src, re.M)
-  if m is None: raise ValueError(f"AMDGPU source has no '; {LAUNCH_TAG} ...' metadata (was it rendered by AMDGPURenderer?)")
-  return json.loads(m.group(1))
-
-
-def launch_dims(meta: dict[str, Any], vals: tuple[int, ...] | dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-  """(workgroups per dim, work-items per workgroup) for a launch with the kernel's variable values."""
-  names = meta.get("vars", [])
-  if not isinstance(vals, dict):
-    if len(vals) != len(names): raise ValueError(f"kernel takes {len(names)} variable value(s) {names}, got {len(vals)}")
-    vals = dict(zip(names, vals))
-  grid = tuple(max(1, eval_expr(e, vals)) for e in meta["grid"])
-  return grid, tuple(meta["block"])  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------- LLVM types and constants
@@ -575,17 +531,15 @@ class AMDGPURenderer(Renderer):
       elif op.name == "WMMA": self.r[u] = self.wmma(u)
       elif op is Ops.NOOP: self.r[u] = self.val(src[0])
       else: self.r[u] = self.alu(u, [self.val(s) for s in src])
-    meta = self.launch_meta(uops, specials)
-    threads = max(1, math.prod(meta["block"]))
-    attrs = (f'"amdgpu-flat-work-group-size"="1,{max(threads, 1)}" "uniform-work-group-size"="true" '
+    threads = math.prod(self.workgroup_size(specials))
+    attrs = (f'"amdgpu-flat-work-group-size"="1,{threads}" "uniform-work-group-size"="true" '
              f'"target-cpu"="{self.arch}" "amdgpu-no-implicitarg-ptr"')
     body = ["entry:", *("  " + a for a in allocas), *self._lines, "  ret void"]
     if self.helpers: self.decls.update(f64math.DECLS)
     if self.f32_helpers: self.decls.update(f64math.F32_DECLS)
     helpers = [f64math.HELPERS[h]() for h in sorted(self.helpers)] + [f64math.F32_HELPERS[h]() for h in sorted(self.f32_helpers)]
-    out = [f"; {self.arch} kernel {name}", 'target triple = "amdgcn-amd-amdhsa"', *self.globals_, *sorted(self.decls), *helpers, "",
-           f"define amdgpu_kernel void @{name}({', '.join(params)}) #0 {{", *body, "}", f"attributes #0 = {{ nounwind {attrs} }}",
-           f"; {LAUNCH_TAG} {json.dumps(meta, separators=(',', ':'))}", ""]
+    out = ['target triple = "amdgcn-amd-amdhsa"', *self.globals_, *sorted(self.decls), *helpers, "",
+           f"define amdgpu_kernel void @{name}({', '.join(params)}) #0 {{", *body, "}", f"attributes #0 = {{ nounwind {attrs} }}", ""]
     return "\n".join(out)
 
   def render_load(self, u: UOp, gates: dict[UOp, str]) -> str:
@@ -616,19 +570,16 @@ class AMDGPURenderer(Renderer):
     if u.dtype != dtypes.int32: return self.cast(out, dtypes.int32, u.dtype)
     return out
 
-  def launch_meta(self, uops: list[UOp], specials: list[UOp]) -> dict[str, Any]:
-    grid: list[Expr] = [1, 1, 1]
+  def workgroup_size(self, specials: list[UOp]) -> tuple[int, int, int]:
+    """Work-items per workgroup from the lidx SPECIALs (constants: the backend compiles for a fixed upper bound)."""
     block = [1, 1, 1]
     for s in specials:
-      d = int(s.arg[-1])
-      e = size_expr(s.src[0]) if s.src else 1
-      if e is None: raise NotImplementedError(f"SPECIAL {s.arg}: launch size {s.src[0]} is not an expression of the kernel's variables")
-      if s.arg[0] == "g": grid[d] = e
-      else:
-        if not isinstance(e, int): raise NotImplementedError(f"SPECIAL {s.arg}: workgroup size must be a constant, got {e}")
-        block[d] = e
+      if s.arg[0] != "l" or not s.src: continue
+      size = s.src[0]
+      if size.op is not Ops.CONST: raise NotImplementedError(f"SPECIAL {s.arg}: workgroup size must be a constant, got {size}")
+      block[int(s.arg[-1])] = int(size.arg)
     if math.prod(block) > self.local_max_threads: raise ValueError(f"workgroup of {block} threads exceeds {self.local_max_threads}")
-    return {"grid": grid, "block": block, "vars": [u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR], "arch": self.arch}
+    return block[0], block[1], block[2]
 
   def wmma(self, u: UOp) -> str:
     a, b, c = u.src[:3]
