@@ -196,3 +196,18 @@ def test_plan_table_is_bounded(monkeypatch):
   x = _t(np.ones(3))
   for i in range(10): np.testing.assert_allclose((x * (i + 0.5)).numpy(), i + 0.5)
   assert len(plan._PLANS) <= 4
+
+
+def test_unplannable_shared_subgraphs_are_walked_once(monkeypatch):
+  # regression: a node found unplannable was not recognized as already signed, so every path into it walked it again:
+  # a chain of diamonds over a symbolic slice took 2^depth steps (the batched LLM prefill never finished)
+  calls = []
+  real = plan._node_sig
+  monkeypatch.setattr(plan, "_node_sig", lambda n, kids: calls.append(n) or real(n, kids))
+  v = UOp.variable("pd", 1, 8).bind(5)
+  y = _t(np.ones(8))[:v]
+  for _ in range(16): y = y + y * 0.5
+  assert plan.signature(y.uop) is None
+  assert len(calls) == len(set(calls)) <= len(y.uop.toposort())
+  calls.clear()
+  assert plan.signature(y.uop) is None and calls == []  # memoized: the second look costs nothing

@@ -96,31 +96,34 @@ def _node_sig(n: UOp, kids: list) -> tuple | None:
   return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag, tuple(parts))), tuple(leaves))
 
 
-_NOT_PLANNABLE = (-1, -1, ())
+def _stored(n: UOp, gen: int) -> tuple | None:
+  """The signature memoized on `n` for generation `gen` (structure id -1: not plannable), or None if there is none."""
+  if (c := n._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: return s
+  return None
+
+
+def _public(u: UOp, s: tuple) -> tuple | None:
+  return None if s[1] < 0 else s if s[2] is not None else (s[0], s[1], (u,))
 
 
 def signature(u: UOp) -> tuple | None:
-  """(generation, structure id, leaves) of the graph under `u`, memoized on every node (None: not plannable)."""
-  if (c := u._cache) is not None and (s := c.get("plan")) is not None and s[0] == _gen[0]:
-    return None if s is _NOT_PLANNABLE else s if s[2] is not None else (s[0], s[1], (u,))
-  stack: list[tuple[UOp, bool]] = [(u, False)]
+  """(generation, structure id, leaves) of the graph under `u`, memoized on every node (None: not plannable).
+  A node found unplannable is memoized too (as id -1), so a shared unplannable subgraph is walked once."""
   gen = _gen[0]
+  if (s := _stored(u, gen)) is not None: return _public(u, s)
+  stack: list[tuple[UOp, bool]] = [(u, False)]
   while stack:
     n, ready = stack.pop()
-    if (c := n._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: continue
+    if _stored(n, gen) is not None: continue
     if not ready and n.op not in _LEAF_OPS and n.src:
       stack.append((n, True))
       stack.extend((s, False) for s in n.src)
       continue
-    kids = []
-    for s in (n.src if n.op not in _LEAF_OPS else ()):
-      ks = s._cache["plan"]
-      kids.append(None if ks is _NOT_PLANNABLE else ks)
+    kids = [None if (ks := s._cache["plan"])[1] < 0 else ks for s in (n.src if n.op not in _LEAF_OPS else ())]
     sig = _node_sig(n, kids)
     if gen != _gen[0]: return None  # the id table was dropped meanwhile: ids computed so far are stale
-    n._cached()["plan"] = _NOT_PLANNABLE if sig is None else sig
-  s = u._cache["plan"]
-  return None if s is _NOT_PLANNABLE else s if s[2] is not None else (s[0], s[1], (u,))
+    n._cached()["plan"] = (gen, -1, ()) if sig is None else sig
+  return _public(u, u._cache["plan"])
 
 
 def targets_signature(targets: list[UOp]) -> tuple[int, tuple[UOp, ...]] | None:
