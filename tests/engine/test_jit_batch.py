@@ -4,11 +4,18 @@ import numpy as np
 import pytest
 
 from plugrad import Tensor, TinyJit, Variable
+from plugrad.device import Device
 from plugrad.engine.realize import GlobalCounters
 
 rng = np.random.default_rng(1)
 W = rng.standard_normal((16, 16)).astype(np.float32)
 X = rng.standard_normal((12, 16)).astype(np.float32)
+
+
+@pytest.fixture(autouse=True)
+def _on_cpu(monkeypatch):
+  """The batch runner under test is the CPU device's: these tests run there whatever DEV says (DEV=PYTHON has none)."""
+  monkeypatch.setattr(Device, "DEFAULT", "CPU")
 
 
 def _batched(f: TinyJit) -> int:
