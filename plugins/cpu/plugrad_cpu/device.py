@@ -193,38 +193,33 @@ class ClangRenderer(CStyleRenderer):
     except NotImplementedError: return f"{int(total.vmax)}LL"
 
   @staticmethod
-  def streamed_loads(uops: list[UOp]) -> set[UOp]:
-    """Vector loads of a buffer inside a reduce loop that walk memory forward in small steps (<= 128 bytes per trip)
-    and whose address moves with an output (global) range: each output row reads its own data once, so nothing brings
-    it into cache early (the weights of a matrix-vector product; not a matmul's column panel, which is reused)."""
-    out, stack = set(), []
+  def reduce_load_steps(uops: list[UOp]) -> list[tuple[UOp, int]]:
+    """(load, bytes its address moves per trip of the innermost reduce loop) for the vector loads of a buffer inside a
+    reduce loop whose address moves with an output (global) range; loads whose address comes from memory are left out."""
+    out, stack = [], []
     for u in uops:
       if u.op is Ops.RANGE: stack.append(u)
       elif u.op is Ops.END: stack.pop()
       elif u.op is Ops.LOAD and u.dtype.count > 1 and stack and stack[-1].arg[1] == "reduce" and u.src[0].op is Ops.INDEX \
            and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and any(x.op is Ops.RANGE and x.arg[1] == "global" for x in u.src[0].src[1].toposort()):
         idx = u.src[0].src[1]
-        try: step = (eval_index(idx, {stack[-1]: 1}) - eval_index(idx, {})) * u.dtype.scalar().itemsize
+        try: out.append((u, (eval_index(idx, {stack[-1]: 1}) - eval_index(idx, {})) * u.dtype.scalar().itemsize))
         except (ValueError, ZeroDivisionError): continue  # an address loaded from memory: not a stream
-        if 0 < step <= 128: out.add(u)
     return out
 
   @staticmethod
+  def streamed_loads(uops: list[UOp]) -> set[UOp]:
+    """Loads that walk memory forward in small steps (<= 128 bytes per reduce trip) while moving with an output range:
+    each output row reads its own data once, so nothing brings it into cache early (the weights of a matrix-vector
+    product; not a matmul's column panel, which is reused)."""
+    return {u for u, step in ClangRenderer.reduce_load_steps(uops) if 0 < step <= 128}
+
+  @staticmethod
   def strided_loads(uops: list[UOp]) -> dict[UOp, int]:
-    """Vector loads in a reduce loop that jump more than a page (4 KiB) per trip, moving with an output range, -> their
-    step in bytes: e.g. the rows of B in a skinny matmul (B[k, n..n+32] for k = 0, 1, ...). The hardware prefetchers
-    don't follow strides across pages, so each such load waits for memory unless prefetched some trips ahead."""
-    out, stack = {}, []
-    for u in uops:
-      if u.op is Ops.RANGE: stack.append(u)
-      elif u.op is Ops.END: stack.pop()
-      elif u.op is Ops.LOAD and u.dtype.count > 1 and stack and stack[-1].arg[1] == "reduce" and u.src[0].op is Ops.INDEX \
-           and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and any(x.op is Ops.RANGE and x.arg[1] == "global" for x in u.src[0].src[1].toposort()):
-        idx = u.src[0].src[1]
-        try: step = (eval_index(idx, {stack[-1]: 1}) - eval_index(idx, {})) * u.dtype.scalar().itemsize
-        except (ValueError, ZeroDivisionError): continue
-        if 4096 <= step <= (1 << 20): out[u] = step
-    return out
+    """Loads that jump more than a page (4 KiB) per reduce trip while moving with an output range -> their step in
+    bytes: e.g. the rows of B in a skinny matmul (B[k, n..n+32] for k = 0, 1, ...). The hardware prefetchers don't
+    follow strides across pages, so each such load waits for memory unless prefetched some trips ahead."""
+    return {u: step for u, step in ClangRenderer.reduce_load_steps(uops) if 4096 <= step <= (1 << 20)}
 
   def render(self, name: str, uops: list) -> str:
     self._vtypes: dict[str, tuple[str, int]] = {}
