@@ -188,3 +188,21 @@ def test_strided_rows_of_a_skinny_matmul_are_prefetched():
   old, ren.prefetch_trips = ren.prefetch_trips, 0
   try: assert f"+ {16 * 4096});" not in get_program(ast, ren).src
   finally: ren.prefetch_trips = old
+
+
+
+def _dequant_matmul(m: int) -> tuple[Tensor, np.ndarray]:
+  """x (m, 96) @ W.T with W a dequantization expression (int8 codes times a per-row scale), as the LLM's weights are;
+  with numpy's result."""
+  codes, scale, x = RNG.integers(-8, 8, (256, 96)).astype(np.int8), rand(256, 1), rand(m, 96)
+  tc, ts, tx = (Tensor(v, device="CPU").realize() for v in (codes, scale, x))
+  return tx @ (tc.cast("float32") * ts).T, x @ (codes.astype(np.float32) * scale).T
+
+
+def test_expression_column_operand_packed_only_when_rows_reuse_it():
+  # regression: a batched decode step (4 rows) packed every dequantized weight into a float32 scratch buffer per step,
+  # 4 bytes written and read per weight for 4 rows of reuse: 4 concurrent LLM streams ran at 0.66x one stream
+  for m, want in ((4, False), (8, False), (64, True)):
+    t, ref = _dequant_matmul(m)
+    assert packed(t) is want, m
+    np.testing.assert_allclose(t.numpy(), ref, rtol=1e-5, atol=1e-4)

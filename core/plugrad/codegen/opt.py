@@ -293,6 +293,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
 
 PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
 PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
+PACK_MIN_EXPR_BLOCKS = 8  # an expression operand (a dequantized weight) is packed when this many row blocks reuse it
 
 
 def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | None:
@@ -416,11 +417,21 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
   packed = {o.rid for o in first}
   opts = [o for o in choose_opts(plan.ast, upcast_max, split, lanes, regs) if o.kind != "PACK" or o.rid not in packed]
   if not expr and (any(o.kind == "OUTER" for o in chosen) or not any(o.kind == "OUTER" for o in opts)): return None
-  if not expr:
-    rows = [o for o in opts if o.kind == "UPCAST" and o.rid != col.arg[0]]
-    rngs = ranges_of(ast)
-    if not rows or math.prod((_const_end(rngs[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS: return None
+  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != col.arg[0]]
+  if not expr and (not rows or math.prod((_const_end(ranges_of(ast)[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS):
+    return None
+  # an expression (a dequantized weight) is packed once instead of evaluated once per row block: with few row blocks
+  # (a batched decode step's 4 rows) the float32 scratch written and read back costs more than the evaluations it saves
+  if expr and _row_blocks(ast, others, rows) < PACK_MIN_EXPR_BLOCKS: return None
   return first + opts
+
+
+def _row_blocks(ast: UOp, others: list[UOp], rows: list[Opt]) -> float:
+  """How many row tiles (`rows`: the UPCASTs of the output's non-column axes) cover the axes `others` (a symbolic
+  size counts as unbounded: a prefill of any length)."""
+  rngs = ranges_of(ast)
+  total = math.prod(_const_end(r) or math.inf for r in others)
+  return total / math.prod(o.amount for o in rows if rngs[o.rid] in others)
 
 
 def _gated_or_strided(v: UOp, glbl: list[UOp], lanes: int) -> bool:
