@@ -189,8 +189,9 @@ def _divides(r: UOp, a: int, whole: bool = False) -> bool:
   return (n % a == 0 and (n > a or whole)) if n is not None else div_end(r.src[0], a) is not None
 
 
-def _pick(r: UOp | None, amounts: tuple[int, ...], budget: int) -> int:
-  return next((a for a in amounts if r is not None and a <= budget and _divides(r, a)), 0)
+def _pick(r: UOp | None, amounts: tuple[int, ...], budget: int, whole: bool = False) -> int:
+  """The first of `amounts` within `budget` that splits `r` (or covers it exactly, if `whole`); 0 if none does."""
+  return next((a for a in amounts if r is not None and a <= budget and _divides(r, a, whole)), 0)
 
 
 def eval_index(x: UOp, env: dict[UOp, int]) -> int:
@@ -284,8 +285,10 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   else:  # matvec-like: a few rows share the loads of the vector operand (more rows means more prefetch streams)
     budget = max(1, regs // 2 // max((o.amount for o in opts if o.kind == "SPLIT"), default=1))
     # the axis whose copies share the most loads first (prefill: tokens share a dequantized weight row, rows share x)
+    # a whole axis of 2 or 4 may be upcast (a batched decode step's 4 rows: each weight is read and dequantized once
+    # for all of them, and the cores split the columns)
     for g in sorted(reuse, key=lambda g: -sum(g not in ix.toposort() for ix in loads)):
-      if (k := _pick(g, (4, 2), min(4, budget))): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
+      if (k := _pick(g, (4, 2), min(4, budget), whole=True)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
     if all(o.kind != "UPCAST" for o in opts):  # streaming: four accumulator chains
       opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and _divides(_outer(ranges_of(ast)[o.rid], lanes), 4) else o for o in opts]
   return opts
