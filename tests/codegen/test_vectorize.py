@@ -80,16 +80,22 @@ def test_matmul_tile_and_outer_loop_order():
   assert sorted((r.arg[0], r.src[0].arg) for r in ranges_of(ast).values() if r.arg[1] == "global") == [(0, 512), (1, 64)]
 
 
-def test_matvec_vector_reduce_with_bit_unpacking():
-  """A Q4-style dequantizing matvec: lanes along the contiguous reduce axis, two copies per 32-element block."""
-  n, k = 64, 256
+def q4_weight(n: int = 64, k: int = 256) -> tuple[Tensor, np.ndarray]:
+  """A Q4-style dequantized (n, k) weight (nibbles times a block scale plus a block min) and numpy's values of it."""
   qs = RNG.integers(0, 256, (n * k // 32, 16), dtype=np.uint8)
   sc, mn = rand(n * k // 32, 1), rand(n * k // 32, 1)
   q, sh = Tensor(qs).reshape(-1, 1, 16)._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 2, 1))
   w = (Tensor(sc) * (q._alu(Ops.SHR, sh) & 15).reshape(-1, 32).cast(dtypes.float32) + Tensor(mn)).reshape(n, k)
+  return w, (sc * np.concatenate([qs & 15, qs >> 4], 1) + mn).reshape(n, k)
+
+
+def test_matvec_vector_reduce_with_bit_unpacking():
+  """A Q4-style dequantizing matvec: lanes along the contiguous reduce axis, two copies per 32-element block."""
+  w, wn = q4_weight()
+  k = wn.shape[1]
   x = rand(1, k)
   t = Tensor(x) @ w.T
-  ref = x @ (sc * np.concatenate([qs & 15, qs >> 4], 1) + mn).reshape(n, k).T
+  ref = x @ wn.T
   assert [o.kind for o in chosen(t)] == ["VECTOR", "SPLIT", "UPCAST"] and chosen(t)[0].rid == 1
   got, src = run(t)
   assert "__builtin_convertvector" in src and "pg_int16" in src  # nibbles unpacked in int32 lanes
@@ -100,17 +106,14 @@ def test_few_rows_of_a_dequantizing_matvec_are_upcast_whole():
   """4 rows over a Q4-style weight (a batched decode step): all 4 rows are one register tile, so each weight is
   dequantized once for all of them (regression: 2 row blocks of 2 dequantized every weight twice; the batched LLM
   step's gate+up kernel took 7.9 ms against 2.8 ms for one row)."""
-  n, k = 64, 256
-  qs = RNG.integers(0, 256, (n * k // 32, 16), dtype=np.uint8)
-  sc, mn = rand(n * k // 32, 1), rand(n * k // 32, 1)
-  q, sh = Tensor(qs).reshape(-1, 1, 16)._broadcasted(Tensor(np.array([0, 4], np.uint8)).reshape(1, 2, 1))
-  w = (Tensor(sc) * (q._alu(Ops.SHR, sh) & 15).reshape(-1, 32).cast(dtypes.float32) + Tensor(mn)).reshape(n, k)
+  w, wn = q4_weight()
+  k = wn.shape[1]
   x = rand(4, k)
   t = Tensor(x) @ w.T
   rows = next(r for r in ranges_of(t.schedule()[-1].ast).values() if r.arg[1] == "global" and r.src[0].arg == 4)
   assert Opt("UPCAST", rows.arg[0], 4) in chosen(t)
   got, _ = run(t)
-  np.testing.assert_allclose(got, x @ (sc * np.concatenate([qs & 15, qs >> 4], 1) + mn).reshape(n, k).T, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(got, x @ wn.T, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape,axis", [((48, 64), 1), ((48, 64), 0), ((5, 128), 1), ((16, 3, 32), (0, 2))])
