@@ -277,9 +277,12 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   if vr.arg[1] == "global":  # matmul-like: a tile of (rows x 2 vectors) accumulators, the broadcast loads reused
     budget = regs * 3 // 4
     if _divides(_outer(vr, lanes), 2) and reuse: opts.append(Opt("UPCAST", vr.arg[0], 2)); budget //= 2
-    # a small axis may be upcast whole (attention's 3 or 7 query heads of a KV head: the keys are read once for all)
+    # a small axis may be upcast whole (attention's 3 or 7 query heads of a KV head: the keys are read once for all);
+    # not when short reduce loops will be unrolled too (a convolution's weight gradient: 3x3 window axes upcast whole
+    # times a 4x4 unrolled window made 288 copies of a fused expression, 54k uops that clang compiled for 20+ minutes)
+    may_whole = not any((_const_end(r) or UNROLL_MAX + 1) <= UNROLL_MAX for r in ranges_of(ast).values() if r.arg[1] == "reduce")
     for g in reuse:
-      if (k := _pick(g, (8, 6, 4, 3, 2), budget, whole=True) or (n if (n := _const_end(g)) in (5, 7) and n <= budget else 0)):
+      if (k := _pick(g, (8, 6, 4, 3, 2), budget, whole=may_whole) or (n if may_whole and (n := _const_end(g)) in (5, 7) and n <= budget else 0)):
         opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
     # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by;
     # also when the loop that would be outermost is too short to split across cores (3 KV heads on 2 cores) and the
@@ -302,6 +305,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   return opts
 
 
+UNROLL_MAX = 4  # reduce loops this short are unrolled (a 3x3 window)
 OUTER_MIN_TRIPS = 8  # an outermost loop with fewer trips splits badly across cores (3 trips on 2 cores: 2 + 1)
 PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
 PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
@@ -352,7 +356,7 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   if not opts: opts = _scalar_opts(ast, upcast_max, split_reduce, glbl, reduces, red_rngs)
   unroll = 1
   for r in red_rngs:  # small reduce loops (e.g. a 3x3 window) are unrolled
-    if (n := _const_end(r)) is not None and n <= 4 and unroll * n <= 16 and all(o.rid != r.arg[0] for o in opts):
+    if (n := _const_end(r)) is not None and n <= UNROLL_MAX and unroll * n <= 16 and all(o.rid != r.arg[0] for o in opts):
       opts.append(Opt("UNROLL", r.arg[0], n))
       unroll *= n
   return opts
