@@ -179,18 +179,38 @@ def _expensive_broadcasts(nodes: list[UOp], realize: set[UOp], users: dict[UOp, 
   return out
 
 
+SHARED_WIDE_INPUTS = 4  # an elementwise node two kernels share is written once when it reads this many buffers
+
+
 def _shared_reduces(realize: set[UOp]) -> set[UOp]:
   """`realize` plus every reduction that two kernels would otherwise both recompute (e.g. attention scores read by
-  the softmax's max, sum and normalize kernels), until no kernel shares one."""
+  the softmax's max, sum and normalize kernels), until no kernel shares one; and every wide elementwise node (one
+  reading SHARED_WIDE_INPUTS or more buffers) that two kernels share, outermost first (e.g. the gradient of a residual
+  stream: a sum of every later layer's terms, which each consumer would otherwise recompute from all of them)."""
   while True:
     owner: dict[UOp, UOp] = {}
     shared: set[UOp] = set()
+    wide: list[UOp] = []
     for root in realize:
       if root.op is Ops.COPY: continue
       for x in root.toposort(gate=lambda y, root=root: y is root or (y not in realize and not is_buffer_view(y))):
-        if x.op is Ops.REDUCE_AXIS and x not in realize and owner.setdefault(x, root) is not root: shared.add(x)
+        if x in realize or owner.setdefault(x, root) is root: continue
+        if x.op is Ops.REDUCE_AXIS: shared.add(x)
+        elif x.op in GroupOp.ALU and x not in wide: wide.append(x)
+    if not shared and wide: shared = _outermost_wide(wide, realize)
     if not shared: return realize
     realize = realize | shared
+
+
+def _outermost_wide(cands: list[UOp], realize: set[UOp]) -> set[UOp]:
+  """Of the shared elementwise nodes `cands`, those reading at least SHARED_WIDE_INPUTS buffers and not inside
+  another such one."""
+  def inputs(x: UOp) -> int:
+    return sum(1 for y in x.toposort(gate=lambda y: y is x or (y not in realize and not is_buffer_view(y)))
+               if y is not x and (y in realize or is_buffer_view(y)))
+  big = [x for x in cands if inputs(x) >= SHARED_WIDE_INPUTS]
+  inner = {y for x in big for y in x.toposort(gate=lambda y, x=x: y is x or (y not in realize and not is_buffer_view(y))) if y is not x}
+  return {x for x in big if x not in inner}
 
 
 _KERNEL_CACHE: dict[UOp, tuple[UOp, list[UOp]]] = {}   # kernel inputs with canonical PARAMs -> (AST, canonical bufs)
