@@ -30,7 +30,7 @@ from plugrad.gradient import compute_gradient
 from plugrad.live import all_tensors as _all_tensors
 from plugrad.mixin.math import MathOps
 from plugrad.mixin.movement import MovementOps, argshape, check_shape
-from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp, seed_meta
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
 from plugrad.tensor_ops.linalg import LinalgMixin
@@ -144,6 +144,53 @@ def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple, unique
   return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
 
 
+_SCALARS: dict[tuple, UOp] = {}  # (value's type, value, dtype, cast dtype, device, shape) -> the broadcast constant
+MAX_SCALARS = 1024  # scalar constants kept (the oldest is dropped first)
+
+
+def _scalar_const(value: ConstType, dtype: DType, device: str, shape: tuple, cast: DType | None = None) -> UOp:
+  """The constant `value` of `dtype` broadcast to `shape` on `device`: the node the general path makes for a Python
+  scalar operand, `_const_uop(value, dtype, device, ())` (cast to `cast` when given) reshaped and expanded to `shape`.
+  Kept in a small table: programs combine tensors of a few shapes with a few constants over and over, and building
+  the three nodes (and truncating the value to the dtype) was most of an elementwise op's cost."""
+  kv = value if type(value) is not float or (value == value and value != 0.0) else repr(value)  # -0.0, 0.0, nan kept apart
+  key = (type(value), kv, dtype, cast, device, shape)
+  if (u := _SCALARS.get(key)) is not None: return u
+  c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), dtypes.as_const(value, dtype))
+  if cast is not None and cast != dtype: c = UOp(Ops.CAST, cast, (c,))
+  if shape:
+    c = UOp(Ops.RESHAPE, c.dtype, (c,), (1,) * len(shape))
+    if not all(isinstance(s, int) and s == 1 for s in shape): c = UOp(Ops.EXPAND, c.dtype, (c,), shape)
+  if len(_SCALARS) >= MAX_SCALARS: del _SCALARS[next(iter(_SCALARS))]
+  _SCALARS[key] = c
+  return c
+
+
+def _scalar_dtype(x: ConstType, dt: DType) -> DType:
+  """The dtype a Python scalar takes next to a tensor of dtype `dt` (before promotion): `dt` itself, except a float
+  next to an int/bool tensor (the default float) and an int next to a bool tensor (the default int)."""
+  if type(x) is float and not dtypes.is_float(dt): return least_upper_float(dt)
+  if type(x) is int and dt == dtypes.bool: return dtypes.default_int
+  return dt
+
+
+_new_tensor = object.__new__
+
+
+def _tensor(uop: UOp) -> Tensor:
+  """Tensor(uop) for a node built by Tensor's own primitives from single-device sources (no data to convert, nothing
+  to check or lower)."""
+  t = _new_tensor(Tensor)
+  t.uop, t.requires_grad, t.grad, t._ctx = uop, None, None, None
+  _all_tensors.add(t)
+  return t
+
+
+def _wrap(uop: UOp) -> Tensor:
+  """Tensor(uop) for a node built by Tensor's own primitives: lowered first when it is an op over multi-device tensors."""
+  return _tensor(lower_multi(uop) if needs_lowering(uop) else uop)
+
+
 def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
@@ -234,7 +281,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if not self.shape: raise TypeError("iteration over a 0-d tensor")
     return (self[i] for i in range(self.shape[0]))
   def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype!r} on {self.device}{' realized' if is_buffer_view(self.uop) else ''}>"
-  def __hash__(self) -> int: return id(self)
+  __hash__ = object.__hash__  # identity (C-level: the live-tensor set hashes every new tensor)
   def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails: Tensor methods that plugins add
     if name.startswith("_") or hasattr(type(self), name): return object.__getattribute__(self, name)  # the real error
     # lazy plugin loading (documented in docs/architecture.md): plugin Tensor methods resolve on first use
@@ -491,8 +538,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return Tensor(_const_uop(v, dtype or self.dtype, self.device, self.shape))
 
   # ***** primitives of the shared op mixins (plugrad/mixin) *****
-  def _mop(self, op: Ops, arg: Any) -> Tensor: return Tensor(UOp(op, self.dtype, (self.uop,), arg))
-  def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+  def _mop(self, op: Ops, arg: Any) -> Tensor: return _wrap(UOp(op, self.uop.dtype, (self.uop,), arg))
+  def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return _wrap(UOp(Ops.REDUCE_AXIS, self.uop.dtype, (self.uop,), (op, axes)))
   def _full(self, shape: tuple, value: ConstType, dtype: DType) -> Tensor: return Tensor.full(shape, value, dtype, self.device)
   def _operands(self, x: Any, reverse: bool = False) -> tuple[Tensor, Tensor]: return self._broadcasted(x, reverse)
 
@@ -507,7 +554,30 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       return Tensor(_const_uop(x, dt, self.device, ()))
     return Tensor(x, device=self.device)
 
+  def _fast_operands(self, y: Any, reverse: bool) -> tuple[UOp, UOp, str] | None:
+    """(operand node, operand node, device) of an elementwise op with `y` when nothing needs promoting, broadcasting
+    or lowering (a single-device tensor and a tensor of the same dtype and shape, or a Python scalar of this tensor's
+    dtype): the nodes the general path of `_broadcasted` builds, without its intermediate tensors. None: take that path."""
+    xu, ty = self.uop, type(y)
+    if type(dev := device_of(xu)) is not str: return None
+    if ty is Tensor:
+      yu = y.uop
+      if yu.dtype is not xu.dtype or yu.op is Ops.MULTI or yu.shape != xu.shape: return None
+    elif ty is float or ty is int or ty is bool:
+      if _scalar_dtype(y, dt := xu.dtype) is not dt: return None
+      yu = _scalar_const(y, dt, dev, xu.shape)
+    else: return None
+    return (yu, xu, dev) if reverse else (xu, yu, dev)
+
+  def _binop(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
+    if (r := self._fast_operands(x, reverse)) is None: return MathOps._binop(self, op, x, reverse)
+    a, b, dev = r
+    return _tensor(seed_meta(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (a, b)), self.uop.shape, dev))
+
   def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
+    if (r := self._fast_operands(y, reverse)) is not None:
+      other = y if type(y) is Tensor else _tensor(r[0] if reverse else r[1])
+      return (other, self) if reverse else (self, other)
     x, y = self, self._to_tensor(y)
     if reverse: x, y = y, x
     if match_dtype and x.dtype != y.dtype:
@@ -517,12 +587,12 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return x._expand_to(shape), y._expand_to(shape)
 
   def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-    out = dtype or (dtypes.bool if op in GroupOp.Comparison else self.dtype)
-    return Tensor(UOp(op, out, (self.uop, *(s.uop for s in srcs))))
+    out = dtype or (dtypes.bool if op in GroupOp.Comparison else self.uop.dtype)
+    return _wrap(UOp(op, out, (self.uop, *[s.uop for s in srcs])))
 
   def cast(self, dtype: DType | str) -> Tensor:
-    dt = to_dtype(dtype)
-    return self if dt == self.dtype else Tensor(UOp(Ops.CAST, dt, (self.uop,)))
+    dt = dtype if type(dtype) is DType else to_dtype(dtype)
+    return self if dt == self.uop.dtype else _wrap(UOp(Ops.CAST, dt, (self.uop,)))
 
   def bitcast(self, dtype: DType | str) -> Tensor:
     dt = to_dtype(dtype)
@@ -567,9 +637,21 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def log(self) -> Tensor: return self.log2() * math.log(2)
   def relu(self) -> Tensor:
     """max(x, 0) with nan kept and a zero gradient at 0 (as torch)."""
+    xu = self.uop
+    if (dt := xu.dtype) != dtypes.bool and type(dev := device_of(xu)) is str:  # the graph of the line below, built directly
+      shape, b = xu.shape, dtypes.bool
+      z = _scalar_const(0, dt, dev, shape)
+      le = seed_meta(UOp(Ops.OR, b, (seed_meta(UOp(Ops.CMPLT, b, (xu, z)), shape, dev), seed_meta(UOp(Ops.CMPEQ, b, (xu, z)), shape, dev))), shape, dev)
+      return _tensor(seed_meta(UOp(Ops.WHERE, dt, (le, _scalar_const(0, dtypes.default_int, dev, shape, dt), xu)), shape, dev))
     return (self <= 0).where(0, self)
   def where(self, x, y) -> Tensor:
     cond = self.cast(dtypes.bool)
+    cu, tx, ty = cond.uop, type(x), type(y)
+    if (tx is Tensor) != (ty is Tensor) and type(dev := device_of(cu)) is str:  # one tensor branch of the condition's shape, one scalar
+      t, v = (x, y) if tx is Tensor else (y, x)
+      if type(v) in (bool, int, float) and t.uop.shape == cu.shape:  # the general path's graph, without its intermediate tensors
+        c = _scalar_const(v, _scalar_dtype(v, dtypes.bool), dev, cu.shape, t.uop.dtype)
+        return _wrap(seed_meta(UOp(Ops.WHERE, t.uop.dtype, (cu, t.uop, c) if tx is Tensor else (cu, c, t.uop)), cu.shape, dev))
     xt, yt = cond._to_tensor(x), cond._to_tensor(y)
     if xt.dtype != yt.dtype:
       out = least_upper_dtype(xt.dtype, yt.dtype) if isinstance(x, Tensor) and isinstance(y, Tensor) else (xt if isinstance(x, Tensor) else yt).dtype

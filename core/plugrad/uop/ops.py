@@ -57,23 +57,32 @@ class UOpSpecError(TypeError):
   """A UOp was built with the wrong number of sources or wrong dtypes for its op."""
 
 
+_CMP, _WHERE, _SAME, _CONST, _VAR = range(5)  # what _check verifies beyond arity and source types, per op
+_CHECK_KIND: dict[Ops, int] = {**{o: _SAME for o in GroupOp.ALU if o not in (Ops.SHL, Ops.SHR, Ops.THREEFRY)},
+                               **{o: _CMP for o in GroupOp.Comparison}, Ops.WHERE: _WHERE, Ops.CONST: _CONST, Ops.DEFINE_VAR: _VAR}
+
+
 def _check(op: Ops, dtype: DType, src: tuple, arg) -> None:
   if (ar := _ARITY.get(op)) is not None and not ar[0] <= len(src) <= ar[1]:
     want = str(ar[0]) if ar[0] == ar[1] else f"{ar[0]}..{ar[1]}"
     raise UOpSpecError(f"{op} takes {want} sources, got {len(src)}: {[s.op for s in src]}")
   for s in src:
-    if not isinstance(s, UOp): raise UOpSpecError(f"{op} source must be a UOp, got {type(s).__name__} {s!r}")
-  if op in GroupOp.Comparison:
-    if dtype.scalar() != dtypes.bool: raise UOpSpecError(f"{op} must have dtype bool, got {dtype}")
-    if src[0].dtype != src[1].dtype: raise UOpSpecError(f"{op} compares mismatched dtypes {src[0].dtype} and {src[1].dtype}")
-  elif op is Ops.WHERE:
-    if src[0].dtype.scalar() != dtypes.bool: raise UOpSpecError(f"Ops.WHERE condition must be bool, got {src[0].dtype}")
-    if not src[1].dtype == src[2].dtype == dtype: raise UOpSpecError(f"Ops.WHERE branches {src[1].dtype}, {src[2].dtype} must match {dtype}")
-  elif op in GroupOp.ALU and op not in (Ops.SHL, Ops.SHR, Ops.THREEFRY):
+    if type(s) is not UOp and not isinstance(s, UOp): raise UOpSpecError(f"{op} source must be a UOp, got {type(s).__name__} {s!r}")
+  if (kind := _CHECK_KIND.get(op)) is None: return
+  if kind == _SAME:  # (dtypes are compared by identity first: DType.__eq__ is a Python call, and this runs per node)
     for s in src:
-      if s.dtype != dtype: raise UOpSpecError(f"{op} of dtype {dtype} has a source of dtype {s.dtype}")
-  elif op is Ops.CONST and not src and arg is None: raise UOpSpecError("Ops.CONST needs a value in arg")
-  elif op is Ops.DEFINE_VAR and not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], str)):
+      if s.dtype is not dtype and s.dtype != dtype: raise UOpSpecError(f"{op} of dtype {dtype} has a source of dtype {s.dtype}")
+  elif kind == _CMP:
+    if dtype is not dtypes.bool and dtype.scalar() != dtypes.bool: raise UOpSpecError(f"{op} must have dtype bool, got {dtype}")
+    if src[0].dtype is not src[1].dtype and src[0].dtype != src[1].dtype:
+      raise UOpSpecError(f"{op} compares mismatched dtypes {src[0].dtype} and {src[1].dtype}")
+  elif kind == _WHERE:
+    if src[0].dtype is not dtypes.bool and src[0].dtype.scalar() != dtypes.bool: raise UOpSpecError(f"Ops.WHERE condition must be bool, got {src[0].dtype}")
+    if not ((src[1].dtype is dtype or src[1].dtype == dtype) and (src[2].dtype is dtype or src[2].dtype == dtype)):
+      raise UOpSpecError(f"Ops.WHERE branches {src[1].dtype}, {src[2].dtype} must match {dtype}")
+  elif kind == _CONST:
+    if not src and arg is None: raise UOpSpecError("Ops.CONST needs a value in arg")
+  elif not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], str)):
     raise UOpSpecError(f"Ops.DEFINE_VAR arg must be (name, min, max), got {arg!r}")
 
 
@@ -321,6 +330,13 @@ _set_op, _set_dtype, _set_src, _set_arg, _set_tag, _set_cache, _set_key, _set_se
   (UOp.__dict__[k].__set__ for k in ("op", "dtype", "src", "arg", "tag", "_cache", "_key", "seq"))
 _seq = itertools.count()  # creation order: a graph only contains nodes created before its root (nodes are immutable)
 SymbolicDim.register(UOp)  # a UOp is a valid (symbolic) dimension for the movement mixin's shape checks
+
+
+def seed_meta(u: UOp, shape: tuple, device: str) -> UOp:
+  """`u` with its tensor shape and device memoized, for a node its builder knows both of (Tensor's elementwise fast
+  paths): computing them later walks the sources. A node that already has memoized facts is left as it is."""
+  if u._cache is None: _set_cache(u, {"shape": shape, "device": device})
+  return u
 
 
 def pretty(u: UOp, max_lines: int = 60) -> str:
