@@ -641,7 +641,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if (dt := xu.dtype) != dtypes.bool and type(dev := device_of(xu)) is str:  # the graph of the line below, built directly
       shape, b = xu.shape, dtypes.bool
       z = _scalar_const(0, dt, dev, shape)
-      le = seed_meta(UOp(Ops.OR, b, (seed_meta(UOp(Ops.CMPLT, b, (xu, z)), shape, dev), seed_meta(UOp(Ops.CMPEQ, b, (xu, z)), shape, dev))), shape, dev)
+      lt, eq = seed_meta(UOp(Ops.CMPLT, b, (xu, z)), shape, dev), seed_meta(UOp(Ops.CMPEQ, b, (xu, z)), shape, dev)
+      le = seed_meta(UOp(Ops.OR, b, (lt, eq)), shape, dev)
       return _tensor(seed_meta(UOp(Ops.WHERE, dt, (le, _scalar_const(0, dtypes.default_int, dev, shape, dt), xu)), shape, dev))
     return (self <= 0).where(0, self)
   def where(self, x, y) -> Tensor:

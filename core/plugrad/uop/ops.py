@@ -77,7 +77,8 @@ def _check(op: Ops, dtype: DType, src: tuple, arg) -> None:
     if src[0].dtype is not src[1].dtype and src[0].dtype != src[1].dtype:
       raise UOpSpecError(f"{op} compares mismatched dtypes {src[0].dtype} and {src[1].dtype}")
   elif kind == _WHERE:
-    if src[0].dtype is not dtypes.bool and src[0].dtype.scalar() != dtypes.bool: raise UOpSpecError(f"Ops.WHERE condition must be bool, got {src[0].dtype}")
+    if src[0].dtype is not dtypes.bool and src[0].dtype.scalar() != dtypes.bool:
+      raise UOpSpecError(f"Ops.WHERE condition must be bool, got {src[0].dtype}")
     if not ((src[1].dtype is dtype or src[1].dtype == dtype) and (src[2].dtype is dtype or src[2].dtype == dtype)):
       raise UOpSpecError(f"Ops.WHERE branches {src[1].dtype}, {src[2].dtype} must match {dtype}")
   elif kind == _CONST:
