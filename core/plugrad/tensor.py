@@ -177,6 +177,11 @@ def _scalar_dtype(x: ConstType, dt: DType) -> DType:
 _new_tensor = object.__new__
 
 
+def _node(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, device: str) -> UOp:
+  """The elementwise node `UOp(op, dtype, src)` of `shape` on `device`, its shape and device memoized (no walk later)."""
+  return seed_meta(UOp(op, dtype, src), shape, device)
+
+
 def _tensor(uop: UOp) -> Tensor:
   """Tensor(uop) for a node built by Tensor's own primitives from single-device sources (no data to convert, nothing
   to check or lower)."""
@@ -302,8 +307,11 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
-    if len(tensors) == 1 and not _pending_assigns and (u := tensors[0].uop).op is not Ops.MULTI and plan.signature(u) is not None:
-      if not is_buffer_view(u): Tensor._realize_targets([u])  # one tensor, no CALLs, no pending writes: the common case
+    # (`_pending_assigns.data`: a WeakKeyDictionary's truth value is a Python-level __len__; a dead key left in its
+    # dict only sends this realize down the general path)
+    if len(tensors) == 1 and not _pending_assigns.data and (u := tensors[0].uop).op is not Ops.MULTI and \
+       (sig := plan.signature(u)) is not None:  # one tensor, no CALLs, no pending writes: the common case
+      if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))
       return
     for t in tensors:  # @function calls run as their bodies (the schedule cache dedups them); a planned graph has none
       if plan.signature(t.uop) is None: t.uop = inline_calls(t.uop)
@@ -319,10 +327,11 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       raise
 
   @staticmethod
-  def _realize_targets(targets: list[UOp]) -> list[UOp]:
+  def _realize_targets(targets: list[UOp], key: tuple | None = None) -> list[UOp]:
     """Schedule and run `targets`, point every live tensor at the results; returns the nodes that were realized.
-    A structure realized before runs its cached plan (engine/plan.py): no scheduling, no walk over the live tensors."""
-    key = plan.targets_signature(targets) if not _pending_assigns else None
+    A structure realized before runs its cached plan (engine/plan.py): no scheduling, no walk over the live tensors.
+    `key`: the targets' `plan.targets_signature` when the caller has it (and no assign is pending)."""
+    if key is None: key = plan.targets_signature(targets) if not _pending_assigns else None
     if (p := plan.lookup(key)) is not None and (views := plan.run(p, key[1])) is not None:
       becomes = dict(zip(targets, views))
     else:
@@ -334,13 +343,13 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       items, becomes = create_schedule(targets, keep, info)
       run_schedule(items)
       if plan.wants(key): plan.build(key, targets, info, items)
-    first = min(n.seq for n in becomes) if becomes else 0  # a graph whose root is older than every realized node has none of them
-    for t in list(_all_tensors):
+    first = min([n.seq for n in becomes]) if becomes else 0  # a graph whose root is older than every realized node has none of them
+    for t in _all_tensors:
       if (u := t.uop).seq >= first and not is_buffer_view(u):
         if (b := becomes.get(u)) is not None: t.uop = b
         elif len(becomes) >= 64 or not u.toposort().keys().isdisjoint(becomes):  # (toposort is memoized)
           t.uop = u.substitute(becomes, walk=True)
-    if _pending_assigns: _update_pending_assigns(becomes)
+    if _pending_assigns.data: _update_pending_assigns(becomes)
     return list(becomes)
   def _host_view(self) -> tuple[Any, tuple]:
     """A realized contiguous Buffer for this tensor and its shape."""
@@ -572,7 +581,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def _binop(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
     if (r := self._fast_operands(x, reverse)) is None: return MathOps._binop(self, op, x, reverse)
     a, b, dev = r
-    return _tensor(seed_meta(UOp(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (a, b)), self.uop.shape, dev))
+    return _tensor(_node(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (a, b), self.uop.shape, dev))
 
   def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
     if (r := self._fast_operands(y, reverse)) is not None:
@@ -641,9 +650,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if (dt := xu.dtype) != dtypes.bool and type(dev := device_of(xu)) is str:  # the graph of the line below, built directly
       shape, b = xu.shape, dtypes.bool
       z = _scalar_const(0, dt, dev, shape)
-      lt, eq = seed_meta(UOp(Ops.CMPLT, b, (xu, z)), shape, dev), seed_meta(UOp(Ops.CMPEQ, b, (xu, z)), shape, dev)
-      le = seed_meta(UOp(Ops.OR, b, (lt, eq)), shape, dev)
-      return _tensor(seed_meta(UOp(Ops.WHERE, dt, (le, _scalar_const(0, dtypes.default_int, dev, shape, dt), xu)), shape, dev))
+      le = _node(Ops.OR, b, (_node(Ops.CMPLT, b, (xu, z), shape, dev), _node(Ops.CMPEQ, b, (xu, z), shape, dev)), shape, dev)
+      return _tensor(_node(Ops.WHERE, dt, (le, _scalar_const(0, dtypes.default_int, dev, shape, dt), xu), shape, dev))
     return (self <= 0).where(0, self)
   def where(self, x, y) -> Tensor:
     cond = self.cast(dtypes.bool)
@@ -652,7 +660,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       t, v = (x, y) if tx is Tensor else (y, x)
       if type(v) in (bool, int, float) and t.uop.shape == cu.shape:  # the general path's graph, without its intermediate tensors
         c = _scalar_const(v, _scalar_dtype(v, dtypes.bool), dev, cu.shape, t.uop.dtype)
-        return _wrap(seed_meta(UOp(Ops.WHERE, t.uop.dtype, (cu, t.uop, c) if tx is Tensor else (cu, c, t.uop)), cu.shape, dev))
+        return _wrap(_node(Ops.WHERE, t.uop.dtype, (cu, t.uop, c) if tx is Tensor else (cu, c, t.uop), cu.shape, dev))
     xt, yt = cond._to_tensor(x), cond._to_tensor(y)
     if xt.dtype != yt.dtype:
       out = least_upper_dtype(xt.dtype, yt.dtype) if isinstance(x, Tensor) and isinstance(y, Tensor) else (xt if isinstance(x, Tensor) else yt).dtype

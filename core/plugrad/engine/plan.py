@@ -70,20 +70,38 @@ def _arg_key(arg: Any) -> Any:
   return arg
 
 
+_IDENT = [tuple(range(i)) for i in range(MAX_LEAVES + 1)]  # leaf positions of a source whose leaves are the node's own
+_MOVEMENT = GroupOp.Movement
+
+
 def _node_sig(n: UOp, kids: list) -> tuple | None:
-  """(generation, structure id, leaves) of `n` from its sources' signatures (None: not plannable)."""
+  """(generation, structure id, leaves) of `n` from its sources' signatures (None: not plannable). Dtypes enter the
+  structure keys as their `_key` tuples (hashing a DType is a Python call; equal dtypes have equal tuples)."""
   op = n.op
   if op in _LEAF_OPS:
-    if op is Ops.BUFFER: key: tuple = ("B", n.dtype, n.arg, n.src[1].arg)
+    if op is Ops.BUFFER: key: tuple = ("B", n.dtype._key, n.arg, n.src[1].arg)
     elif op is Ops.BIND: key = ("V", n.src[0])  # the variable; its value is the leaf's data
-    else: key = ("U", n.dtype)
+    else: key = ("U", n.dtype._key)
     return (_gen[0], _intern(key), None)  # None: the leaves are (n,) (not stored: a node in its own cache is a cycle)
-  if op is Ops.CALL or op is Ops.MULTI or (op in GroupOp.Movement and _has_uop(n.arg)): return None
-  if any(k is None for k in kids): return None
-  if not kids: return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag)), ())
+  arg = n.arg
+  if op is Ops.CALL or op is Ops.MULTI or (op in _MOVEMENT and _has_uop(arg)): return None
+  if type(arg) is float and (arg == 0.0 or arg != arg): arg = _arg_key(arg)
+  if not kids: return (_gen[0], _intern((op, n.dtype._key, arg, n.tag)), ())
   if len(kids) == 1:
-    k = kids[0]
-    return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag, k[1])), k[2] if k[2] is not None else (n.src[0],))
+    if (k := kids[0]) is None: return None
+    return (_gen[0], _intern((op, n.dtype._key, arg, n.tag, k[1])), k[2] if k[2] is not None else (n.src[0],))
+  # several sources. Usually every source that has leaves has the same ones (elementwise ops over one tensor; the
+  # constants have none): the node's leaves are those, no merging
+  same: Any = None
+  for k, s in zip(kids, n.src):
+    if k is None: return None
+    if not (kl := k[2] if k[2] is not None else (s,)): continue
+    if same is None: same = kl
+    elif kl is not same and kl != same: same = False; break
+  if same is not False:
+    ident = _IDENT[len(same)] if same else ()
+    parts: Any = tuple([(k[1], ident if k[2] is None or k[2] else ()) for k in kids])
+    return (_gen[0], _intern((op, n.dtype._key, arg, n.tag, parts)), same or ())
   pos: dict[UOp, int] = {}
   leaves: list[UOp] = []
   parts = []
@@ -93,7 +111,7 @@ def _node_sig(n: UOp, kids: list) -> tuple | None:
       if x not in pos: pos[x] = len(leaves); leaves.append(x)
     parts.append((k[1], tuple([pos[x] for x in kl])))
   if len(leaves) > MAX_LEAVES: return None
-  return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag, tuple(parts))), tuple(leaves))
+  return (_gen[0], _intern((op, n.dtype._key, arg, n.tag, tuple(parts))), tuple(leaves))
 
 
 def _stored(n: UOp, gen: int) -> tuple | None:
@@ -110,16 +128,19 @@ def signature(u: UOp) -> tuple | None:
   """(generation, structure id, leaves) of the graph under `u`, memoized on every node (None: not plannable).
   A node found unplannable is memoized too (as id -1), so a shared unplannable subgraph is walked once."""
   gen = _gen[0]
-  if (s := _stored(u, gen)) is not None: return _public(u, s)
-  stack: list[tuple[UOp, bool]] = [(u, False)]
-  while stack:
-    n, ready = stack.pop()
-    if _stored(n, gen) is not None: continue
-    if not ready and n.op not in _LEAF_OPS and n.src:
-      stack.append((n, True))
-      stack.extend((s, False) for s in n.src)
-      continue
-    kids = [None if (ks := s._cache["plan"])[1] < 0 else ks for s in (n.src if n.op not in _LEAF_OPS else ())]
+  if (c := u._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: return _public(u, s)
+  stack: list[UOp] = [u]
+  while stack:  # post-order: a node is computed once every source is (it stays on the stack until then)
+    n = stack[-1]
+    if (c := n._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: stack.pop(); continue
+    kids: list = []
+    if n.op not in _LEAF_OPS:
+      ready = True
+      for x in n.src:
+        if (c := x._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: kids.append(None if s[1] < 0 else s)
+        else: stack.append(x); ready = False
+      if not ready: continue
+    stack.pop()
     sig = _node_sig(n, kids)
     if gen != _gen[0]: return None  # the id table was dropped meanwhile: ids computed so far are stale
     n._cached()["plan"] = (gen, -1, ()) if sig is None else sig
@@ -161,7 +182,9 @@ class Plan:
   def valid(self) -> bool:
     if kernelize._SCHEDULE_CACHE.get(self.nsink) is not self.entry: return False
     runners = realize._RUNNERS
-    return all(it.runner is None or runners.get((it.device, it.ast)) is it.runner for it in self.items)
+    for it in self.items:
+      if it.runner is not None and runners.get((it.device, it.ast)) is not it.runner: return False
+    return True
 
 
 def build(key: tuple[int, tuple[UOp, ...]], targets: list[UOp], info: dict, items: list[ScheduleItem]) -> None:

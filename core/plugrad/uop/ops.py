@@ -108,21 +108,23 @@ class UOp(MathOps, MovementOps):
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None) -> UOp:
-    key = (op, dtype, src, arg, tag) if type(arg) is not float or (arg != 0.0 and arg == arg) else _float_key(op, dtype, src, arg, tag)
-    if (ref := UOp._nodes.get(key)) is not None and (node := ref()) is not None: return node
+    # the dtype enters the key as its `_key` tuple (equal dtypes have equal tuples): hashing a DType is a Python call
+    if type(dtype) is not DType and not isinstance(dtype, DType): raise UOpSpecError(f"{op} dtype must be a DType, got {dtype!r}")
+    key = (op, dtype._key, src, arg, tag) if type(arg) is not float or (arg != 0.0 and arg == arg) else _float_key(op, dtype._key, src, arg, tag)
+    if (ref := _nodes_get(key)) is not None and (node := ref()) is not None: return node
     if type(src) is not tuple: src = tuple(src); return UOp(op, dtype, src, arg, tag)
     if src or op in _CHECKED_LEAVES: _check(op, dtype, src, arg)
-    node = object.__new__(cls)
+    node = _new_node(cls)
     _set_op(node, op); _set_dtype(node, dtype); _set_src(node, src); _set_arg(node, arg); _set_tag(node, tag)  # (slot setters:
     _set_cache(node, None); _set_key(node, key); _set_seq(node, next(_seq))  # a node is created per op: 2x faster than object.__setattr__)
-    UOp._nodes[key] = weakref.ref(node)
+    _nodes[key] = _weakref(node)
     return node
 
   def __del__(self) -> None:
     try:
       key = self._key
-      if (ref := UOp._nodes.get(key)) is not None and ref() in (None, self): del UOp._nodes[key]
-    except (AttributeError, TypeError): pass  # interpreter shutdown or a half-built node
+      if (ref := _nodes_get(key)) is not None and ref() in (None, self): del _nodes[key]
+    except (AttributeError, TypeError, NameError): pass  # interpreter shutdown or a half-built node
 
   def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
   def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable: can't set {name!r}")
@@ -139,9 +141,12 @@ class UOp(MathOps, MovementOps):
                kwargs.get("tag", self.tag))
 
   # ----- graph walks (iterative: graphs can be far deeper than Python's recursion limit) -----
-  def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
+  def toposort(self, gate: Callable[[UOp], bool] | None = None, memo: bool = True) -> dict[UOp, None]:
     """All nodes reachable from self, each after its sources (an insertion-ordered dict used as a set).
-    `gate(node)` returning False stops the walk from entering that node's sources (the node itself is kept)."""
+    `gate(node)` returning False stops the walk from entering that node's sources (the node itself is kept).
+    Without a gate the result is memoized on self, which makes self part of a reference cycle (its cache holds a
+    dict holding self): the graph then lives until Python's cycle collector runs. `memo=False` for a temporary root
+    (a SINK made to walk several graphs at once) keeps those graphs freeable the moment their last user drops them."""
     if gate is None and (c := self._cache) is not None and "topo" in c: return c["topo"]
     out: dict[UOp, None] = {}
     stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -151,7 +156,7 @@ class UOp(MathOps, MovementOps):
       if expanded: out[node] = None; continue
       stack.append((node, True))
       if gate is None or gate(node): stack.extend((s, False) for s in reversed(node.src) if s not in out)
-    if gate is None: self._cached()["topo"] = out
+    if gate is None and memo: self._cached()["topo"] = out
     return out
 
   def backward_slice(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
@@ -329,6 +334,8 @@ class UOp(MathOps, MovementOps):
 
 _set_op, _set_dtype, _set_src, _set_arg, _set_tag, _set_cache, _set_key, _set_seq = \
   (UOp.__dict__[k].__set__ for k in ("op", "dtype", "src", "arg", "tag", "_cache", "_key", "seq"))
+_nodes = UOp._nodes  # (module globals: read on every node construction)
+_nodes_get, _new_node, _weakref = _nodes.get, object.__new__, weakref.ref
 _seq = itertools.count()  # creation order: a graph only contains nodes created before its root (nodes are immutable)
 SymbolicDim.register(UOp)  # a UOp is a valid (symbolic) dimension for the movement mixin's shape checks
 
