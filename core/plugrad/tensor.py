@@ -30,7 +30,7 @@ from plugrad.gradient import compute_gradient
 from plugrad.live import all_tensors as _all_tensors
 from plugrad.mixin.math import MathOps
 from plugrad.mixin.movement import MovementOps, argshape, check_shape
-from plugrad.uop.ops import GroupOp, Ops, UOp, seed_meta
+from plugrad.uop.ops import GroupOp, Ops, UOp, elementwise
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
 from plugrad.tensor_ops.linalg import LinalgMixin
@@ -175,16 +175,22 @@ def _scalar_dtype(x: ConstType, dt: DType) -> DType:
 
 
 _new_tensor = object.__new__
+_BINARY, _COMPARISON = GroupOp.Binary, GroupOp.Comparison
 
 
 def _node(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, device: str) -> UOp:
-  """The elementwise node `UOp(op, dtype, src)` of `shape` on `device`, its shape and device memoized (no walk later)."""
-  return seed_meta(UOp(op, dtype, src), shape, device)
+  """The elementwise node `UOp(op, dtype, src)` of `shape` on `device` (the caller checked the operands); a new node
+  gets its shape, device and (when its sources' are known) realize-plan signature memoized now, one step each,
+  instead of by walks later."""
+  u, c = elementwise(op, dtype, src, shape, device)
+  if c is not None: plan.seed(u, c)
+  return u
 
 
 def _tensor(uop: UOp) -> Tensor:
   """Tensor(uop) for a node built by Tensor's own primitives from single-device sources (no data to convert, nothing
   to check or lower)."""
+  if (c := uop._cache) is None or "plan" not in c: plan.seed(uop)
   t = _new_tensor(Tensor)
   t.uop, t.requires_grad, t.grad, t._ctx = uop, None, None, None
   _all_tensors.add(t)
@@ -258,6 +264,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       uop = _from_data(data, _canon_device(device), dt)
       if dt is not None and uop.dtype != dt: uop = UOp(Ops.CAST, dt, (uop,))
     if needs_lowering(uop): uop = lower_multi(uop)  # an op over multi-device tensors becomes one op per device
+    if (c := uop._cache) is None or "plan" not in c: plan.seed(uop)  # (its realize-plan signature, when its sources' are known)
     self.uop: UOp = uop
     self.requires_grad, self.grad, self._ctx = requires_grad, None, None
     _all_tensors.add(self)
@@ -568,7 +575,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     or lowering (a single-device tensor and a tensor of the same dtype and shape, or a Python scalar of this tensor's
     dtype): the nodes the general path of `_broadcasted` builds, without its intermediate tensors. None: take that path."""
     xu, ty = self.uop, type(y)
-    if type(dev := device_of(xu)) is not str: return None
+    if (c := xu._cache) is None or (dev := c.get("device")) is None: dev = device_of(xu)
+    if type(dev) is not str: return None
     if ty is Tensor:
       yu = y.uop
       if yu.dtype is not xu.dtype or yu.op is Ops.MULTI or yu.shape != xu.shape: return None
@@ -579,9 +587,9 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return (yu, xu, dev) if reverse else (xu, yu, dev)
 
   def _binop(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
-    if (r := self._fast_operands(x, reverse)) is None: return MathOps._binop(self, op, x, reverse)
+    if op not in _BINARY or (r := self._fast_operands(x, reverse)) is None: return MathOps._binop(self, op, x, reverse)
     a, b, dev = r
-    return _tensor(_node(op, dtypes.bool if op in GroupOp.Comparison else a.dtype, (a, b), self.uop.shape, dev))
+    return _tensor(_node(op, dtypes.bool if op in _COMPARISON else a.dtype, (a, b), self.uop.shape, dev))
 
   def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
     if (r := self._fast_operands(y, reverse)) is not None:

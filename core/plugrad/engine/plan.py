@@ -42,13 +42,15 @@ PLAN_STATS = {"hits": 0, "built": 0, "reused": 0}
 _getrefcount = getattr(sys, "getrefcount", None)
 
 _ids: dict[tuple, int] = {}   # structure -> id
+_ids_get = _ids.get
 _gen = [0]                    # bumped when _ids is dropped: ids memoized on nodes under an older generation are stale
 _PLANS: dict[int, Plan | None] = {}  # structure id of the targets' SINK -> plan (None: this structure can't be planned)
-_LEAF_OPS = (Ops.BUFFER, Ops.BIND, Ops.UNIQUE)
+_LEAF_OPS = frozenset({Ops.BUFFER, Ops.BIND, Ops.UNIQUE})
+_BUFFER, _CALL, _MULTI = Ops.BUFFER, Ops.CALL, Ops.MULTI
 
 
 def _intern(key: tuple) -> int:
-  if (i := _ids.get(key)) is None:
+  if (i := _ids_get(key)) is None:
     if len(_ids) >= MAX_INTERNED:
       _ids.clear(); _PLANS.clear(); _gen[0] += 1
     i = _ids[key] = len(_ids)
@@ -79,25 +81,39 @@ def _node_sig(n: UOp, kids: list) -> tuple | None:
   structure keys as their `_key` tuples (hashing a DType is a Python call; equal dtypes have equal tuples)."""
   op = n.op
   if op in _LEAF_OPS:
-    if op is Ops.BUFFER: key: tuple = ("B", n.dtype._key, n.arg, n.src[1].arg)
+    if op is _BUFFER: key: tuple = ("B", n.dtype._key, n.arg, n.src[1].arg)
     elif op is Ops.BIND: key = ("V", n.src[0])  # the variable; its value is the leaf's data
     else: key = ("U", n.dtype._key)
     return (_gen[0], _intern(key), None)  # None: the leaves are (n,) (not stored: a node in its own cache is a cycle)
   arg = n.arg
-  if op is Ops.CALL or op is Ops.MULTI or (op in _MOVEMENT and _has_uop(arg)): return None
+  if op is _CALL or op is _MULTI or (op in _MOVEMENT and _has_uop(arg)): return None
   if type(arg) is float and (arg == 0.0 or arg != arg): arg = _arg_key(arg)
   if not kids: return (_gen[0], _intern((op, n.dtype._key, arg, n.tag)), ())
   if len(kids) == 1:
     if (k := kids[0]) is None: return None
-    return (_gen[0], _intern((op, n.dtype._key, arg, n.tag, k[1])), k[2] if k[2] is not None else (n.src[0],))
+    key = (op, n.dtype._key, arg, n.tag, k[1])
+    return (_gen[0], i if (i := _ids_get(key)) is not None else _intern(key), k[2] if k[2] is not None else (n.src[0],))
   # several sources. Usually every source that has leaves has the same ones (elementwise ops over one tensor; the
   # constants have none): the node's leaves are those, no merging
+  if len(kids) == 2:  # (the common binary op, spelled out)
+    k0, k1 = kids
+    if k0 is None or k1 is None: return None
+    if (l0 := k0[2]) is None: l0 = (n.src[0],)
+    if (l1 := k1[2]) is None: l1 = (n.src[1],)
+    if not l1 or l1 is l0 or l1 == l0: leaves, parts = l0, ((k0[1], _IDENT[len(l0)]), (k1[1], _IDENT[len(l1)]))
+    elif not l0: leaves, parts = l1, ((k0[1], ()), (k1[1], _IDENT[len(l1)]))
+    elif (l0[0] is not l1[0] if len(l0) == 1 == len(l1) else set(l0).isdisjoint(l1)) and len(l0) + len(l1) <= MAX_LEAVES:
+      leaves, parts = l0 + l1, ((k0[1], _IDENT[len(l0)]), (k1[1], tuple(range(len(l0), len(l0) + len(l1)))))
+    else: leaves = None
+    if leaves is not None:
+      key = (op, n.dtype._key, arg, n.tag, parts)
+      return (_gen[0], i if (i := _ids_get(key)) is not None else _intern(key), leaves)
   same: Any = None
   for k, s in zip(kids, n.src):
     if k is None: return None
-    if not (kl := k[2] if k[2] is not None else (s,)): continue
+    if same is False or not (kl := k[2] if k[2] is not None else (s,)): continue
     if same is None: same = kl
-    elif kl is not same and kl != same: same = False; break
+    elif kl is not same and kl != same: same = False
   if same is not False:
     ident = _IDENT[len(same)] if same else ()
     parts: Any = tuple([(k[1], ident if k[2] is None or k[2] else ()) for k in kids])
@@ -145,6 +161,18 @@ def signature(u: UOp) -> tuple | None:
     if gen != _gen[0]: return None  # the id table was dropped meanwhile: ids computed so far are stale
     n._cached()["plan"] = (gen, -1, ()) if sig is None else sig
   return _public(u, u._cache["plan"])
+
+
+def seed(u: UOp, cache: dict | None = None) -> None:
+  """Memoize the signature of a node that is being built, when its sources' are memoized already (one step, no walk:
+  Tensor calls this for every node it makes, so the warm realize of a graph finds every structure id computed).
+  `cache`: u's cache dict when the caller just made it."""
+  gen, kids = _gen[0], []
+  for x in u.src:
+    if (c := x._cache) is None or (s := c.get("plan")) is None or s[0] != gen: return
+    kids.append(None if s[1] < 0 else s)
+  sig = _node_sig(u, kids)
+  if gen == _gen[0]: (u._cached() if cache is None else cache)["plan"] = (gen, -1, ()) if sig is None else sig
 
 
 def targets_signature(targets: list[UOp]) -> tuple[int, tuple[UOp, ...]] | None:

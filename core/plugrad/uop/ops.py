@@ -340,11 +340,18 @@ _seq = itertools.count()  # creation order: a graph only contains nodes created 
 SymbolicDim.register(UOp)  # a UOp is a valid (symbolic) dimension for the movement mixin's shape checks
 
 
-def seed_meta(u: UOp, shape: tuple, device: str) -> UOp:
-  """`u` with its tensor shape and device memoized, for a node its builder knows both of (Tensor's elementwise fast
-  paths): computing them later walks the sources. A node that already has memoized facts is left as it is."""
-  if u._cache is None: _set_cache(u, {"shape": shape, "device": device})
-  return u
+def elementwise(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, device: str) -> tuple[UOp, dict | None]:
+  """`UOp(op, dtype, src)` for a builder that guarantees what construction checks (Tensor's elementwise fast paths:
+  an ALU op, a tuple of UOp sources of the right count, dtypes that agree), with its tensor shape and device
+  memoized when the node is new: (node, its new cache dict) or (node, None) when the node existed already.
+  The same hash-consing as `UOp.__new__` (the key of a node with no arg and no tag), without `_check`."""
+  key = (op, dtype._key, src, None, None)
+  if (ref := _nodes_get(key)) is not None and (node := ref()) is not None: return node, None
+  node = _new_node(UOp)
+  _set_op(node, op); _set_dtype(node, dtype); _set_src(node, src); _set_arg(node, None); _set_tag(node, None)
+  _set_cache(node, c := {"shape": shape, "device": device}); _set_key(node, key); _set_seq(node, next(_seq))
+  _nodes[key] = _weakref(node)
+  return node, c
 
 
 def pretty(u: UOp, max_lines: int = 60) -> str:
