@@ -309,6 +309,9 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) into device buffers."""
+    if not others and not _pending_assigns.data and (u := self.uop).op is not Ops.MULTI and (sig := plan.signature(u)) is not None:
+      if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))  # (realize_all's common case, one call less)
+      return self
     Tensor.realize_all(self, *others)
     return self
 

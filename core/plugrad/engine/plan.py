@@ -298,10 +298,11 @@ def wants(key: tuple[int, tuple[UOp, ...]] | None) -> bool:
 def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   """Run plan `p` on these leaves; the realized view of each target (None: the leaves' bound values disagree, which
   the normal path reports)."""
-  vals: dict[UOp, int] = {}
-  for i in p.bind_leaves:
-    b = leaves[i]
-    if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg: return None
+  if p.bind_leaves:
+    vals: dict[UOp, int] = {}
+    for i in p.bind_leaves:
+      b = leaves[i]
+      if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg: return None
   out_uops, out_bufs, last = [], [], p.last
   for k, (dev, size, dt) in enumerate(p.outs):
     if (u := last[k]) is not None and _unreachable(u):  # the previous output, which nothing else can reach any more
@@ -321,16 +322,22 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   direct = p.direct and not debug and not realize.CAPTURING and not capture.PROFILE  # no hook wants ExecItems
   eis: list[ExecItem] = []
   for it in p.items:
-    bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
     if direct:  # (what ExecItem.run does for loop-mapped kernels without variables: packing kernels first, codegen/pack.py)
+      raw = []  # the allocator handles: a leaf's Buffer read from its uop's cache (buffer_for), allocated if it isn't
+      for is_out, i in it.slots:
+        if is_out: raw.append(out_bufs[i]._buf)
+        elif (c := leaves[i]._cache) is not None and (b := c.get("buffer")) is not None and (h := b._buf) is not None: raw.append(h)
+        else: raw.append(buffer_for(leaves[i]).ensure_allocated()._buf)
       if (r := it.runner).slots is None:
         realize.GlobalCounters["kernels"] += 1
-        r.prg(*[b._buf for b in bufs])
+        r.prg.launch(*raw)
         continue
-      for pk in r.packs: pk.runner.prg(pk.scratch.ensure_allocated()._buf, *[bufs[j]._buf for j in pk.srcs])
+      for pk in r.packs: pk.runner.prg.launch(pk.scratch.ensure_allocated()._buf, *[raw[j] for j in pk.srcs])
       realize.GlobalCounters["kernels"] += 1 + len(r.packs)
-      r.prg(*[bufs[j]._buf if j >= 0 else r.packs[-1 - j].scratch._buf for j in r.slots])
-    else: eis.append(exec_item(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
+      r.prg.launch(*[raw[j] if j >= 0 else r.packs[-1 - j].scratch._buf for j in r.slots])
+    else:
+      bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
+      eis.append(exec_item(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
   if eis: run_exec_items(eis, debug)
   ret = []
   for oi, chain in p.views:

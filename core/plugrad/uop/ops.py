@@ -123,7 +123,7 @@ class UOp(MathOps, MovementOps):
   def __del__(self) -> None:
     try:
       key = self._key
-      if (ref := _nodes_get(key)) is not None and ref() in (None, self): del _nodes[key]
+      if (ref := _nodes_get(key)) is not None and ((r := ref()) is None or r is self): del _nodes[key]
     except (AttributeError, TypeError, NameError): pass  # interpreter shutdown or a half-built node
 
   def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
