@@ -6,7 +6,7 @@ checks for other uses; the Tensor class and its op mixins share this set, so it 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 class LiveSet:
@@ -20,6 +20,11 @@ class LiveSet:
     self._drop = self._refs.discard  # a weakref's callback: the dead reference leaves the set
 
   def add(self, x: Any) -> None: self._refs.add(weakref.ref(x, self._drop))
+
+  def hooks(self) -> tuple[Callable[[weakref.ref], None], Callable[[weakref.ref], None]]:
+    """(add a reference, the callback it must carry): for a caller that adds an object per operation, `add(weakref.ref(x,
+    callback))` is `self.add(x)` without a Python frame."""
+    return self._refs.add, self._drop
   def __iter__(self) -> Iterator[Any]: return iter([x for r in list(self._refs) if (x := r()) is not None])
   def __len__(self) -> int: return len(self._refs)
 

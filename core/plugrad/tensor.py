@@ -175,6 +175,8 @@ def _scalar_dtype(x: ConstType, dt: DType) -> DType:
 
 
 _new_tensor = object.__new__
+_live_add, _live_drop = _all_tensors.hooks()
+_weakref = weakref.ref
 _BINARY, _COMPARISON = GroupOp.Binary, GroupOp.Comparison
 
 
@@ -193,7 +195,7 @@ def _tensor(uop: UOp) -> Tensor:
   if (c := uop._cache) is None or "plan" not in c: plan.seed(uop)
   t = _new_tensor(Tensor)
   t.uop, t.requires_grad, t.grad, t._ctx = uop, None, None, None
-  _all_tensors.add(t)
+  _live_add(_weakref(t, _live_drop))  # (_all_tensors.add(t))
   return t
 
 
@@ -343,6 +345,12 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     `key`: the targets' `plan.targets_signature` when the caller has it (and no assign is pending)."""
     if key is None: key = plan.targets_signature(targets) if not _pending_assigns else None
     if (p := plan.lookup(key)) is not None and (views := plan.run(p, key[1])) is not None:
+      if len(targets) == 1 and not _pending_assigns.data:  # (the loop below for one realized node)
+        u0, v0 = targets[0], views[0]
+        for t in _all_tensors:
+          if (u := t.uop) is u0: t.uop = v0
+          elif u.seq >= u0.seq and not is_buffer_view(u) and u0 in u.toposort(): t.uop = u.substitute({u0: v0}, walk=True)
+        return targets
       becomes = dict(zip(targets, views))
     else:
       tset = set(targets)
@@ -573,26 +581,30 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       return Tensor(_const_uop(x, dt, self.device, ()))
     return Tensor(x, device=self.device)
 
-  def _fast_operands(self, y: Any, reverse: bool) -> tuple[UOp, UOp, str] | None:
-    """(operand node, operand node, device) of an elementwise op with `y` when nothing needs promoting, broadcasting
-    or lowering (a single-device tensor and a tensor of the same dtype and shape, or a Python scalar of this tensor's
-    dtype): the nodes the general path of `_broadcasted` builds, without its intermediate tensors. None: take that path."""
+  def _fast_operands(self, y: Any, reverse: bool) -> tuple[UOp, UOp, str, tuple] | None:
+    """(operand node, operand node, device, shape) of an elementwise op with `y` when nothing needs promoting,
+    broadcasting or lowering (a single-device tensor and a tensor of the same dtype and shape, or a Python scalar of
+    this tensor's dtype): the nodes the general path of `_broadcasted` builds, without its intermediate tensors.
+    None: take that path. (Shape and device are read from the nodes' caches where they are memoized.)"""
     xu, ty = self.uop, type(y)
     if (c := xu._cache) is None or (dev := c.get("device")) is None: dev = device_of(xu)
     if type(dev) is not str: return None
+    if (shape := xu._cache.get("shape")) is None: shape = xu.shape
     if ty is Tensor:
       yu = y.uop
-      if yu.dtype is not xu.dtype or yu.op is Ops.MULTI or yu.shape != xu.shape: return None
+      if yu.dtype is not xu.dtype or yu.op is Ops.MULTI: return None
+      if ((c := yu._cache) is None or (ys := c.get("shape")) is None) and (ys := yu.shape) is None: return None
+      if ys != shape: return None
     elif ty is float or ty is int or ty is bool:
       if _scalar_dtype(y, dt := xu.dtype) is not dt: return None
-      yu = _scalar_const(y, dt, dev, xu.shape)
+      yu = _scalar_const(y, dt, dev, shape)
     else: return None
-    return (yu, xu, dev) if reverse else (xu, yu, dev)
+    return (yu, xu, dev, shape) if reverse else (xu, yu, dev, shape)
 
   def _binop(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
     if op not in _BINARY or (r := self._fast_operands(x, reverse)) is None: return MathOps._binop(self, op, x, reverse)
-    a, b, dev = r
-    return _tensor(_node(op, dtypes.bool if op in _COMPARISON else a.dtype, (a, b), self.uop.shape, dev))
+    a, b, dev, shape = r
+    return _tensor(_node(op, dtypes.bool if op in _COMPARISON else a.dtype, (a, b), shape, dev))
 
   def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
     if (r := self._fast_operands(y, reverse)) is not None:
