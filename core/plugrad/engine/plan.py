@@ -168,9 +168,10 @@ def seed(u: UOp, cache: dict | None = None) -> None:
   Tensor calls this for every node it makes, so the warm realize of a graph finds every structure id computed).
   `cache`: u's cache dict when the caller just made it."""
   gen, kids = _gen[0], []
-  for x in u.src:
-    if (c := x._cache) is None or (s := c.get("plan")) is None or s[0] != gen: return
-    kids.append(None if s[1] < 0 else s)
+  if u.op not in _LEAF_OPS:  # (a leaf's signature needs none of its sources': a new buffer is seeded too)
+    for x in u.src:
+      if (c := x._cache) is None or (s := c.get("plan")) is None or s[0] != gen: return
+      kids.append(None if s[1] < 0 else s)
   sig = _node_sig(u, kids)
   if gen == _gen[0]: (u._cached() if cache is None else cache)["plan"] = (gen, -1, ()) if sig is None else sig
 
