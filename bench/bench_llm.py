@@ -9,8 +9,8 @@ size plus the KV cache.
   .venv/bin/python bench/bench_llm.py [--model smollm2|qwen2|both] [--tokens 450] [--decode 64] [--threads 2]
                                       [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P] [--profile] [--prefill-ab]
 
---profile: also the per-kernel times of one captured decode step (each kernel of the decode JIT run alone, best of 3,
-grouped by kernel name): time, bytes the kernel reads and writes, GB/s and the share of the read bandwidth, against
+--profile: also the per-kernel times of one captured decode step (timed in place inside the batched replay, best of
+5 per kernel, grouped by kernel name): time, bytes the kernel reads and writes, GB/s and the share of the read bandwidth, against
 the whole step's time (the difference is the replay's own cost: the batched C call, thread wake-ups).
 """
 from __future__ import annotations
@@ -76,25 +76,33 @@ def kv_bytes(m) -> int:
   return sum(c.nbytes() for layer in m.layers for c in (layer.cache_k, layer.cache_v))
 
 
-def decode_profile(ours: "Ours", bw: float, top: int = 12) -> None:
-  """Per-kernel times of one captured decode step (see --profile)."""
+def decode_profile(ours: "Ours", bw: float, top: int = 14) -> None:
+  """Per-kernel times of one captured decode step (see --profile), timed in place inside the batched replay."""
   g, pos = ours.g, len(ours.prompt)
   g.forward([ours.prompt[0]], pos)
   vv = {"start": pos, "S": -(-(pos + 1) // 8)}
   step = min(_timed(lambda: g.forward([ours.prompt[0]], pos)) for _ in range(5))
-  rows: dict[str, list[float]] = {}
-  for ei in g.decode_jit.captured:
-    v = vv if ei.runner.spec.vars else None
-    ei.run(v)
-    t = min(_timed(lambda: ei.run(v)) for _ in range(3))
-    r = rows.setdefault(ei.runner.spec.name, [0, 0.0, 0])
-    r[0], r[1], r[2] = r[0] + 1, r[1] + t, r[2] + ei.runner.spec.mem_bytes
+  runs = []
+  for _ in range(5):
+    g.forward([ours.prompt[0]], pos)   # the replay's input buffers in place, caches as a step leaves them
+    times = []
+    for batch, its, slots in g.decode_jit.plan:
+      if batch is not None and hasattr(batch, "profile"): times += batch.profile(vv, slots)
+      else: times += [(_timed(lambda: ei.run(vv if ei.runner is not None and ei.runner.spec.vars else None)), 1) for ei in its]
+    runs.append(times)
+  best = [min(r[i][0] for r in runs) for i in range(len(runs[0]))]
+  rows: dict[str, list] = {}
+  for ei, t, (_, cores) in zip(g.decode_jit.captured, best, runs[0]):
+    r = rows.setdefault(ei.runner.spec.name if ei.runner is not None else "copy", [0, 0.0, 0, set()])
+    r[0], r[1], r[2] = r[0] + 1, r[1] + t, r[2] + (ei.runner.spec.mem_bytes if ei.runner is not None else 0)
+    r[3].add(cores)
   total = sum(r[1] for r in rows.values())
-  print(f"decode step {step * 1e3:.2f} ms (forward(), with embedding and logits copy); its {len(g.decode_jit.captured)} kernels run one "
-        f"by one: {total * 1e3:.2f} ms, {sum(r[2] for r in rows.values()) / 1e6:.1f} MB")
-  for name, (n, t, b) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+  print(f"decode step {step * 1e3:.2f} ms (forward(), with embedding and logits copy); its {len(g.decode_jit.captured)} kernels timed "
+        f"in place in the replay (best of 5 per kernel): {total * 1e3:.2f} ms, {sum(r[2] for r in rows.values()) / 1e6:.1f} MB")
+  for name, (n, t, b, cores) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
     gbs = b / t / 1e9
-    print(f"  {name:28s} x{n:<3d} {t * 1e3:8.3f} ms {t / total:6.1%}  {b / 1e6:8.2f} MB  {gbs:6.1f} GB/s = {gbs / bw:5.0%} of {bw:.1f}")
+    print(f"  {name:28s} x{n:<3d} {t * 1e3:8.3f} ms {t / total:6.1%}  {b / 1e6:8.2f} MB  {gbs:6.1f} GB/s = {gbs / bw:5.0%} of {bw:.1f}"
+          f"  cores {'/'.join(map(str, sorted(cores)))}  {t / n * 1e6:6.1f} us each")
 
 
 def prefill_ab(ours: "Ours", rounds: int) -> None:

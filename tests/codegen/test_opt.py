@@ -190,3 +190,14 @@ def test_vectorizable_exp2_accuracy_and_specials():
   assert (np.abs(got[fin] - ref[fin]) / np.spacing(ref32[fin]).astype(np.float64)).max() <= 2.0  # ulps
   np.testing.assert_array_equal(got[~fin], ref32[~fin])  # inf, 0 and nan exactly where exp2 gives them
   assert "pg_exp2f(" in get_program(Tensor(x).exp2().schedule()[-1].ast, Device["CPU"].renderer).src
+
+
+@pytest.mark.parametrize("n", [1000, 1024, 7])
+def test_arange_kernel_computes_its_index_without_bit_arithmetic(n: int):
+  # Tensor.arange is a sum of padded bit patterns; the symbolic rules fold it back into the loop index (it was 3-4
+  # integer ops per bit per element, e.g. in every causal mask and softmax of the LLM's attention)
+  t = Tensor.arange(n).float() * 3 + 1
+  src = get_program(t.schedule()[-1].ast, Device["CPU"].renderer).src
+  body = src[src.index("for (int gidx0"):]
+  assert "%" not in body and "?" not in body, body
+  np.testing.assert_array_equal(t.numpy(), np.arange(n, dtype=np.float32) * 3 + 1)

@@ -116,6 +116,26 @@ def test_few_rows_of_a_dequantizing_matvec_are_upcast_whole():
   np.testing.assert_allclose(got, x @ wn.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("group", [3, 7])
+def test_decode_attention_reads_each_key_once_and_splits_positions_across_cores(group: int):
+  """q.k of one decode step with grouped-query attention (3 KV heads, `group` query heads each, keys of a symbolic
+  number of positions): the query heads of a KV head are one register tile (each key read once, not `group` times)
+  and the positions loop is outermost, the one split across cores (3 KV heads on 2 cores split 2 + 1). Regression:
+  SmolLM2's q.k kernel took 24.7 us alone, 9.7 us after."""
+  q, kc = rand(3, group, 64), rand(3, 64, 1040)
+  v = Variable("S", 1, 130)
+  def prog(n: int) -> Tensor: return Tensor(q).realize() @ Tensor(kc).realize()[:, :, :v.bind(n) * 8]
+  ast = prog(57).schedule()[-1].ast
+  kv_heads, heads, pos = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global"), key=lambda r: r.arg[0])
+  assert heads.src[0].arg == group and pos.src[0].op is not Ops.CONST
+  opts = chosen(prog(57))
+  assert Opt("UPCAST", heads.arg[0], group) in opts and Opt("OUTER", pos.arg[0], 0) in opts, opts
+  for n in (1, 57, 130):
+    got, _ = run(prog(n))
+    got = got.reshape(-1)[:3 * group * n * 8].reshape(3, group, n * 8)   # (the output is laid out for this call's size)
+    np.testing.assert_allclose(got, q @ kc[:, :, :n * 8], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("shape,axis", [((48, 64), 1), ((48, 64), 0), ((5, 128), 1), ((16, 3, 32), (0, 2))])
 def test_vector_reductions(shape: tuple[int, ...], axis):
   x = rand(*shape)

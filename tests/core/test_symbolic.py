@@ -189,3 +189,51 @@ def test_comparisons_simplify_soundly(c, k):
 def test_simplify_is_idempotent(c):
   s = c[0].simplify()
   assert s.simplify() is s
+
+
+# ***** an arange's sum of bits (Tensor.arange is reduce-free: sum over b of where(x % 2^(b+1) >= 2^b, 2^b, 0)) *****
+def bit(x: UOp, m: int, form: int, k: int = 1) -> UOp:
+  """k times the bit of value m of x in the forms Tensor ops produce (and near misses the fold must leave alone)."""
+  y = x % (2 * m) if form != 2 else x
+  if form == 1: return (y < m).where(x.const_like(0), x.const_like(k * m))
+  return (y < m).ne(True).where(x.const_like(k * m), x.const_like(0))
+
+
+def test_an_arange_bit_sum_folds_to_its_index():
+  x = UOp.variable("x", 0, 999)
+  s = None
+  for b in range(10): s = bit(x, 1 << b, 0) if s is None else s + bit(x, 1 << b, b % 2)
+  assert s.simplify() is x
+  top = bit(x, 512, 2)   # the last bit: x >= 512 (x % 1024 is x already)
+  low = None
+  for b in range(9): low = bit(x, 1 << b, 0) if low is None else low + bit(x, 1 << b, 0)
+  assert (low + top).simplify() is x
+  y = UOp.variable("y", 0, 27)   # a scaled arange of an index: 2 * (y % 4), as Q5's bit-field shifts are
+  assert (bit(y, 1, 0, 2) + bit(y, 2, 0, 2)).simplify() is (y % 4 * 2).simplify()
+
+
+@st.composite
+def bit_sum(draw):
+  lo = draw(st.integers(-4, 8))
+  x = UOp.variable("x", lo, lo + draw(st.integers(0, 70)))
+  terms = []
+  for b in range(draw(st.integers(1, 7))):
+    if draw(st.integers(0, 4)) == 0: continue   # a missing bit
+    m = (1 << b) + (1 if draw(st.integers(0, 6)) == 0 else 0)   # sometimes not the next power of two
+    t = bit(x, m, draw(st.integers(0, 2)), draw(st.sampled_from([1, 1, 2, 3])))
+    terms.append(t * draw(st.sampled_from([1, 1, 1, 2, -1])))
+  extra = draw(st.sampled_from([None, x % 4, x % 8, x]))
+  if extra is not None: terms.append(extra)
+  if not terms: terms.append(x)
+  s = terms[0]
+  for t in terms[1:]: s = s + t
+  return x, s
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bit_sum())
+def test_bit_sums_simplify_soundly(c):
+  x, s = c
+  f = s.simplify()
+  for v in range(x.arg[1], x.arg[2] + 1):
+    assert evaluate(f, {"x": v}) == evaluate(s, {"x": v}), f"{s.render(simplify=False)} -> {f.render(simplify=False)} at x={v}"

@@ -277,10 +277,18 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   if vr.arg[1] == "global":  # matmul-like: a tile of (rows x 2 vectors) accumulators, the broadcast loads reused
     budget = regs * 3 // 4
     if _divides(_outer(vr, lanes), 2) and reuse: opts.append(Opt("UPCAST", vr.arg[0], 2)); budget //= 2
+    # a small axis may be upcast whole (attention's 3 or 7 query heads of a KV head: the keys are read once for all)
     for g in reuse:
-      if (k := _pick(g, (8, 6, 4, 3, 2), budget)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
-    # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by
-    if reuse and vr is not glbl[0] and _const_end(vr) is not None and _const_end(vr) // lanes >= 16: opts.append(Opt("OUTER", vr.arg[0], 0))
+      if (k := _pick(g, (8, 6, 4, 3, 2), budget, whole=True) or (n if (n := _const_end(g)) in (5, 7) and n <= budget else 0)):
+        opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
+    # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by;
+    # also when the loop that would be outermost is too short to split across cores (3 KV heads on 2 cores) and the
+    # columns are many (a symbolic number of key positions)
+    whole = {o.rid for o in opts if o.kind == "UPCAST" and o.amount == _const_end(ranges_of(ast)[o.rid])}
+    first = next((g for g in glbl if g.arg[0] not in whole), None)
+    vtrips = _const_end(vr) // lanes if _const_end(vr) is not None else vr.src[0].vmax // lanes
+    if reuse and first is not None and vr is not first and vtrips >= 16 and \
+       (_const_end(vr) is not None or ((fe := _const_end(first)) is not None and fe < OUTER_MIN_TRIPS)): opts.append(Opt("OUTER", vr.arg[0], 0))
     if (pk := _pack_opt(ast, vr, opts, lanes)) is not None: opts[:0] = pk
   else:  # matvec-like: a few rows share the loads of the vector operand (more rows means more prefetch streams)
     budget = max(1, regs // 2 // max((o.amount for o in opts if o.kind == "SPLIT"), default=1))
@@ -294,6 +302,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   return opts
 
 
+OUTER_MIN_TRIPS = 8  # an outermost loop with fewer trips splits badly across cores (3 trips on 2 cores: 2 + 1)
 PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
 PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
 PACK_MIN_EXPR_BLOCKS = 8  # an expression operand (a dequantized weight) is packed when this many row blocks reuse it

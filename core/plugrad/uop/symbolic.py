@@ -74,11 +74,50 @@ def _fold_divmod_pairs(dt: DType, parts: dict[UOp, int]) -> dict[UOp, int]:
   return parts
 
 
+def _bit_of(w: UOp) -> tuple[UOp, int, int] | None:
+  """(x, m, k) when `w` is k times the bit of value m of x >= 0: where((x % 2m) >= m, k*m, 0), or the same with
+  x >= m when x < 2m (`Tensor.arange` is reduce-free: a sum of such bits, see tensor_ops/creation.py)."""
+  c, a, b = w.src
+  if a.op is not Ops.CONST or b.op is not Ops.CONST: return None
+  if b.arg == 0 and c.op is Ops.CMPNE and c.src[1].op is Ops.CONST and c.src[1].arg is True: lt, v = c.src[0], a.arg
+  elif a.arg == 0: lt, v = c, b.arg
+  else: return None
+  if lt.op is not Ops.CMPLT or lt.src[1].op is not Ops.CONST or not isinstance(m := lt.src[1].arg, int) or m <= 0: return None
+  if not isinstance(v, int) or isinstance(v, bool) or v == 0 or v % m: return None
+  y = lt.src[0]
+  if y.op is Ops.MOD and y.src[1].op is Ops.CONST and y.src[1].arg == 2 * m: x = y.src[0]
+  elif 0 <= y.vmin and y.vmax < 2 * m: x = y
+  else: return None
+  return (x, m, v // m) if _is_int(x) and x.vmin >= 0 else None
+
+
+def _in_dtype(u: UOp, dt: DType) -> UOp: return u if u.dtype == dt else UOp(Ops.CAST, dt, (u,))
+
+
+def _fold_bits(dt: DType, parts: dict[UOp, int]) -> dict[UOp, int]:
+  """(x % m)*f + (bit m of x)*f -> (x % 2m)*f, anywhere in a sum (the bit of value 1 alone is x % 2): an arange's
+  sum of bits becomes its index (times a constant: arange(n) * 2 is a sum of bits of values 2m)."""
+  changed = True
+  while changed:
+    changed = False
+    for base in list(parts):
+      if base not in parts or base.op is not Ops.WHERE or (bit := _bit_of(base)) is None: continue
+      (x, m, k), f = bit, parts[base]
+      f *= k
+      low = _in_dtype(UOp(Ops.MOD, x.dtype, (x, UOp.const(x.dtype, m))), dt)
+      if m != 1 and parts.get(low) != f: continue
+      del parts[base]
+      if m != 1: del parts[low]
+      whole = _in_dtype(UOp(Ops.MOD, x.dtype, (x, UOp.const(x.dtype, 2 * m))), dt)
+      parts[whole], changed = parts.get(whole, 0) + f, True
+  return parts
+
+
 def normalize_sum(x: UOp) -> UOp | None:
   """Collect like terms of an integer sum: x+x -> x*2, (x+3)+4 -> x+7, x*2+x*-2 -> 0, constants last."""
   if not _is_int(x): return None
   parts, const = _collect(x)
-  ret = _sum(x.dtype, _fold_divmod_pairs(x.dtype, parts), exec_alu(Ops.ADD, x.dtype, (const, 0)))  # type: ignore[arg-type]
+  ret = _sum(x.dtype, _fold_bits(x.dtype, _fold_divmod_pairs(x.dtype, parts)), exec_alu(Ops.ADD, x.dtype, (const, 0)))  # type: ignore[arg-type]
   return None if ret is x else ret
 
 

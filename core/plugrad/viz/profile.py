@@ -34,14 +34,21 @@ def run_item(ei: Any, var_vals: dict[str, int] | None) -> float | None:
 
 
 def run_batch(batch: Callable, items: list[Any], var_vals: dict[str, int], slots: list) -> None:
-  """A JIT batch runner call (several kernels in one call): one "kernel" bar named after its kernels."""
+  """A JIT batch runner call (several kernels in one call). A batch that times its kernels in place (a `profile`
+  method returning (seconds, cores) per kernel) gives one bar per kernel; otherwise one bar named after its kernels."""
   st = now()
-  batch(var_vals, slots)
-  en = now()
-  names = [ei.runner.spec.name for ei in items]
-  TRACE.event(ProfileEvent("kernel", f"batch of {len(items)}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}",
-                           items[0].runner.device, st, en, sum(ei.runner.spec.mem_bytes for ei in items),
-                           sum(_flops(ei.runner.spec, var_vals) for ei in items)))
+  if (timed := getattr(batch, "profile", None)) is None:
+    batch(var_vals, slots)
+    names = [ei.runner.spec.name for ei in items]
+    TRACE.event(ProfileEvent("kernel", f"batch of {len(items)}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}",
+                             items[0].runner.device, st, now(), sum(ei.runner.spec.mem_bytes for ei in items),
+                             sum(_flops(ei.runner.spec, var_vals) for ei in items)))
+    return
+  for ei, (secs, _) in zip(items, timed(var_vals, slots)):
+    en = st + int(secs * 1e9)
+    TRACE.event(ProfileEvent("kernel", ei.runner.spec.name, ei.runner.device, st, en, ei.runner.spec.mem_bytes,
+                             _flops(ei.runner.spec, var_vals), secs))
+    st = en
 
 
 def jit_replay(name: str, device: str, st: int) -> None:

@@ -398,7 +398,7 @@ class CPUDevice(Compiled):
       lib = load_library(self.compiler.compile_cached(POOL_SRC), "the thread pool")
       p = ctypes.c_void_p
       lib.plugrad_pool_launch.restype, lib.plugrad_pool_launch.argtypes = ctypes.c_int, [p, p, p, p, ctypes.c_int, ctypes.c_longlong]
-      lib.plugrad_batch_run.restype, lib.plugrad_batch_run.argtypes = None, [p, ctypes.c_int, p, ctypes.c_int, ctypes.c_longlong]
+      lib.plugrad_batch_run.restype, lib.plugrad_batch_run.argtypes = None, [p, ctypes.c_int, p, ctypes.c_int, ctypes.c_longlong, p]
       _POOLS[self.compiler.cachekey] = lib
     return lib
 
@@ -440,13 +440,20 @@ class CPUBatch:
       e.nvars, e.work_c, e.split_c = len(names), w, split
       self._bufs.append(cbufs); self._keep += [vals, idx]
 
-  def __call__(self, var_vals: dict[str, int], slots: list[tuple[int, int]] = ()) -> None:
+  def __call__(self, var_vals: dict[str, int], slots: list[tuple[int, int]] = (), prof: Any = None) -> None:
     for k, n in enumerate(self.var_names):
       if (v := var_vals.get(n)) is None: raise RuntimeError(f"kernel needs a value for variable {n!r}, which was not bound")
       self._gvals[k] = v
     for i, j in slots:
       arr = self.items[i].bufs[j]._buf
       if self._last.get((i, j)) is not arr: self._bufs[i][j], self._last[(i, j)] = arr.ctypes.data, arr
-    self._run(self._entries, len(self.items), self._gvals, self.dev.threads, MIN_WORK_PER_THREAD)
+    self._run(self._entries, len(self.items), self._gvals, self.dev.threads, MIN_WORK_PER_THREAD, prof)
+
+  def profile(self, var_vals: dict[str, int], slots: list[tuple[int, int]] = ()) -> list[tuple[float, int]]:
+    """Run once like `__call__`, returning per item (seconds from the end of the previous kernel, cores used): the
+    kernels' times in place, with the caches as the replay leaves them (not each kernel warmed up alone)."""
+    prof = (ctypes.c_longlong * (2 * len(self.items)))()
+    self(var_vals, slots, ctypes.addressof(prof))
+    return [(prof[2 * i] * 1e-9, prof[2 * i + 1]) for i in range(len(self.items))]
 
 _POOLS: dict[str | None, Any] = {}  # one pool (one set of worker threads) per compiler per process

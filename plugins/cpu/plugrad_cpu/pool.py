@@ -6,7 +6,8 @@ core `core_id` runs its share of the outermost global loop, and `long long name_
 count from these (one core when the work is small), wakes that many persistent workers, runs share 0 on the
 calling thread and waits for the rest. Workers spin briefly after a job (cheap back-to-back launches), then sleep
 on a condition variable. One launch at a time (a mutex); after fork() the child starts with no workers.
-`plugrad_batch_run` runs an array of such kernels in order (a TinyJit replay without a Python call per kernel).
+`plugrad_batch_run` runs an array of such kernels in order (a TinyJit replay without a Python call per kernel), and
+optionally records each one's time in place (the profile of a replay).
 """
 from __future__ import annotations
 
@@ -111,13 +112,17 @@ int plugrad_pool_launch(kern_t fn, work_t work, void **bufs, const int *vals, in
    var_idx), and its (work, outer trips) when they don't depend on variables (work < 0: ask `work`). */
 typedef struct { kern_t fn; work_t work; void **bufs; int *vals; const int *var_idx; long long nvars, work_c, split_c; } pg_entry;
 
-/* Run n kernels in order, each on one core or the pool exactly as plugrad_pool_launch would. */
-void plugrad_batch_run(pg_entry *e, int n, const int *gvals, int max_threads, long long min_work) {
+/* Run n kernels in order, each on one core or the pool exactly as plugrad_pool_launch would. With `prof` (else
+   NULL): prof[2i] = kernel i's nanoseconds from the end of the previous one (its launch included), prof[2i+1] = the
+   cores it ran on. */
+void plugrad_batch_run(pg_entry *e, int n, const int *gvals, int max_threads, long long min_work, long long *prof) {
+  long long t0 = prof ? now_ns() : 0;
   for (int i = 0; i < n; i++, e++) {
     for (long long j = 0; j < e->nvars; j++) e->vals[j] = gvals[e->var_idx[j]];
     long long split = e->split_c, w = e->work_c;
     if (w < 0) w = e->work(e->vals, &split);
-    run_on(e->fn, e->bufs, e->vals, threads_for(w, split, max_threads, min_work));
+    int used = run_on(e->fn, e->bufs, e->vals, threads_for(w, split, max_threads, min_work));
+    if (prof) { long long t = now_ns(); prof[2 * i] = t - t0; prof[2 * i + 1] = used; t0 = t; }
   }
 }
 """

@@ -208,8 +208,10 @@ def _fields(qs: np.ndarray, groups: int, bits: int, count: int) -> Tensor:
   element, shifts constant along a run of `width` consecutive elements (so a vector of lanes shares its shift);
   int32 (n, groups*count*width)."""
   n, width = qs.shape[0], qs.shape[1] // groups
-  sh = np.arange(count, dtype=np.int32) * bits   # shifted as int32: x86 has per-lane shifts of 32-bit lanes, not of bytes
-  a, s = Tensor(np.ascontiguousarray(qs)).cast(dtypes.int32).reshape(n, groups, 1, width)._broadcasted(Tensor(sh).reshape(1, 1, count, 1))
+  # shifted as int32 (x86 has per-lane shifts of 32-bit lanes, not of bytes); the shifts are an index expression, not
+  # a buffer, so a kernel that unrolls the field axis shifts by constants (by 0: no shift at all)
+  sh = Tensor.arange(count, dtype=dtypes.int32) * bits
+  a, s = Tensor(np.ascontiguousarray(qs)).cast(dtypes.int32).reshape(n, groups, 1, width)._broadcasted(sh.reshape(1, 1, count, 1))
   return (a._alu(Ops.SHR, s) & ((1 << bits) - 1)).reshape(n, groups * count * width)
 
 
