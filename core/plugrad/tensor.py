@@ -154,7 +154,7 @@ def _scalar_const(value: ConstType, dtype: DType, device: str, shape: tuple, cas
   Kept in a small table: programs combine tensors of a few shapes with a few constants over and over, and building
   the three nodes (and truncating the value to the dtype) was most of an elementwise op's cost."""
   kv = value if type(value) is not float or (value == value and value != 0.0) else repr(value)  # -0.0, 0.0, nan kept apart
-  key = (type(value), kv, dtype, cast, device, shape)
+  key = (type(value), kv, dtype._key, None if cast is None else cast._key, device, shape)  # (dtype keys: DType hashes in Python)
   if (u := _SCALARS.get(key)) is not None: return u
   c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), dtypes.as_const(value, dtype))
   if cast is not None and cast != dtype: c = UOp(Ops.CAST, cast, (c,))
@@ -166,12 +166,20 @@ def _scalar_const(value: ConstType, dtype: DType, device: str, shape: tuple, cas
   return c
 
 
+_SCALAR_DTYPES: dict[tuple, DType] = {}  # (scalar's type, tensor dtype key) -> _scalar_dtype
+
+
 def _scalar_dtype(x: ConstType, dt: DType) -> DType:
   """The dtype a Python scalar takes next to a tensor of dtype `dt` (before promotion): `dt` itself, except a float
-  next to an int/bool tensor (the default float) and an int next to a bool tensor (the default int)."""
-  if type(x) is float and not dtypes.is_float(dt): return least_upper_float(dt)
-  if type(x) is int and dt == dtypes.bool: return dtypes.default_int
-  return dt
+  next to an int/bool tensor (the default float) and an int next to a bool tensor (the default int). Memoized per
+  (type, dtype, the default dtypes): it is asked for every scalar operand."""
+  if (r := _SCALAR_DTYPES.get(key := (type(x), dt._key, dtypes.default_float._key, dtypes.default_int._key))) is not None: return r
+  if type(x) is float and not dtypes.is_float(dt): r = least_upper_float(dt)
+  elif type(x) is int and dt == dtypes.bool: r = dtypes.default_int
+  else: r = dt
+  if len(_SCALAR_DTYPES) > 256: _SCALAR_DTYPES.clear()
+  _SCALAR_DTYPES[key] = r
+  return r
 
 
 _new_tensor = object.__new__
@@ -670,7 +678,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def relu(self) -> Tensor:
     """max(x, 0) with nan kept and a zero gradient at 0 (as torch)."""
     xu = self.uop
-    if (dt := xu.dtype) != dtypes.bool and type(dev := device_of(xu)) is str:  # the graph of the line below, built directly
+    if (dt := xu.dtype) is not dtypes.bool and dt != dtypes.bool and type(dev := device_of(xu)) is str:  # the graph of the line below, built directly
       shape, b = xu.shape, dtypes.bool
       z = _scalar_const(0, dt, dev, shape)
       le = _node(Ops.OR, b, (_node(Ops.CMPLT, b, (xu, z), shape, dev), _node(Ops.CMPEQ, b, (xu, z), shape, dev)), shape, dev)
