@@ -193,7 +193,9 @@ def _node(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, device: str
   gets its shape, device and (when its sources' are known) realize-plan signature memoized now, one step each,
   instead of by walks later."""
   u, c = elementwise(op, dtype, src, shape, device)
-  if c is not None: plan.seed(u, c)
+  if c is not None:
+    if len(src) == 2: plan.seed_binary(u, c)
+    else: plan.seed(u, c)
   return u
 
 

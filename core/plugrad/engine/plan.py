@@ -176,6 +176,28 @@ def seed(u: UOp, cache: dict | None = None) -> None:
   if gen == _gen[0]: (u._cached() if cache is None else cache)["plan"] = (gen, -1, ()) if sig is None else sig
 
 
+def seed_binary(u: UOp, cache: dict) -> None:
+  """`seed(u, cache)` for a new binary ALU node (no arg, no tag) whose sources' signatures are memoized and whose
+  sources have the same leaves or one has none (an elementwise op over one tensor, or with a constant): the
+  signature `_node_sig` gives, without its general cases. Anything else goes to `seed`."""
+  gen = _gen[0]
+  a, b = u.src
+  if (ca := a._cache) is None or (cb := b._cache) is None or (sa := ca.get("plan")) is None or (sb := cb.get("plan")) is None or \
+     sa[0] != gen or sb[0] != gen or sa[1] < 0 or sb[1] < 0:
+    seed(u, cache)
+    return
+  if (la := sa[2]) is None: la = (a,)
+  if (lb := sb[2]) is None: lb = (b,)
+  if not lb or lb is la: leaves, parts = la, ((sa[1], _IDENT[len(la)]), (sb[1], _IDENT[len(lb)]))
+  elif not la: leaves, parts = lb, ((sa[1], ()), (sb[1], _IDENT[len(lb)]))
+  else:
+    seed(u, cache)
+    return
+  key = (u.op, u.dtype._key, None, None, parts)
+  if (i := _ids_get(key)) is None: i = _intern(key)
+  if gen == _gen[0]: cache["plan"] = (gen, i, leaves)  # (not when interning dropped the table: ids of gen are stale)
+
+
 def targets_signature(targets: list[UOp]) -> tuple[int, tuple[UOp, ...]] | None:
   """(structure id, leaves) of the targets together (as the SINK the scheduler builds over them)."""
   if len(targets) == 1:  # keyed by the target's own id (no SINK id equals a node's: ids are unique per structure)
