@@ -321,9 +321,13 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) into device buffers."""
-    if not others and not _pending_assigns.data and (u := self.uop).op is not Ops.MULTI and (sig := plan.signature(u)) is not None:
-      if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))  # (realize_all's common case, one call less)
-      return self
+    if not others and not _pending_assigns.data and (u := self.uop).op is not Ops.MULTI:  # (realize_all's common case, inlined)
+      if (c := u._cache) is not None and (sig := c.get("plan")) is not None and sig[0] == plan._gen[0] and sig[1] >= 0 and sig[2]:
+        if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))  # (a memoized signature, not a leaf's)
+        return self
+      if (sig := plan.signature(u)) is not None:
+        if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))
+        return self
     Tensor.realize_all(self, *others)
     return self
 
@@ -575,7 +579,13 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return Tensor(_const_uop(v, dtype or self.dtype, self.device, self.shape))
 
   # ***** primitives of the shared op mixins (plugrad/mixin) *****
-  def _mop(self, op: Ops, arg: Any) -> Tensor: return _wrap(UOp(op, self.uop.dtype, (self.uop,), arg))
+  def _mop(self, op: Ops, arg: Any) -> Tensor:
+    xu = self.uop  # (arg is validated by MovementOps; a single-device source: the node is built, memoized and seeded directly)
+    if (c := xu._cache) is not None and type(dev := c.get("device")) is str and xu.op is not Ops.MULTI:
+      u, nc = elementwise(op, xu.dtype, (xu,), arg if op is Ops.RESHAPE or op is Ops.EXPAND else None, dev, arg)
+      if nc is not None: plan.seed(u, nc)
+      return _tensor(u)
+    return _wrap(UOp(op, xu.dtype, (xu,), arg))
   def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return _wrap(UOp(Ops.REDUCE_AXIS, self.uop.dtype, (self.uop,), (op, axes)))
   def _full(self, shape: tuple, value: ConstType, dtype: DType) -> Tensor: return Tensor.full(shape, value, dtype, self.device)
   def _operands(self, x: Any, reverse: bool = False) -> tuple[Tensor, Tensor]: return self._broadcasted(x, reverse)
@@ -634,7 +644,12 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def cast(self, dtype: DType | str) -> Tensor:
     dt = dtype if type(dtype) is DType else to_dtype(dtype)
-    return self if dt == self.uop.dtype else _wrap(UOp(Ops.CAST, dt, (self.uop,)))
+    if dt is (xu := self.uop).dtype or dt == xu.dtype: return self
+    if (c := xu._cache) is not None and type(dev := c.get("device")) is str and xu.op is not Ops.MULTI:  # (as in _mop)
+      u, nc = elementwise(Ops.CAST, dt, (xu,), c.get("shape"), dev)
+      if nc is not None: plan.seed(u, nc)
+      return _tensor(u)
+    return _wrap(UOp(Ops.CAST, dt, (xu,)))
 
   def bitcast(self, dtype: DType | str) -> Tensor:
     dt = to_dtype(dtype)

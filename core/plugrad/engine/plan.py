@@ -31,7 +31,7 @@ from plugrad.engine.realize import CompiledRunner, ExecItem, buffer_for, exec_it
 from plugrad.helpers import getenv
 from plugrad.schedule import kernelize
 from plugrad.schedule.kernelize import SCHEDULE_STATS, ScheduleItem, new_buffer
-from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp, elementwise
 from plugrad.viz import capture
 
 MAX_LEAVES = 64        # a node with more leaves than this is not planned (leaf lists are merged per node)
@@ -365,6 +365,7 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   ret = []
   for oi, chain in p.views:
     v = out_uops[oi]
-    for op, dt, arg in chain: v = UOp(op, dt, (v,), arg)
+    for op, dt, arg in chain:  # (the plan made these views once: built without construction checks, shape memoized)
+      v = elementwise(op, dt, (v,), arg if op is Ops.RESHAPE or op is Ops.EXPAND else None, p.outs[oi][0], arg)[0]
     ret.append(v)
   return ret

@@ -340,16 +340,18 @@ _seq = itertools.count()  # creation order: a graph only contains nodes created 
 SymbolicDim.register(UOp)  # a UOp is a valid (symbolic) dimension for the movement mixin's shape checks
 
 
-def elementwise(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, device: str) -> tuple[UOp, dict | None]:
-  """`UOp(op, dtype, src)` for a builder that guarantees what construction checks (Tensor's elementwise fast paths:
-  an ALU op, a tuple of UOp sources of the right count, dtypes that agree), with its tensor shape and device
-  memoized when the node is new: (node, its new cache dict) or (node, None) when the node existed already.
-  The same hash-consing as `UOp.__new__` (the key of a node with no arg and no tag), without `_check`."""
-  key = (op, dtype._key, src, None, None)
+def elementwise(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple | None, device: str, arg: Any = None) -> tuple[UOp, dict | None]:
+  """`UOp(op, dtype, src, arg)` for a builder that guarantees what construction checks (Tensor's fast paths: a tuple
+  of UOp sources of the right count, dtypes that agree, a validated movement arg), with its tensor shape (unless None)
+  and device memoized when the node is new: (node, its new cache dict) or (node, None) when the node existed already.
+  The same hash-consing as `UOp.__new__` (the key of a node with no tag and no float arg), without `_check`."""
+  if type(arg) is float: return UOp(op, dtype, src, arg), None  # (-0.0 and nan keys: the general constructor)
+  key = (op, dtype._key, src, arg, None)
   if (ref := _nodes_get(key)) is not None and (node := ref()) is not None: return node, None
   node = _new_node(UOp)
-  _set_op(node, op); _set_dtype(node, dtype); _set_src(node, src); _set_arg(node, None); _set_tag(node, None)
-  _set_cache(node, c := {"shape": shape, "device": device}); _set_key(node, key); _set_seq(node, next(_seq))
+  _set_op(node, op); _set_dtype(node, dtype); _set_src(node, src); _set_arg(node, arg); _set_tag(node, None)
+  _set_cache(node, c := {"device": device} if shape is None else {"shape": shape, "device": device})
+  _set_key(node, key); _set_seq(node, next(_seq))
   _nodes[key] = _weakref(node)
   return node, c
 
