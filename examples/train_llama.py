@@ -130,15 +130,17 @@ class Llama:
     x = tokens.one_hot(cfg.vocab).cast("float32") @ self.tok  # the embedding as a matmul: its gradient is one too
     cos, sin = self._cos[:T], self._sin[:T]
     for b in self.layers:
-      h = rms_norm(x, b.attn_norm, cfg.eps)
+      # the normalized inputs are materialized (here and below): fused into the matmuls they would be recomputed per
+      # column block, and the weight gradients (h.T @ dy) would read an expression instead of a packed operand
+      h = rms_norm(x, b.attn_norm, cfg.eps).contiguous()
       q = apply_rope((h @ b.wq.T).reshape(B, T, H, hd), cos, sin, neox=True).transpose(1, 2)
       k = apply_rope((h @ b.wk.T).reshape(B, T, H, hd), cos, sin, neox=True).transpose(1, 2)
       v = (h @ b.wv.T).reshape(B, T, H, hd).transpose(1, 2)
       a = q.scaled_dot_product_attention(k, v, is_causal=True).transpose(1, 2).reshape(B, T, cfg.dim)
       x = x + a @ b.wo.T
-      h = rms_norm(x, b.ffn_norm, cfg.eps)
+      h = rms_norm(x, b.ffn_norm, cfg.eps).contiguous()
       x = x + ((h @ b.w1.T).silu() * (h @ b.w3.T)) @ b.w2.T
-    return rms_norm(x, self.norm, cfg.eps) @ self.out.T
+    return rms_norm(x, self.norm, cfg.eps).contiguous() @ self.out.T
 
 
 def torch_model(torch, cfg: Config, w: dict[str, np.ndarray]):

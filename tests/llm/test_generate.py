@@ -133,3 +133,17 @@ def test_tiny_temperature_is_greedy_not_nan():
   for t in (5e-324, 1e-310):
     assert sample(logits, temperature=t, rng=np.random.default_rng(0)) == 1
   assert sample(logits, temperature=1e-3, top_p=5e-324, rng=np.random.default_rng(0)) == 1
+
+
+def test_decode_projections_read_a_materialized_normalized_input(llama):
+  """The RMS-normalized input of every projection is a buffer of its own (one small kernel), not recomputed inside
+  the matrix-vector kernels for every block of output columns (which cost a batched decode step as many operations
+  as dequantizing the weights, and prefill 16-26%)."""
+  m, _ = llama
+  g = Generator(m)
+  for i, t in enumerate(TOKS[:4]): g.forward([t], i)
+  srcs = {ei.runner.spec.name: ei.runner.spec.src for ei in g.decode_jit.captured if ei.runner is not None}
+  dim = m.cfg.dim
+  proj = [n for n in srcs if n.startswith("r_") and n.endswith(f"_{dim}") and n != f"r_1_{dim}"]   # reduce over dim
+  assert proj, sorted(srcs)
+  for n in proj: assert "sqrt" not in srcs[n], f"{n} recomputes the normalization:\n{srcs[n]}"

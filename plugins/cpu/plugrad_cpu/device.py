@@ -160,7 +160,7 @@ class ClangRenderer(CStyleRenderer):
   vectorizes_reductions = False  # set per device when the compiler is clang: see _loop
   vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
   vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
-  prefetch_bytes = getenv("PREFETCH_BYTES", 1024)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
+  prefetch_bytes = getenv("PREFETCH_BYTES", 4096)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
   prefetch_trips = getenv("PREFETCH_TRIPS", 16)  # strided loads: prefetch this many reduce-loop trips ahead (0: none)
 
   def vector_type(self, dt: DType) -> str:

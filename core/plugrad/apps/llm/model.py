@@ -436,7 +436,10 @@ class Block:
     h = (x + self._post(self.attention(self._pre(x, self.attn_norm), start, cos, sin, keys_len, slot, fused), self.post_attn_norm)).contiguous()
     return (h + self._post(self.ffn(self._pre(h, self.ffn_norm), fused), self.post_ffn_norm)).contiguous()
 
-  def _pre(self, x: Tensor, w: UOp | None) -> Tensor: return rms_norm(x, _t(w), self.cfg.norm_eps)
+  def _pre(self, x: Tensor, w: UOp | None) -> Tensor:
+    # materialized (a row of floats per token): fused into the projections after it, the normalization was recomputed
+    # for every block of output columns (a batched decode step's gate+up: as many operations as dequantizing the weight)
+    return rms_norm(x, _t(w), self.cfg.norm_eps).contiguous()
   def _post(self, y: Tensor, w: UOp | None) -> Tensor: return y if w is None else rms_norm(y, _t(w), self.cfg.norm_eps)
 
   def slots_step(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
@@ -526,7 +529,7 @@ class Transformer:
     for layer in self.layers: x = layer(x, start, *((cos_l, sin_l) if layer.window else (cos, sin)), keys_len, slot, fused)
     if last is None: last = T - 1
     last = x[:, last:last + 1] if not (isinstance(T, int) and T == 1) else x
-    h = rms_norm(last.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps)
+    h = rms_norm(last.reshape(x.shape[0], self.cfg.dim), _t(self.norm), self.cfg.norm_eps).contiguous()   # (see Block._pre)
     return linear(h, _t(self.output)).cast(dtypes.float32)
 
   def forward_slots(self, x: Tensor, positions: list[sint], ropes: tuple[Tensor, Tensor, Tensor, Tensor], keys_len: sint,
@@ -537,7 +540,7 @@ class Transformer:
     for layer in self.layers:
       w = bool(layer.window)
       x = layer.slots_step(x, positions, ropes[2 * w], ropes[2 * w + 1], keys_len, masks[w])
-    h = rms_norm(x, _t(self.norm), self.cfg.norm_eps)   # (B, 1, dim): one token per row, so the output layer reads the quantized table
+    h = rms_norm(x, _t(self.norm), self.cfg.norm_eps).contiguous()   # (B, 1, dim): one token per row, so the output layer reads the quantized table
     return linear(h, _t(self.output)).cast(dtypes.float32).reshape(x.shape[0], -1)
 
   def reference_logits(self, tokens: list[int]) -> np.ndarray:
