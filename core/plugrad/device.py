@@ -285,6 +285,11 @@ class Program:
     """Launch; with wait=True block until done and return elapsed seconds, else return None."""
     raise NotImplementedError(f"{type(self).__name__} cannot launch")
 
+  def launch(self, *bufs: Any) -> None:
+    """`self(*bufs)`: a launch with no sizes, variables or timing (the direct path of realize plans, engine/plan.py),
+    which a device may make cheaper."""
+    self(*bufs)
+
   @staticmethod
   def check_launch(global_size: Sequence[int], local_size: Sequence[int] | None) -> None:
     """Validate launch dimensions: up to 3 positive ints each."""

@@ -241,10 +241,17 @@ def _upper_bounds(dt: DType) -> frozenset[DType]:
   return _UPPER[dt]
 
 
+_LUB_SAME: dict[tuple, DType] = {}  # dtype key -> least_upper_dtype(dtype, dtype)
+
+
 def least_upper_dtype(*ds: DType) -> DType:
   """The smallest dtype every one of `ds` promotes to (e.g. int8+uint8 -> int16, int32+float16 -> float16,
   int64+uint64 -> default_float)."""
   if not ds: raise ValueError("least_upper_dtype needs at least one dtype")
+  if len(ds) == 2 and ds[0] is ds[1] and (r := _LUB_SAME.get(ds[0]._key)) is not None: return r  # (x, x): asked per op
+  if len(ds) == 2 and ds[0] is ds[1]:
+    r = _LUB_SAME[ds[0]._key] = least_upper_dtype(ds[0])
+    return r
   scalars = [d.scalar() for d in ds]
   for d in scalars:
     if d not in PROMO_LATTICE and d != dtypes.float64: raise TypeError(f"{d} takes no part in type promotion")

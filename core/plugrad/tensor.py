@@ -30,7 +30,7 @@ from plugrad.gradient import compute_gradient
 from plugrad.live import all_tensors as _all_tensors
 from plugrad.mixin.math import MathOps
 from plugrad.mixin.movement import MovementOps, argshape, check_shape
-from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp, elementwise
 from plugrad.tensor_ops.creation import CreationMixin
 from plugrad.tensor_ops.elementwise import ElementwiseMixin
 from plugrad.tensor_ops.linalg import LinalgMixin
@@ -144,6 +144,76 @@ def _const_uop(value: ConstType, dtype: DType, device: str, shape: tuple, unique
   return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
 
 
+_SCALARS: dict[tuple, UOp] = {}  # (value's type, value, dtype, cast dtype, device, shape) -> the broadcast constant
+MAX_SCALARS = 1024  # scalar constants kept (the oldest is dropped first)
+
+
+def _scalar_const(value: ConstType, dtype: DType, device: str, shape: tuple, cast: DType | None = None) -> UOp:
+  """The constant `value` of `dtype` broadcast to `shape` on `device`: the node the general path makes for a Python
+  scalar operand, `_const_uop(value, dtype, device, ())` (cast to `cast` when given) reshaped and expanded to `shape`.
+  Kept in a small table: programs combine tensors of a few shapes with a few constants over and over, and building
+  the three nodes (and truncating the value to the dtype) was most of an elementwise op's cost."""
+  kv = value if type(value) is not float or (value == value and value != 0.0) else repr(value)  # -0.0, 0.0, nan kept apart
+  key = (type(value), kv, dtype._key, None if cast is None else cast._key, device, shape)  # (dtype keys: DType hashes in Python)
+  if (u := _SCALARS.get(key)) is not None: return u
+  c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), dtypes.as_const(value, dtype))
+  if cast is not None and cast != dtype: c = UOp(Ops.CAST, cast, (c,))
+  if shape:
+    c = UOp(Ops.RESHAPE, c.dtype, (c,), (1,) * len(shape))
+    if not all(isinstance(s, int) and s == 1 for s in shape): c = UOp(Ops.EXPAND, c.dtype, (c,), shape)
+  if len(_SCALARS) >= MAX_SCALARS: del _SCALARS[next(iter(_SCALARS))]
+  _SCALARS[key] = c
+  return c
+
+
+_SCALAR_DTYPES: dict[tuple, DType] = {}  # (scalar's type, tensor dtype key) -> _scalar_dtype
+
+
+def _scalar_dtype(x: ConstType, dt: DType) -> DType:
+  """The dtype a Python scalar takes next to a tensor of dtype `dt` (before promotion): `dt` itself, except a float
+  next to an int/bool tensor (the default float) and an int next to a bool tensor (the default int). Memoized per
+  (type, dtype, the default dtypes): it is asked for every scalar operand."""
+  if (r := _SCALAR_DTYPES.get(key := (type(x), dt._key, dtypes.default_float._key, dtypes.default_int._key))) is not None: return r
+  if type(x) is float and not dtypes.is_float(dt): r = least_upper_float(dt)
+  elif type(x) is int and dt == dtypes.bool: r = dtypes.default_int
+  else: r = dt
+  if len(_SCALAR_DTYPES) > 256: _SCALAR_DTYPES.clear()
+  _SCALAR_DTYPES[key] = r
+  return r
+
+
+_new_tensor = object.__new__
+_live_add, _live_drop = _all_tensors.hooks()
+_weakref = weakref.ref
+_BINARY, _COMPARISON = GroupOp.Binary, GroupOp.Comparison
+
+
+def _node(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, device: str) -> UOp:
+  """The elementwise node `UOp(op, dtype, src)` of `shape` on `device` (the caller checked the operands); a new node
+  gets its shape, device and (when its sources' are known) realize-plan signature memoized now, one step each,
+  instead of by walks later."""
+  u, c = elementwise(op, dtype, src, shape, device)
+  if c is not None:
+    if len(src) == 2: plan.seed_binary(u, c)
+    else: plan.seed(u, c)
+  return u
+
+
+def _tensor(uop: UOp) -> Tensor:
+  """Tensor(uop) for a node built by Tensor's own primitives from single-device sources (no data to convert, nothing
+  to check or lower)."""
+  if (c := uop._cache) is None or "plan" not in c: plan.seed(uop)
+  t = _new_tensor(Tensor)
+  t.uop, t.requires_grad, t.grad, t._ctx = uop, None, None, None
+  _live_add(_weakref(t, _live_drop))  # (_all_tensors.add(t))
+  return t
+
+
+def _wrap(uop: UOp) -> Tensor:
+  """Tensor(uop) for a node built by Tensor's own primitives: lowered first when it is an op over multi-device tensors."""
+  return _tensor(lower_multi(uop) if needs_lowering(uop) else uop)
+
+
 def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
@@ -206,6 +276,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       uop = _from_data(data, _canon_device(device), dt)
       if dt is not None and uop.dtype != dt: uop = UOp(Ops.CAST, dt, (uop,))
     if needs_lowering(uop): uop = lower_multi(uop)  # an op over multi-device tensors becomes one op per device
+    if (c := uop._cache) is None or "plan" not in c: plan.seed(uop)  # (its realize-plan signature, when its sources' are known)
     self.uop: UOp = uop
     self.requires_grad, self.grad, self._ctx = requires_grad, None, None
     _all_tensors.add(self)
@@ -234,7 +305,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     if not self.shape: raise TypeError("iteration over a 0-d tensor")
     return (self[i] for i in range(self.shape[0]))
   def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype!r} on {self.device}{' realized' if is_buffer_view(self.uop) else ''}>"
-  def __hash__(self) -> int: return id(self)
+  __hash__ = object.__hash__  # identity (C-level: the live-tensor set hashes every new tensor)
   def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails: Tensor methods that plugins add
     if name.startswith("_") or hasattr(type(self), name): return object.__getattribute__(self, name)  # the real error
     # lazy plugin loading (documented in docs/architecture.md): plugin Tensor methods resolve on first use
@@ -250,13 +321,23 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) into device buffers."""
+    if not others and not _pending_assigns.data and (u := self.uop).op is not Ops.MULTI:  # (realize_all's common case, inlined)
+      if (c := u._cache) is not None and (sig := c.get("plan")) is not None and sig[0] == plan._gen[0] and sig[1] >= 0 and sig[2]:
+        if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))  # (a memoized signature, not a leaf's)
+        return self
+      if (sig := plan.signature(u)) is not None:
+        if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))
+        return self
     Tensor.realize_all(self, *others)
     return self
 
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
-    if len(tensors) == 1 and not _pending_assigns and (u := tensors[0].uop).op is not Ops.MULTI and plan.signature(u) is not None:
-      if not is_buffer_view(u): Tensor._realize_targets([u])  # one tensor, no CALLs, no pending writes: the common case
+    # (`_pending_assigns.data`: a WeakKeyDictionary's truth value is a Python-level __len__; a dead key left in its
+    # dict only sends this realize down the general path)
+    if len(tensors) == 1 and not _pending_assigns.data and (u := tensors[0].uop).op is not Ops.MULTI and \
+       (sig := plan.signature(u)) is not None:  # one tensor, no CALLs, no pending writes: the common case
+      if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))
       return
     for t in tensors:  # @function calls run as their bodies (the schedule cache dedups them); a planned graph has none
       if plan.signature(t.uop) is None: t.uop = inline_calls(t.uop)
@@ -272,11 +353,18 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       raise
 
   @staticmethod
-  def _realize_targets(targets: list[UOp]) -> list[UOp]:
+  def _realize_targets(targets: list[UOp], key: tuple | None = None) -> list[UOp]:
     """Schedule and run `targets`, point every live tensor at the results; returns the nodes that were realized.
-    A structure realized before runs its cached plan (engine/plan.py): no scheduling, no walk over the live tensors."""
-    key = plan.targets_signature(targets) if not _pending_assigns else None
+    A structure realized before runs its cached plan (engine/plan.py): no scheduling, no walk over the live tensors.
+    `key`: the targets' `plan.targets_signature` when the caller has it (and no assign is pending)."""
+    if key is None: key = plan.targets_signature(targets) if not _pending_assigns else None
     if (p := plan.lookup(key)) is not None and (views := plan.run(p, key[1])) is not None:
+      if len(targets) == 1 and not _pending_assigns.data:  # (the loop below for one realized node)
+        u0, v0 = targets[0], views[0]
+        for t in _all_tensors:
+          if (u := t.uop) is u0: t.uop = v0
+          elif u.seq >= u0.seq and not is_buffer_view(u) and u0 in u.toposort(): t.uop = u.substitute({u0: v0}, walk=True)
+        return targets
       becomes = dict(zip(targets, views))
     else:
       tset = set(targets)
@@ -287,13 +375,13 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       items, becomes = create_schedule(targets, keep, info)
       run_schedule(items)
       if plan.wants(key): plan.build(key, targets, info, items)
-    first = min(n.seq for n in becomes) if becomes else 0  # a graph whose root is older than every realized node has none of them
-    for t in list(_all_tensors):
+    first = min([n.seq for n in becomes]) if becomes else 0  # a graph whose root is older than every realized node has none of them
+    for t in _all_tensors:
       if (u := t.uop).seq >= first and not is_buffer_view(u):
         if (b := becomes.get(u)) is not None: t.uop = b
         elif len(becomes) >= 64 or not u.toposort().keys().isdisjoint(becomes):  # (toposort is memoized)
           t.uop = u.substitute(becomes, walk=True)
-    if _pending_assigns: _update_pending_assigns(becomes)
+    if _pending_assigns.data: _update_pending_assigns(becomes)
     return list(becomes)
   def _host_view(self) -> tuple[Any, tuple]:
     """A realized contiguous Buffer for this tensor and its shape."""
@@ -491,8 +579,14 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return Tensor(_const_uop(v, dtype or self.dtype, self.device, self.shape))
 
   # ***** primitives of the shared op mixins (plugrad/mixin) *****
-  def _mop(self, op: Ops, arg: Any) -> Tensor: return Tensor(UOp(op, self.dtype, (self.uop,), arg))
-  def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+  def _mop(self, op: Ops, arg: Any) -> Tensor:
+    xu = self.uop  # (arg is validated by MovementOps; a single-device source: the node is built, memoized and seeded directly)
+    if (c := xu._cache) is not None and type(dev := c.get("device")) is str and xu.op is not Ops.MULTI:
+      u, nc = elementwise(op, xu.dtype, (xu,), arg if op is Ops.RESHAPE or op is Ops.EXPAND else None, dev, arg)
+      if nc is not None: plan.seed(u, nc)
+      return _tensor(u)
+    return _wrap(UOp(op, xu.dtype, (xu,), arg))
+  def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return _wrap(UOp(Ops.REDUCE_AXIS, self.uop.dtype, (self.uop,), (op, axes)))
   def _full(self, shape: tuple, value: ConstType, dtype: DType) -> Tensor: return Tensor.full(shape, value, dtype, self.device)
   def _operands(self, x: Any, reverse: bool = False) -> tuple[Tensor, Tensor]: return self._broadcasted(x, reverse)
 
@@ -507,7 +601,35 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       return Tensor(_const_uop(x, dt, self.device, ()))
     return Tensor(x, device=self.device)
 
+  def _fast_operands(self, y: Any, reverse: bool) -> tuple[UOp, UOp, str, tuple] | None:
+    """(operand node, operand node, device, shape) of an elementwise op with `y` when nothing needs promoting,
+    broadcasting or lowering (a single-device tensor and a tensor of the same dtype and shape, or a Python scalar of
+    this tensor's dtype): the nodes the general path of `_broadcasted` builds, without its intermediate tensors.
+    None: take that path. (Shape and device are read from the nodes' caches where they are memoized.)"""
+    xu, ty = self.uop, type(y)
+    if (c := xu._cache) is None or (dev := c.get("device")) is None: dev = device_of(xu)
+    if type(dev) is not str: return None
+    if (shape := xu._cache.get("shape")) is None: shape = xu.shape
+    if ty is Tensor:
+      yu = y.uop
+      if yu.dtype is not xu.dtype or yu.op is Ops.MULTI: return None
+      if ((c := yu._cache) is None or (ys := c.get("shape")) is None) and (ys := yu.shape) is None: return None
+      if ys != shape: return None
+    elif ty is float or ty is int or ty is bool:
+      if _scalar_dtype(y, dt := xu.dtype) is not dt: return None
+      yu = _scalar_const(y, dt, dev, shape)
+    else: return None
+    return (yu, xu, dev, shape) if reverse else (xu, yu, dev, shape)
+
+  def _binop(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
+    if op not in _BINARY or (r := self._fast_operands(x, reverse)) is None: return MathOps._binop(self, op, x, reverse)
+    a, b, dev, shape = r
+    return _tensor(_node(op, dtypes.bool if op in _COMPARISON else a.dtype, (a, b), shape, dev))
+
   def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
+    if (r := self._fast_operands(y, reverse)) is not None:
+      other = y if type(y) is Tensor else _tensor(r[0] if reverse else r[1])
+      return (other, self) if reverse else (self, other)
     x, y = self, self._to_tensor(y)
     if reverse: x, y = y, x
     if match_dtype and x.dtype != y.dtype:
@@ -517,12 +639,17 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return x._expand_to(shape), y._expand_to(shape)
 
   def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-    out = dtype or (dtypes.bool if op in GroupOp.Comparison else self.dtype)
-    return Tensor(UOp(op, out, (self.uop, *(s.uop for s in srcs))))
+    out = dtype or (dtypes.bool if op in GroupOp.Comparison else self.uop.dtype)
+    return _wrap(UOp(op, out, (self.uop, *[s.uop for s in srcs])))
 
   def cast(self, dtype: DType | str) -> Tensor:
-    dt = to_dtype(dtype)
-    return self if dt == self.dtype else Tensor(UOp(Ops.CAST, dt, (self.uop,)))
+    dt = dtype if type(dtype) is DType else to_dtype(dtype)
+    if dt is (xu := self.uop).dtype or dt == xu.dtype: return self
+    if (c := xu._cache) is not None and type(dev := c.get("device")) is str and xu.op is not Ops.MULTI:  # (as in _mop)
+      u, nc = elementwise(Ops.CAST, dt, (xu,), c.get("shape"), dev)
+      if nc is not None: plan.seed(u, nc)
+      return _tensor(u)
+    return _wrap(UOp(Ops.CAST, dt, (xu,)))
 
   def bitcast(self, dtype: DType | str) -> Tensor:
     dt = to_dtype(dtype)
@@ -567,9 +694,21 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def log(self) -> Tensor: return self.log2() * math.log(2)
   def relu(self) -> Tensor:
     """max(x, 0) with nan kept and a zero gradient at 0 (as torch)."""
+    xu = self.uop
+    if (dt := xu.dtype) is not dtypes.bool and dt != dtypes.bool and type(dev := device_of(xu)) is str:  # the graph of the line below, built directly
+      shape, b = xu.shape, dtypes.bool
+      z = _scalar_const(0, dt, dev, shape)
+      le = _node(Ops.OR, b, (_node(Ops.CMPLT, b, (xu, z), shape, dev), _node(Ops.CMPEQ, b, (xu, z), shape, dev)), shape, dev)
+      return _tensor(_node(Ops.WHERE, dt, (le, _scalar_const(0, dtypes.default_int, dev, shape, dt), xu), shape, dev))
     return (self <= 0).where(0, self)
   def where(self, x, y) -> Tensor:
     cond = self.cast(dtypes.bool)
+    cu, tx, ty = cond.uop, type(x), type(y)
+    if (tx is Tensor) != (ty is Tensor) and type(dev := device_of(cu)) is str:  # one tensor branch of the condition's shape, one scalar
+      t, v = (x, y) if tx is Tensor else (y, x)
+      if type(v) in (bool, int, float) and t.uop.shape == cu.shape:  # the general path's graph, without its intermediate tensors
+        c = _scalar_const(v, _scalar_dtype(v, dtypes.bool), dev, cu.shape, t.uop.dtype)
+        return _wrap(_node(Ops.WHERE, t.uop.dtype, (cu, t.uop, c) if tx is Tensor else (cu, c, t.uop), cu.shape, dev))
     xt, yt = cond._to_tensor(x), cond._to_tensor(y)
     if xt.dtype != yt.dtype:
       out = least_upper_dtype(xt.dtype, yt.dtype) if isinstance(x, Tensor) and isinstance(y, Tensor) else (xt if isinstance(x, Tensor) else yt).dtype

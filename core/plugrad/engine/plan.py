@@ -31,7 +31,7 @@ from plugrad.engine.realize import CompiledRunner, ExecItem, buffer_for, exec_it
 from plugrad.helpers import getenv
 from plugrad.schedule import kernelize
 from plugrad.schedule.kernelize import SCHEDULE_STATS, ScheduleItem, new_buffer
-from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp, elementwise
 from plugrad.viz import capture
 
 MAX_LEAVES = 64        # a node with more leaves than this is not planned (leaf lists are merged per node)
@@ -42,13 +42,15 @@ PLAN_STATS = {"hits": 0, "built": 0, "reused": 0}
 _getrefcount = getattr(sys, "getrefcount", None)
 
 _ids: dict[tuple, int] = {}   # structure -> id
+_ids_get = _ids.get
 _gen = [0]                    # bumped when _ids is dropped: ids memoized on nodes under an older generation are stale
 _PLANS: dict[int, Plan | None] = {}  # structure id of the targets' SINK -> plan (None: this structure can't be planned)
-_LEAF_OPS = (Ops.BUFFER, Ops.BIND, Ops.UNIQUE)
+_LEAF_OPS = frozenset({Ops.BUFFER, Ops.BIND, Ops.UNIQUE})
+_BUFFER, _CALL, _MULTI = Ops.BUFFER, Ops.CALL, Ops.MULTI
 
 
 def _intern(key: tuple) -> int:
-  if (i := _ids.get(key)) is None:
+  if (i := _ids_get(key)) is None:
     if len(_ids) >= MAX_INTERNED:
       _ids.clear(); _PLANS.clear(); _gen[0] += 1
     i = _ids[key] = len(_ids)
@@ -70,20 +72,52 @@ def _arg_key(arg: Any) -> Any:
   return arg
 
 
+_IDENT = [tuple(range(i)) for i in range(MAX_LEAVES + 1)]  # leaf positions of a source whose leaves are the node's own
+_MOVEMENT = GroupOp.Movement
+
+
 def _node_sig(n: UOp, kids: list) -> tuple | None:
-  """(generation, structure id, leaves) of `n` from its sources' signatures (None: not plannable)."""
+  """(generation, structure id, leaves) of `n` from its sources' signatures (None: not plannable). Dtypes enter the
+  structure keys as their `_key` tuples (hashing a DType is a Python call; equal dtypes have equal tuples)."""
   op = n.op
   if op in _LEAF_OPS:
-    if op is Ops.BUFFER: key: tuple = ("B", n.dtype, n.arg, n.src[1].arg)
+    if op is _BUFFER: key: tuple = ("B", n.dtype._key, n.arg, n.src[1].arg)
     elif op is Ops.BIND: key = ("V", n.src[0])  # the variable; its value is the leaf's data
-    else: key = ("U", n.dtype)
+    else: key = ("U", n.dtype._key)
     return (_gen[0], _intern(key), None)  # None: the leaves are (n,) (not stored: a node in its own cache is a cycle)
-  if op is Ops.CALL or op is Ops.MULTI or (op in GroupOp.Movement and _has_uop(n.arg)): return None
-  if any(k is None for k in kids): return None
-  if not kids: return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag)), ())
+  arg = n.arg
+  if op is _CALL or op is _MULTI or (op in _MOVEMENT and _has_uop(arg)): return None
+  if type(arg) is float and (arg == 0.0 or arg != arg): arg = _arg_key(arg)
+  if not kids: return (_gen[0], _intern((op, n.dtype._key, arg, n.tag)), ())
   if len(kids) == 1:
-    k = kids[0]
-    return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag, k[1])), k[2] if k[2] is not None else (n.src[0],))
+    if (k := kids[0]) is None: return None
+    key = (op, n.dtype._key, arg, n.tag, k[1])
+    return (_gen[0], i if (i := _ids_get(key)) is not None else _intern(key), k[2] if k[2] is not None else (n.src[0],))
+  # several sources. Usually every source that has leaves has the same ones (elementwise ops over one tensor; the
+  # constants have none): the node's leaves are those, no merging
+  if len(kids) == 2:  # (the common binary op, spelled out)
+    k0, k1 = kids
+    if k0 is None or k1 is None: return None
+    if (l0 := k0[2]) is None: l0 = (n.src[0],)
+    if (l1 := k1[2]) is None: l1 = (n.src[1],)
+    if not l1 or l1 is l0 or l1 == l0: leaves, parts = l0, ((k0[1], _IDENT[len(l0)]), (k1[1], _IDENT[len(l1)]))
+    elif not l0: leaves, parts = l1, ((k0[1], ()), (k1[1], _IDENT[len(l1)]))
+    elif (l0[0] is not l1[0] if len(l0) == 1 == len(l1) else set(l0).isdisjoint(l1)) and len(l0) + len(l1) <= MAX_LEAVES:
+      leaves, parts = l0 + l1, ((k0[1], _IDENT[len(l0)]), (k1[1], tuple(range(len(l0), len(l0) + len(l1)))))
+    else: leaves = None
+    if leaves is not None:
+      key = (op, n.dtype._key, arg, n.tag, parts)
+      return (_gen[0], i if (i := _ids_get(key)) is not None else _intern(key), leaves)
+  same: Any = None
+  for k, s in zip(kids, n.src):
+    if k is None: return None
+    if same is False or not (kl := k[2] if k[2] is not None else (s,)): continue
+    if same is None: same = kl
+    elif kl is not same and kl != same: same = False
+  if same is not False:
+    ident = _IDENT[len(same)] if same else ()
+    parts: Any = tuple([(k[1], ident if k[2] is None or k[2] else ()) for k in kids])
+    return (_gen[0], _intern((op, n.dtype._key, arg, n.tag, parts)), same or ())
   pos: dict[UOp, int] = {}
   leaves: list[UOp] = []
   parts = []
@@ -93,7 +127,7 @@ def _node_sig(n: UOp, kids: list) -> tuple | None:
       if x not in pos: pos[x] = len(leaves); leaves.append(x)
     parts.append((k[1], tuple([pos[x] for x in kl])))
   if len(leaves) > MAX_LEAVES: return None
-  return (_gen[0], _intern((op, n.dtype, _arg_key(n.arg), n.tag, tuple(parts))), tuple(leaves))
+  return (_gen[0], _intern((op, n.dtype._key, arg, n.tag, tuple(parts))), tuple(leaves))
 
 
 def _stored(n: UOp, gen: int) -> tuple | None:
@@ -110,20 +144,58 @@ def signature(u: UOp) -> tuple | None:
   """(generation, structure id, leaves) of the graph under `u`, memoized on every node (None: not plannable).
   A node found unplannable is memoized too (as id -1), so a shared unplannable subgraph is walked once."""
   gen = _gen[0]
-  if (s := _stored(u, gen)) is not None: return _public(u, s)
-  stack: list[tuple[UOp, bool]] = [(u, False)]
-  while stack:
-    n, ready = stack.pop()
-    if _stored(n, gen) is not None: continue
-    if not ready and n.op not in _LEAF_OPS and n.src:
-      stack.append((n, True))
-      stack.extend((s, False) for s in n.src)
-      continue
-    kids = [None if (ks := s._cache["plan"])[1] < 0 else ks for s in (n.src if n.op not in _LEAF_OPS else ())]
+  if (c := u._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: return _public(u, s)
+  stack: list[UOp] = [u]
+  while stack:  # post-order: a node is computed once every source is (it stays on the stack until then)
+    n = stack[-1]
+    if (c := n._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: stack.pop(); continue
+    kids: list = []
+    if n.op not in _LEAF_OPS:
+      ready = True
+      for x in n.src:
+        if (c := x._cache) is not None and (s := c.get("plan")) is not None and s[0] == gen: kids.append(None if s[1] < 0 else s)
+        else: stack.append(x); ready = False
+      if not ready: continue
+    stack.pop()
     sig = _node_sig(n, kids)
     if gen != _gen[0]: return None  # the id table was dropped meanwhile: ids computed so far are stale
     n._cached()["plan"] = (gen, -1, ()) if sig is None else sig
   return _public(u, u._cache["plan"])
+
+
+def seed(u: UOp, cache: dict | None = None) -> None:
+  """Memoize the signature of a node that is being built, when its sources' are memoized already (one step, no walk:
+  Tensor calls this for every node it makes, so the warm realize of a graph finds every structure id computed).
+  `cache`: u's cache dict when the caller just made it."""
+  gen, kids = _gen[0], []
+  if u.op not in _LEAF_OPS:  # (a leaf's signature needs none of its sources': a new buffer is seeded too)
+    for x in u.src:
+      if (c := x._cache) is None or (s := c.get("plan")) is None or s[0] != gen: return
+      kids.append(None if s[1] < 0 else s)
+  sig = _node_sig(u, kids)
+  if gen == _gen[0]: (u._cached() if cache is None else cache)["plan"] = (gen, -1, ()) if sig is None else sig
+
+
+def seed_binary(u: UOp, cache: dict) -> None:
+  """`seed(u, cache)` for a new binary ALU node (no arg, no tag) whose sources' signatures are memoized and whose
+  sources have the same leaves or one has none (an elementwise op over one tensor, or with a constant): the
+  signature `_node_sig` gives, without its general cases. Anything else goes to `seed`."""
+  gen = _gen[0]
+  a, b = u.src
+  if (ca := a._cache) is None or (cb := b._cache) is None or (sa := ca.get("plan")) is None or (sb := cb.get("plan")) is None or \
+     sa[0] != gen or sb[0] != gen or sa[1] < 0 or sb[1] < 0:
+    seed(u, cache)
+    return
+  if (la := sa[2]) is None: la = (a,)
+  if (lb := sb[2]) is None: lb = (b,)
+  if not lb or lb is la: leaves, parts = la, ((sa[1], _IDENT[len(la)]), (sb[1], _IDENT[len(lb)]))
+  elif not la: leaves, parts = lb, ((sa[1], ()), (sb[1], _IDENT[len(lb)]))
+  else:
+    seed(u, cache)
+    return
+  key = (u.op, u.dtype._key, None, None, parts)
+  if (i := _ids_get(key)) is None: i = _intern(key)
+  if gen == _gen[0]: cache["plan"] = (gen, i, leaves)  # (not when interning dropped the table: ids of gen are stale)
 
 
 def targets_signature(targets: list[UOp]) -> tuple[int, tuple[UOp, ...]] | None:
@@ -161,7 +233,9 @@ class Plan:
   def valid(self) -> bool:
     if kernelize._SCHEDULE_CACHE.get(self.nsink) is not self.entry: return False
     runners = realize._RUNNERS
-    return all(it.runner is None or runners.get((it.device, it.ast)) is it.runner for it in self.items)
+    for it in self.items:
+      if it.runner is not None and runners.get((it.device, it.ast)) is not it.runner: return False
+    return True
 
 
 def build(key: tuple[int, tuple[UOp, ...]], targets: list[UOp], info: dict, items: list[ScheduleItem]) -> None:
@@ -247,10 +321,11 @@ def wants(key: tuple[int, tuple[UOp, ...]] | None) -> bool:
 def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   """Run plan `p` on these leaves; the realized view of each target (None: the leaves' bound values disagree, which
   the normal path reports)."""
-  vals: dict[UOp, int] = {}
-  for i in p.bind_leaves:
-    b = leaves[i]
-    if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg: return None
+  if p.bind_leaves:
+    vals: dict[UOp, int] = {}
+    for i in p.bind_leaves:
+      b = leaves[i]
+      if vals.setdefault(b.src[0], b.src[1].arg) != b.src[1].arg: return None
   out_uops, out_bufs, last = [], [], p.last
   for k, (dev, size, dt) in enumerate(p.outs):
     if (u := last[k]) is not None and _unreachable(u):  # the previous output, which nothing else can reach any more
@@ -270,20 +345,27 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   direct = p.direct and not debug and not realize.CAPTURING and not capture.PROFILE  # no hook wants ExecItems
   eis: list[ExecItem] = []
   for it in p.items:
-    bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
     if direct:  # (what ExecItem.run does for loop-mapped kernels without variables: packing kernels first, codegen/pack.py)
+      raw = []  # the allocator handles: a leaf's Buffer read from its uop's cache (buffer_for), allocated if it isn't
+      for is_out, i in it.slots:
+        if is_out: raw.append(out_bufs[i]._buf)
+        elif (c := leaves[i]._cache) is not None and (b := c.get("buffer")) is not None and (h := b._buf) is not None: raw.append(h)
+        else: raw.append(buffer_for(leaves[i]).ensure_allocated()._buf)
       if (r := it.runner).slots is None:
         realize.GlobalCounters["kernels"] += 1
-        r.prg(*[b._buf for b in bufs])
+        r.prg.launch(*raw)
         continue
-      for pk in r.packs: pk.runner.prg(pk.scratch.ensure_allocated()._buf, *[bufs[j]._buf for j in pk.srcs])
+      for pk in r.packs: pk.runner.prg.launch(pk.scratch.ensure_allocated()._buf, *[raw[j] for j in pk.srcs])
       realize.GlobalCounters["kernels"] += 1 + len(r.packs)
-      r.prg(*[bufs[j]._buf if j >= 0 else r.packs[-1 - j].scratch._buf for j in r.slots])
-    else: eis.append(exec_item(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
+      r.prg.launch(*[raw[j] if j >= 0 else r.packs[-1 - j].scratch._buf for j in r.slots])
+    else:
+      bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
+      eis.append(exec_item(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
   if eis: run_exec_items(eis, debug)
   ret = []
   for oi, chain in p.views:
     v = out_uops[oi]
-    for op, dt, arg in chain: v = UOp(op, dt, (v,), arg)
+    for op, dt, arg in chain:  # (the plan made these views once: built without construction checks, shape memoized)
+      v = elementwise(op, dt, (v,), arg if op is Ops.RESHAPE or op is Ops.EXPAND else None, p.outs[oi][0], arg)[0]
     ret.append(v)
   return ret

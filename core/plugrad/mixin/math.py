@@ -69,17 +69,20 @@ class MathOps:
   # ----- reduction -----
   def _reduce(self: T, op: Ops, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> T:
     """Reduce with ADD, MUL or MAX over `axis` (None: all axes). Empty axes give the identity (MAX: an error)."""
-    ndim = len(self.shape)
-    axis_list = [] if ndim == 0 and axis in (0, -1, (), None) else \
-      list(range(ndim)) if axis is None else [self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis)]  # type: ignore[attr-defined]
-    if len(set(axis_list)) != len(axis_list): raise TensorError(f"duplicate axis in {axis} for shape {self.shape}")
+    shape = self.shape
+    ndim = len(shape)
+    if type(axis) is int and -ndim <= axis < ndim: axis_list = [axis + ndim if axis < 0 else axis]  # (one valid axis: the common case)
+    else:
+      axis_list = [] if ndim == 0 and axis in (0, -1, (), None) else \
+        list(range(ndim)) if axis is None else [self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis)]  # type: ignore[attr-defined]
+    if len(set(axis_list)) != len(axis_list): raise TensorError(f"duplicate axis in {axis} for shape {shape}")
     axes = tuple(sorted(axis_list))
-    new_shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
+    new_shape = tuple([s for i, s in enumerate(shape) if i not in axes])
     if not axes: return self
     for a in axes:
-      if self.shape[a] == 0:
-        if op is Ops.MAX: raise RuntimeError(f"max/min of an empty axis {a} of shape {self.shape}")
-        out = self._full(tuple(1 if i in axes else s for i, s in enumerate(self.shape)), 0 if op is Ops.ADD else 1, self.dtype)
+      if shape[a] == 0:
+        if op is Ops.MAX: raise RuntimeError(f"max/min of an empty axis {a} of shape {shape}")
+        out = self._full(tuple(1 if i in axes else s for i, s in enumerate(shape)), 0 if op is Ops.ADD else 1, self.dtype)
         return out if keepdim else out.reshape(new_shape)  # type: ignore[attr-defined]
     if (ret := self._split_full_reduce(op, axes)) is None: ret = self._rop(op, axes)
     return ret if keepdim else ret.reshape(new_shape)  # type: ignore[attr-defined]
@@ -88,9 +91,10 @@ class MathOps:
     """A full reduction of many elements as two: p partial reductions over contiguous runs (one kernel whose p
     outputs a device spreads over its cores or threads; a single output would run on one), then one over the partials.
     None when the reduction is partial, symbolic or small (< 2**16 elements)."""
+    if len(axes) != len(shape := self.shape): return None
     n = 1
-    for s in self.shape: n = n * s
-    if len(axes) != len(self.shape) or not isinstance(n, int) or n < (1 << 16): return None
+    for s in shape: n = n * s
+    if not isinstance(n, int) or n < (1 << 16): return None
     if (p := next((p for p in (256, 128, 64, 32, 16, 8, 4, 2) if n % p == 0 and n // p >= 1024), None)) is None: return None
     part = self.reshape(p, n // p)._rop(op, (1,)).reshape(p).contiguous()  # type: ignore[attr-defined]
     return part._rop(op, (0,)).reshape((1,) * len(self.shape))

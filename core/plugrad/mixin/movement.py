@@ -53,6 +53,13 @@ class MovementOps:
   def reshape(self: T, shape, *args) -> T:
     """A view with a new shape: -1 infers one dimension, None keeps that dimension's size."""
     new = argshape((shape, *args) if args else (shape,) if isinstance(shape, (int, type(None))) else shape)
+    for s in new:  # the common case first: every dimension a plain int >= 0 (no -1 to infer, no None to keep)
+      if type(s) is not int or s < 0: break
+    else:
+      if new == (sh := self.shape): return self
+      if isinstance(numel := _prod(sh), int) and _prod(new) != numel:
+        raise TensorError(f"can't reshape tensor of shape {sh} ({numel} elements) to {new}")
+      return self._mop(Ops.RESHAPE, new)
     if any(s is None for s in new):  # None at position i keeps self.shape[i] (tinygrad's rule)
       if any(s is None and i >= self.ndim for i, s in enumerate(new)): raise TensorError(f"reshape: None at a dim {self.shape} doesn't have: {new}")
       new = tuple(self.shape[i] if s is None else s for i, s in enumerate(new))
@@ -74,6 +81,10 @@ class MovementOps:
 
   def expand(self: T, shape, *args) -> T:
     new = argshape((shape, *args) if args else (shape,) if isinstance(shape, int) else shape)
+    if len(new) == len(sh := self.shape):  # the common case first: plain int sizes, each one equal or from a 1
+      for o, n in zip(sh, new):
+        if type(n) is not int or n < 0 or (o != n and o != 1): break
+      else: return self if new == sh else self._mop(Ops.EXPAND, new)
     if len(new) < self.ndim: raise TensorError(f"can't expand {self.shape} to fewer dims {new}")
     x = self.reshape((1,) * (len(new) - self.ndim) + self.shape) if len(new) > self.ndim else self
     new = tuple(o if n == -1 else n for o, n in zip(x.shape, new))
@@ -112,6 +123,13 @@ class MovementOps:
 
   def _broadcast_shape(self, *others: Any) -> tuple:
     """The numpy broadcast of self's shape and the others' shapes (TensorError if they don't broadcast)."""
+    if len(others) == 1 and len(a := self.shape) == len(b := others[0].shape):  # two shapes of one rank: the common case
+      out = []
+      for x, y in zip(a, b):
+        if x is y or (type(x) is int and type(y) is int and x == y) or (type(y) is int and y == 1): out.append(x)
+        elif type(x) is int and x == 1: out.append(y)
+        else: break
+      else: return tuple(out)
     shapes = [self.shape, *(o.shape for o in others)]
     n = max(len(s) for s in shapes)
     padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]

@@ -220,7 +220,7 @@ def _kernel_ast(value: UOp, out: UOp, ctx: KernelContext, store_target: UOp | No
   """`_build_kernel_ast`, cached by structure: the PARAM placeholders are renamed in order of first appearance, so
   the repeated layers of a model (same graph, other buffers) are indexed and simplified once."""
   parts = (value, out) if store_target is None else (value, out, store_target)
-  topo = (sink := UOp.sink_of(*parts)).toposort()
+  topo = (sink := UOp.sink_of(*parts)).toposort(memo=False)  # (a temporary root: no memo, no reference cycle holding value)
   params = [n for n in topo if n.op is Ops.PARAM]
   canon = {p: UOp(Ops.PARAM, p.dtype, arg=("k", i, *p.arg[2:])) for i, p in enumerate(params)}
   uniques = [n for n in topo if n.op is Ops.UNIQUE and isinstance(n.arg, tuple) and n.arg[0] == "const"]  # user constants: never in the AST

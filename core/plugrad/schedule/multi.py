@@ -351,7 +351,10 @@ pm_multi = PatternMatcher([
 
 def needs_lowering(u: UOp) -> bool:
   """True for a node that pm_multi must lower: a MULTI source, or a DEVICE source naming several devices."""
-  return u.op is not Ops.MULTI and any(s.op is Ops.MULTI or (s.op is Ops.DEVICE and isinstance(s.arg, tuple)) for s in u.src)
+  if u.op is Ops.MULTI: return False
+  for s in u.src:  # (a loop, not any() over a generator: this runs for every tensor op)
+    if s.op is Ops.MULTI or (s.op is Ops.DEVICE and isinstance(s.arg, tuple)): return True
+  return False
 
 
 def lower_multi(u: UOp) -> UOp:

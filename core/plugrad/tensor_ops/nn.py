@@ -285,17 +285,18 @@ class NnMixin:
     if dtype is not None and acc_dtype is not None and to_dtype(dtype) != to_dtype(acc_dtype):
       raise TensorError(f"dtype={dtype} and acc_dtype={acc_dtype} disagree")
     dtype = dtype if dtype is not None else acc_dtype
-    if x.ndim == 0 or w.ndim == 0: raise RuntimeError(f"matmul needs tensors of at least 1 dim, got shapes {x.shape} and {w.shape}")
-    kax = -min(w.ndim, 2)
-    if x.shape[-1] != w.shape[kax]:
-      raise RuntimeError(f"matmul shape mismatch: {x.shape} @ {w.shape} (contracted dims {x.shape[-1]} != {w.shape[kax]})")
-    xb, wb = x.shape[:-2], w.shape[:-2]
+    xs, ws = x.shape, w.shape
+    if len(xs) == 0 or len(ws) == 0: raise RuntimeError(f"matmul needs tensors of at least 1 dim, got shapes {xs} and {ws}")
+    kax = -min(len(ws), 2)
+    if xs[-1] != ws[kax]:
+      raise RuntimeError(f"matmul shape mismatch: {xs} @ {ws} (contracted dims {xs[-1]} != {ws[kax]})")
+    xb, wb = xs[:-2], ws[:-2]
     for a, b in zip(xb[::-1], wb[::-1]):
-      if a != b and a != 1 and b != 1: raise RuntimeError(f"matmul batch dims don't broadcast: {x.shape} @ {w.shape}")
-    one = [1] if x.ndim > 1 and w.ndim > 1 else []
-    xr = x.reshape(*x.shape[:-1], *one, x.shape[-1])
-    wr = w.reshape(*w.shape[:-2], *one, *w.shape[kax:])
-    if w.ndim > 1: wr = wr.permute(*range(wr.ndim - 2), wr.ndim - 1, wr.ndim - 2)
+      if a != b and a != 1 and b != 1: raise RuntimeError(f"matmul batch dims don't broadcast: {xs} @ {ws}")
+    one = (1,) if len(xs) > 1 and len(ws) > 1 else ()
+    xr = x.reshape((*xs[:-1], *one, xs[-1]))
+    wr = w.reshape((*ws[:-2], *one, *ws[kax:]))
+    if len(ws) > 1: wr = wr.permute(*range((n := len(ws) + len(one)) - 2), n - 1, n - 2)
     out = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, w.dtype)
     if dtype is not None:  # products in the accumulation dtype (16-bit inputs, float32 accumulation: exact products)
       xr, wr = xr.cast(dtype), wr.cast(dtype)

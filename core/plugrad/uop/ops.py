@@ -57,23 +57,33 @@ class UOpSpecError(TypeError):
   """A UOp was built with the wrong number of sources or wrong dtypes for its op."""
 
 
+_CMP, _WHERE, _SAME, _CONST, _VAR = range(5)  # what _check verifies beyond arity and source types, per op
+_CHECK_KIND: dict[Ops, int] = {**{o: _SAME for o in GroupOp.ALU if o not in (Ops.SHL, Ops.SHR, Ops.THREEFRY)},
+                               **{o: _CMP for o in GroupOp.Comparison}, Ops.WHERE: _WHERE, Ops.CONST: _CONST, Ops.DEFINE_VAR: _VAR}
+
+
 def _check(op: Ops, dtype: DType, src: tuple, arg) -> None:
   if (ar := _ARITY.get(op)) is not None and not ar[0] <= len(src) <= ar[1]:
     want = str(ar[0]) if ar[0] == ar[1] else f"{ar[0]}..{ar[1]}"
     raise UOpSpecError(f"{op} takes {want} sources, got {len(src)}: {[s.op for s in src]}")
   for s in src:
-    if not isinstance(s, UOp): raise UOpSpecError(f"{op} source must be a UOp, got {type(s).__name__} {s!r}")
-  if op in GroupOp.Comparison:
-    if dtype.scalar() != dtypes.bool: raise UOpSpecError(f"{op} must have dtype bool, got {dtype}")
-    if src[0].dtype != src[1].dtype: raise UOpSpecError(f"{op} compares mismatched dtypes {src[0].dtype} and {src[1].dtype}")
-  elif op is Ops.WHERE:
-    if src[0].dtype.scalar() != dtypes.bool: raise UOpSpecError(f"Ops.WHERE condition must be bool, got {src[0].dtype}")
-    if not src[1].dtype == src[2].dtype == dtype: raise UOpSpecError(f"Ops.WHERE branches {src[1].dtype}, {src[2].dtype} must match {dtype}")
-  elif op in GroupOp.ALU and op not in (Ops.SHL, Ops.SHR, Ops.THREEFRY):
+    if type(s) is not UOp and not isinstance(s, UOp): raise UOpSpecError(f"{op} source must be a UOp, got {type(s).__name__} {s!r}")
+  if (kind := _CHECK_KIND.get(op)) is None: return
+  if kind == _SAME:  # (dtypes are compared by identity first: DType.__eq__ is a Python call, and this runs per node)
     for s in src:
-      if s.dtype != dtype: raise UOpSpecError(f"{op} of dtype {dtype} has a source of dtype {s.dtype}")
-  elif op is Ops.CONST and not src and arg is None: raise UOpSpecError("Ops.CONST needs a value in arg")
-  elif op is Ops.DEFINE_VAR and not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], str)):
+      if s.dtype is not dtype and s.dtype != dtype: raise UOpSpecError(f"{op} of dtype {dtype} has a source of dtype {s.dtype}")
+  elif kind == _CMP:
+    if dtype is not dtypes.bool and dtype.scalar() != dtypes.bool: raise UOpSpecError(f"{op} must have dtype bool, got {dtype}")
+    if src[0].dtype is not src[1].dtype and src[0].dtype != src[1].dtype:
+      raise UOpSpecError(f"{op} compares mismatched dtypes {src[0].dtype} and {src[1].dtype}")
+  elif kind == _WHERE:
+    if src[0].dtype is not dtypes.bool and src[0].dtype.scalar() != dtypes.bool:
+      raise UOpSpecError(f"Ops.WHERE condition must be bool, got {src[0].dtype}")
+    if not ((src[1].dtype is dtype or src[1].dtype == dtype) and (src[2].dtype is dtype or src[2].dtype == dtype)):
+      raise UOpSpecError(f"Ops.WHERE branches {src[1].dtype}, {src[2].dtype} must match {dtype}")
+  elif kind == _CONST:
+    if not src and arg is None: raise UOpSpecError("Ops.CONST needs a value in arg")
+  elif not (isinstance(arg, tuple) and len(arg) == 3 and isinstance(arg[0], str)):
     raise UOpSpecError(f"Ops.DEFINE_VAR arg must be (name, min, max), got {arg!r}")
 
 
@@ -98,21 +108,23 @@ class UOp(MathOps, MovementOps):
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None) -> UOp:
-    key = (op, dtype, src, arg, tag) if type(arg) is not float or (arg != 0.0 and arg == arg) else _float_key(op, dtype, src, arg, tag)
-    if (ref := UOp._nodes.get(key)) is not None and (node := ref()) is not None: return node
+    # the dtype enters the key as its `_key` tuple (equal dtypes have equal tuples): hashing a DType is a Python call
+    if type(dtype) is not DType and not isinstance(dtype, DType): raise UOpSpecError(f"{op} dtype must be a DType, got {dtype!r}")
+    key = (op, dtype._key, src, arg, tag) if type(arg) is not float or (arg != 0.0 and arg == arg) else _float_key(op, dtype._key, src, arg, tag)
+    if (ref := _nodes_get(key)) is not None and (node := ref()) is not None: return node
     if type(src) is not tuple: src = tuple(src); return UOp(op, dtype, src, arg, tag)
     if src or op in _CHECKED_LEAVES: _check(op, dtype, src, arg)
-    node = object.__new__(cls)
+    node = _new_node(cls)
     _set_op(node, op); _set_dtype(node, dtype); _set_src(node, src); _set_arg(node, arg); _set_tag(node, tag)  # (slot setters:
     _set_cache(node, None); _set_key(node, key); _set_seq(node, next(_seq))  # a node is created per op: 2x faster than object.__setattr__)
-    UOp._nodes[key] = weakref.ref(node)
+    _nodes[key] = _weakref(node)
     return node
 
   def __del__(self) -> None:
     try:
       key = self._key
-      if (ref := UOp._nodes.get(key)) is not None and ref() in (None, self): del UOp._nodes[key]
-    except (AttributeError, TypeError): pass  # interpreter shutdown or a half-built node
+      if (ref := _nodes_get(key)) is not None and ((r := ref()) is None or r is self): del _nodes[key]
+    except (AttributeError, TypeError, NameError): pass  # interpreter shutdown or a half-built node
 
   def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
   def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable: can't set {name!r}")
@@ -129,9 +141,12 @@ class UOp(MathOps, MovementOps):
                kwargs.get("tag", self.tag))
 
   # ----- graph walks (iterative: graphs can be far deeper than Python's recursion limit) -----
-  def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
+  def toposort(self, gate: Callable[[UOp], bool] | None = None, memo: bool = True) -> dict[UOp, None]:
     """All nodes reachable from self, each after its sources (an insertion-ordered dict used as a set).
-    `gate(node)` returning False stops the walk from entering that node's sources (the node itself is kept)."""
+    `gate(node)` returning False stops the walk from entering that node's sources (the node itself is kept).
+    Without a gate the result is memoized on self, which makes self part of a reference cycle (its cache holds a
+    dict holding self): the graph then lives until Python's cycle collector runs. `memo=False` for a temporary root
+    (a SINK made to walk several graphs at once) keeps those graphs freeable the moment their last user drops them."""
     if gate is None and (c := self._cache) is not None and "topo" in c: return c["topo"]
     out: dict[UOp, None] = {}
     stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -141,7 +156,7 @@ class UOp(MathOps, MovementOps):
       if expanded: out[node] = None; continue
       stack.append((node, True))
       if gate is None or gate(node): stack.extend((s, False) for s in reversed(node.src) if s not in out)
-    if gate is None: self._cached()["topo"] = out
+    if gate is None and memo: self._cached()["topo"] = out
     return out
 
   def backward_slice(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
@@ -319,8 +334,26 @@ class UOp(MathOps, MovementOps):
 
 _set_op, _set_dtype, _set_src, _set_arg, _set_tag, _set_cache, _set_key, _set_seq = \
   (UOp.__dict__[k].__set__ for k in ("op", "dtype", "src", "arg", "tag", "_cache", "_key", "seq"))
+_nodes = UOp._nodes  # (module globals: read on every node construction)
+_nodes_get, _new_node, _weakref = _nodes.get, object.__new__, weakref.ref
 _seq = itertools.count()  # creation order: a graph only contains nodes created before its root (nodes are immutable)
 SymbolicDim.register(UOp)  # a UOp is a valid (symbolic) dimension for the movement mixin's shape checks
+
+
+def elementwise(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple | None, device: str, arg: Any = None) -> tuple[UOp, dict | None]:
+  """`UOp(op, dtype, src, arg)` for a builder that guarantees what construction checks (Tensor's fast paths: a tuple
+  of UOp sources of the right count, dtypes that agree, a validated movement arg), with its tensor shape (unless None)
+  and device memoized when the node is new: (node, its new cache dict) or (node, None) when the node existed already.
+  The same hash-consing as `UOp.__new__` (the key of a node with no tag and no float arg), without `_check`."""
+  if type(arg) is float: return UOp(op, dtype, src, arg), None  # (-0.0 and nan keys: the general constructor)
+  key = (op, dtype._key, src, arg, None)
+  if (ref := _nodes_get(key)) is not None and (node := ref()) is not None: return node, None
+  node = _new_node(UOp)
+  _set_op(node, op); _set_dtype(node, dtype); _set_src(node, src); _set_arg(node, arg); _set_tag(node, None)
+  _set_cache(node, c := {"device": device} if shape is None else {"shape": shape, "device": device})
+  _set_key(node, key); _set_seq(node, next(_seq))
+  _nodes[key] = _weakref(node)
+  return node, c
 
 
 def pretty(u: UOp, max_lines: int = 60) -> str:

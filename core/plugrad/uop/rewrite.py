@@ -111,7 +111,7 @@ def graph_rewrite_map(sink: UOp, pm: PatternMatcher | None, ctx: Any = None, bot
   rw = _Rewriter(pm, bpm, ctx, enter_calls, name)
   if capture.VIZ: _traced(rw, sink, walk)
   else: rw.walk(sink) if walk else rw.fixed_point(sink)
-  return {n: rw.replace[n] for n in sink.toposort() if n in rw.replace}
+  return {n: rw.replace[n] for n in sink.toposort(memo=False) if n in rw.replace}  # (sink is usually a temporary SINK)
 
 
 # ***** VIZ=1: record each rule application (plugrad/viz/capture.py); nothing here runs when VIZ is off *****

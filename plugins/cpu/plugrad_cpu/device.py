@@ -365,6 +365,15 @@ class CPUProgram(Program):
       else: self.dev.pool_launch(self._fn_ptr, self._work_ptr, cbufs, cvals, self.dev.threads, MIN_WORK_PER_THREAD)
     return time.perf_counter() - st if wait else None
 
+  def launch(self, *bufs: Any) -> None:
+    """`self(*bufs)` without the keyword handling: the realize plans' direct path (threaded kernels of constant work)."""
+    if self.work is None or (cw := self._const_work) is None:
+      self(*bufs)
+      return
+    cbufs, cvals = self._args(bufs, ())
+    if max(1, min(self.dev.threads, cw[0] // MIN_WORK_PER_THREAD, cw[1])) == 1: self.fn(cbufs, cvals, 0, 1)
+    else: self.dev.pool_launch(self._fn_ptr, self._work_ptr, cbufs, cvals, self.dev.threads, MIN_WORK_PER_THREAD)
+
 class CPUDevice(Compiled):
   smoke_kernel = "void smoke(int *a) { for (int i = 0; i < 3; i++) a[i] *= 2; }"
 
