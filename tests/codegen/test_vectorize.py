@@ -313,3 +313,17 @@ def test_data_dependent_indices():
   np.testing.assert_allclose(got, (emb[idx] * 3).sum(1), rtol=1e-5, atol=1e-5)
   got, _ = run(t.T.realize() @ Tensor(emb).realize()[:16])
   np.testing.assert_allclose(got, emb[idx].T @ emb[:16], rtol=1e-5, atol=1e-5)
+
+
+def test_no_whole_axis_tile_when_short_reduce_loops_are_unrolled():
+  """A reuse axis of 3 next to a reduce loop of 4 (which gets unrolled): the 3 is not made one whole register tile.
+  Regression: a conv weight gradient's two 3-wide window axes upcast whole times its unrolled 4x4 window made 288
+  copies of a fused expression (54k uops, 20+ minutes in clang; the data-parallel digits training test hung)."""
+  a, b = rand(3, 4, 32), rand(4, 32, 64)
+  t = (Tensor(a).realize().reshape(3, 4, 32, 1) * Tensor(b).realize().reshape(1, 4, 32, 64)).sum((1, 2))
+  ast = t.schedule()[-1].ast
+  rows = next(r for r in ranges_of(ast).values() if r.arg[1] == "global" and r.src[0].arg == 3)
+  opts = chosen(t)
+  assert any(o.kind == "UNROLL" for o in opts) and Opt("UPCAST", rows.arg[0], 3) not in opts, opts
+  got, _ = run(t)
+  np.testing.assert_allclose(got, np.einsum("akj,kjn->an", a, b), rtol=1e-4, atol=1e-4)
