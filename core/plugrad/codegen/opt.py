@@ -189,6 +189,11 @@ def _divides(r: UOp, a: int, whole: bool = False) -> bool:
   return (n % a == 0 and (n > a or whole)) if n is not None else div_end(r.src[0], a) is not None
 
 
+def _unrollable(r: UOp) -> bool:
+  """A reduce loop short enough to be unrolled (`choose_opts`: a 3x3 window)."""
+  return (n := _const_end(r)) is not None and n <= UNROLL_MAX
+
+
 def _pick(r: UOp | None, amounts: tuple[int, ...], budget: int, whole: bool = False) -> int:
   """The first of `amounts` within `budget` that splits `r` (or covers it exactly, if `whole`); 0 if none does."""
   return next((a for a in amounts if r is not None and a <= budget and _divides(r, a, whole)), 0)
@@ -280,14 +285,15 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
     # a small axis may be upcast whole (attention's 3 or 7 query heads of a KV head: the keys are read once for all);
     # not when short reduce loops will be unrolled too (a convolution's weight gradient: 3x3 window axes upcast whole
     # times a 4x4 unrolled window made 288 copies of a fused expression, 54k uops that clang compiled for 20+ minutes)
-    may_whole = not any((_const_end(r) or UNROLL_MAX + 1) <= UNROLL_MAX for r in ranges_of(ast).values() if r.arg[1] == "reduce")
+    rngs = ranges_of(ast)
+    may_whole = not any(_unrollable(r) for r in rngs.values() if r.arg[1] == "reduce")
     for g in reuse:
       if (k := _pick(g, (8, 6, 4, 3, 2), budget, whole=may_whole) or (n if may_whole and (n := _const_end(g)) in (5, 7) and n <= budget else 0)):
         opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
     # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by;
     # also when the loop that would be outermost is too short to split across cores (3 KV heads on 2 cores) and the
     # columns are many (a symbolic number of key positions)
-    whole = {o.rid for o in opts if o.kind == "UPCAST" and o.amount == _const_end(ranges_of(ast)[o.rid])}
+    whole = {o.rid for o in opts if o.kind == "UPCAST" and o.amount == _const_end(rngs[o.rid])}
     first = next((g for g in glbl if g.arg[0] not in whole), None)
     vtrips = _const_end(vr) // lanes if _const_end(vr) is not None else vr.src[0].vmax // lanes
     if reuse and first is not None and vr is not first and vtrips >= 16 and \
@@ -356,7 +362,7 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   if not opts: opts = _scalar_opts(ast, upcast_max, split_reduce, glbl, reduces, red_rngs)
   unroll = 1
   for r in red_rngs:  # small reduce loops (e.g. a 3x3 window) are unrolled
-    if (n := _const_end(r)) is not None and n <= UNROLL_MAX and unroll * n <= 16 and all(o.rid != r.arg[0] for o in opts):
+    if _unrollable(r) and unroll * (n := _const_end(r)) <= 16 and all(o.rid != r.arg[0] for o in opts):
       opts.append(Opt("UNROLL", r.arg[0], n))
       unroll *= n
   return opts

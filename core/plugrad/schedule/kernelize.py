@@ -190,14 +190,14 @@ def _shared_reduces(realize: set[UOp]) -> set[UOp]:
   while True:
     owner: dict[UOp, UOp] = {}
     shared: set[UOp] = set()
-    wide: list[UOp] = []
+    wide: dict[UOp, None] = {}   # (insertion-ordered set)
     for root in realize:
       if root.op is Ops.COPY: continue
       for x in root.toposort(gate=lambda y, root=root: y is root or (y not in realize and not is_buffer_view(y))):
         if x in realize or owner.setdefault(x, root) is root: continue
         if x.op is Ops.REDUCE_AXIS: shared.add(x)
-        elif x.op in GroupOp.ALU and x not in wide: wide.append(x)
-    if not shared and wide: shared = _outermost_wide(wide, realize)
+        elif x.op in GroupOp.ALU: wide.setdefault(x)
+    if not shared and wide: shared = _outermost_wide(list(wide), realize)
     if not shared: return realize
     realize = realize | shared
 

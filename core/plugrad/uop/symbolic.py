@@ -91,9 +91,6 @@ def _bit_of(w: UOp) -> tuple[UOp, int, int] | None:
   return (x, m, v // m) if _is_int(x) and x.vmin >= 0 else None
 
 
-def _in_dtype(u: UOp, dt: DType) -> UOp: return u if u.dtype == dt else UOp(Ops.CAST, dt, (u,))
-
-
 def _fold_bits(dt: DType, parts: dict[UOp, int]) -> dict[UOp, int]:
   """(x % m)*f + (bit m of x)*f -> (x % 2m)*f, anywhere in a sum (the bit of value 1 alone is x % 2): an arange's
   sum of bits becomes its index (times a constant: arange(n) * 2 is a sum of bits of values 2m)."""
@@ -104,11 +101,11 @@ def _fold_bits(dt: DType, parts: dict[UOp, int]) -> dict[UOp, int]:
       if base not in parts or base.op is not Ops.WHERE or (bit := _bit_of(base)) is None: continue
       (x, m, k), f = bit, parts[base]
       f *= k
-      low = _in_dtype(UOp(Ops.MOD, x.dtype, (x, UOp.const(x.dtype, m))), dt)
+      low = UOp(Ops.MOD, x.dtype, (x, UOp.const(x.dtype, m))).cast(dt)
       if m != 1 and parts.get(low) != f: continue
       del parts[base]
       if m != 1: del parts[low]
-      whole = _in_dtype(UOp(Ops.MOD, x.dtype, (x, UOp.const(x.dtype, 2 * m))), dt)
+      whole = UOp(Ops.MOD, x.dtype, (x, UOp.const(x.dtype, 2 * m))).cast(dt)
       parts[whole], changed = parts.get(whole, 0) + f, True
   return parts
 
