@@ -110,3 +110,17 @@ def test_index_dtype_lowering(n, want):
 
 def test_linearize_needs_sink():
   with pytest.raises(ValueError, match="SINK"): linearize(UOp.const(dtypes.int32, 1))
+
+
+def test_sum_of_products_accumulates_with_one_mulacc_per_product():
+  """acc + (a*b + c*d + e) (a gradient flowing back through two matmuls, merged into one reduce) is two MULACCs and
+  an add on the accumulator: before, the products were multiplied and added apart (4 ops where 2 FMAs do)."""
+  out, a, b, c = gl(0, 3), gl(1, 12), gl(2, 12), gl(3, 12)
+  r0, r1 = rng(3, 0, "global"), rng(4, 1, "reduce")
+  la, lb, lc = (load(g, r0 * 4 + r1) for g in (a, b, c))
+  uops = linearize(store(out, r0, red(la * lb + (lc * la + lb), r1)).sink())
+  check_structure(uops)
+  inner = [u.op for u in uops if u.op in (Ops.MULACC, Ops.MUL, Ops.ADD) and u.dtype == dtypes.float32]
+  assert inner.count(Ops.MULACC) == 2 and Ops.MUL not in inner and inner.count(Ops.ADD) == 1
+  A, B, C = X + 0.5, X * 2 - 1, X * X
+  np.testing.assert_allclose(run(uops, A, B, C, out_size=3), (A * B + C * A + B).sum(axis=1), rtol=1e-6)

@@ -8,7 +8,8 @@ global range first (in id order), then emits each node after its sources. A REDU
   END r...; LOAD(INDEX(AFTER(acc, END), 0))
 
 REDUCEs over the same ranges that can run together share one loop nest (one accumulator each: this is what register
-blocking in codegen/opt.py relies on), and a float ADD of a product updates with MULACC(a, b, acc).
+blocking in codegen/opt.py relies on), and a float ADD of a product updates with MULACC(a, b, acc) (a sum of
+products with one MULACC per product).
 Loop-invariant parts of a reduce body are emitted before its loops, so a value is only used inside the scope
 that declared it. `dtypes.index` is lowered to int32 (int64 when some index value does not fit in int32).
 See docs/kernel_ir.md for the contract.
@@ -98,12 +99,12 @@ class Linearizer:
     self.open.update(ranges)
     for r, dt, acc, slot, init in accs:
       body = r.src[0]
-      fma = r.arg is Ops.ADD and body.op is Ops.MUL and dtypes.is_float(dt)  # acc + a*b -> MULACC(a, b, acc)
       wmma = r.arg is Ops.ADD and body.op is Ops.WMMA  # acc + A@B (+0) -> WMMA(a, b, acc)
-      val = tuple(self.emit(s) for s in body.src[:2 if wmma else 3]) if fma or wmma else self.emit(body)
       cur = self.push(UOp(Ops.LOAD, dt, (slot, init)))  # the init source orders this load after the reset
-      new = UOp(Ops.MULACC, dt, (*val, cur)) if fma else UOp(Ops.WMMA, dt, (*val, cur), body.arg) if wmma else UOp(r.arg, dt, (cur, val))
-      self.push(UOp(Ops.STORE, dtypes.void, (slot, self.push(new))))
+      if wmma: new = self.push(UOp(Ops.WMMA, dt, (*(self.emit(s) for s in body.src[:2]), cur), body.arg))
+      elif r.arg is Ops.ADD and dtypes.is_float(dt): new = self.accumulate(body, cur, dt)
+      else: new = self.push(UOp(r.arg, dt, (cur, self.emit(body))))
+      self.push(UOp(Ops.STORE, dtypes.void, (slot, new)))
     end = None
     for r in reversed(opened): end = self.push(UOp(Ops.END, dtypes.void, (r,) if end is None else (r, end)))
     self.open.difference_update(ranges)
@@ -111,6 +112,19 @@ class Linearizer:
       after = self.push(UOp(Ops.AFTER, acc.dtype, (acc, end)))
       self.done[r] = self.push(UOp(Ops.LOAD, dt, (self.push(UOp(Ops.INDEX, acc.dtype, (after, zero))),)))
     return self.done[red]
+
+  def accumulate(self, body: UOp, cur: UOp, dt: DType) -> UOp:
+    """cur + body for a float sum. A sum of products (a gradient flowing back through two matmuls: acc + (a*b + c*d))
+    updates the accumulator with one MULACC per product (acc + a*b + c*d), other terms with adds: the order of a
+    reduction's additions is the kernel's to choose (vector lanes, SPLIT), so regrouping them is allowed."""
+    terms, todo = [], [body]
+    while todo:
+      if (x := todo.pop()).op is Ops.ADD and x not in self.done and x.dtype == body.dtype: todo += reversed(x.src)
+      else: terms.append(x)
+    for t in terms:
+      new = UOp(Ops.MULACC, dt, (self.emit(t.src[0]), self.emit(t.src[1]), cur)) if t.op is Ops.MUL else UOp(Ops.ADD, dt, (cur, self.emit(t)))
+      cur = self.push(new)
+    return cur
 
   def run(self) -> list[UOp]:
     topo = self.ast.toposort()
