@@ -220,8 +220,28 @@ def write_png(path: Path, series: list[tuple[list[float], list[float], tuple[int
 
 def train(cfg: Config, steps: int, batch: int, lr: float = 3e-3, min_lr: float = 3e-4, warmup: int = 20, wd: float = 0.1,
           clip: float = 1.0, seed: int = 0, corpus_bytes: int = 8 << 20, out: str | Path = "runs/llama", eval_every: int = 50,
-          ckpt_every: int = 0, compare_steps: int = 10, log=print) -> dict:
-  """Train; returns the history (losses, lrs, grad norms, val losses, tokens/s of plugrad and torch)."""
+          ckpt_every: int = 0, compare_steps: int = 10, flush_denormals: bool = True, log=print) -> dict:
+  """Train; returns the history (losses, lrs, grad norms, val losses, tokens/s of plugrad and torch). With
+  `flush_denormals` (the default of TensorFlow's CPU kernels) float32 subnormals are flushed to zero in both plugrad's
+  kernels (a CPU device's `flush_denormals`) and torch's (`torch.set_flush_denormal`): the backward pass's products of
+  tiny gradients otherwise take the CPU's microcode path (a weight-gradient matmul 4x slower). Both modes are
+  restored on return (torch's is the calling thread's, which numpy shares)."""
+  dev = Device[Device.DEFAULT]
+  was = getattr(dev, "flush_denormals", None)
+  if was is not None: dev.flush_denormals = flush_denormals
+  try: return _train(cfg, steps, batch, lr, min_lr, warmup, wd, clip, seed, corpus_bytes, out, eval_every, ckpt_every, compare_steps,
+                     flush_denormals, log)
+  finally:
+    if was is not None: dev.flush_denormals = was
+    if flush_denormals and compare_steps:
+      try:
+        import torch
+        torch.set_flush_denormal(False)
+      except ImportError: pass
+
+
+def _train(cfg: Config, steps: int, batch: int, lr: float, min_lr: float, warmup: int, wd: float, clip: float, seed: int,
+           corpus_bytes: int, out: str | Path, eval_every: int, ckpt_every: int, compare_steps: int, flush_denormals: bool, log) -> dict:
   out = Path(out)
   out.mkdir(parents=True, exist_ok=True)
   data = load_corpus(corpus_bytes)
@@ -254,6 +274,7 @@ def train(cfg: Config, steps: int, batch: int, lr: float = 3e-3, min_lr: float =
     try:
       import torch as torch_
       torch_.set_num_threads(getattr(Device[Device.DEFAULT], "threads", os.cpu_count() or 1))
+      torch_.set_flush_denormal(flush_denormals)
       tP, tfwd = torch_model(torch_, cfg, w0)
       mats = [p for k, p in tP.items() if p.ndim == 2]
       gains = [p for k, p in tP.items() if p.ndim == 1]
@@ -332,12 +353,13 @@ def main() -> None:
   ap.add_argument("--eval-every", type=int, default=50)
   ap.add_argument("--ckpt-every", type=int, default=0)
   ap.add_argument("--compare-steps", type=int, default=10, help="steps alternating with PyTorch for tokens/s (0: none)")
+  ap.add_argument("--keep-denormals", action="store_true", help="don't flush float32 subnormals to zero (in both frameworks)")
   a = ap.parse_args()
   cfg = PRESETS[a.preset]
   if a.seq is not None: cfg = Config(**(asdict(cfg) | {"seq": a.seq}))
   if cfg.dim % cfg.heads or (cfg.dim // cfg.heads) % 2: raise SystemExit(f"dim {cfg.dim} must split into {cfg.heads} heads of even size")
   train(cfg, a.steps, a.batch, a.lr, a.min_lr, a.warmup, a.wd, a.clip, a.seed, int(a.corpus_mb * (1 << 20)), a.out,
-        a.eval_every, a.ckpt_every, a.compare_steps)
+        a.eval_every, a.ckpt_every, a.compare_steps, not a.keep_denormals)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,13 @@ def test_losses_match_torch_step_by_step(run):
   assert hist["torch"]["tok_s"] > 0 and hist["plugrad_tok_s"] > 0
 
 
+def test_training_leaves_the_floating_point_mode_as_it_found_it(run):
+  """train() flushes subnormals in both frameworks while it runs (torch's switch is the calling thread's mode, which
+  numpy and hypothesis share): afterwards this thread represents subnormals again and the CPU device is back off."""
+  from plugrad.device import Device
+  assert np.float32(3e-39) * np.float32(0.5) != 0 and not Device["CPU"].flush_denormals
+
+
 def test_checkpoint_reloads_the_trained_weights(run):
   out, hist = run
   sd = safe_load(str(out / "ckpt_final.safetensors"))

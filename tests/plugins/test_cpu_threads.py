@@ -119,3 +119,32 @@ def test_cpu_threads_env_validated(monkeypatch: pytest.MonkeyPatch):
   with pytest.raises(ValueError, match="CPU_THREADS must be >= 1"): CPUDevice("CPU")
   monkeypatch.setenv("CPU_THREADS", "3")
   assert CPUDevice("CPU").threads == 3
+
+
+SUB = np.array([1e-38, 3e-39, -2e-39, 2e-38, 1.0], np.float32)   # float32's smallest normal is 1.18e-38
+
+
+def ftz(a: np.ndarray) -> np.ndarray: return np.where(np.abs(a) < np.finfo(np.float32).tiny, np.float32(0), a)
+
+
+@pytest.mark.parametrize("n", [4, 1 << 20], ids=["calling-thread", "pool"])
+def test_flush_denormals_flushes_only_inside_kernels(n):
+  """Device.flush_denormals: kernels (run on the calling thread or split across the pool, eager or replayed by
+  TinyJit's batch runner) flush float32 subnormal inputs and results to zero; off (the default) they keep numpy's
+  values, and the caller's own floating-point mode is untouched either way (numpy after a flushed kernel still
+  produces subnormals)."""
+  from plugrad.engine.jit import TinyJit
+  dev = Device["CPU"]
+  x = np.resize(SUB, n)
+  assert not dev.flush_denormals
+  np.testing.assert_array_equal((Tensor(x) * 0.5).numpy(), x * np.float32(0.5))
+  step = TinyJit(lambda t: (t * 0.25).realize())
+  dev.flush_denormals = True
+  try:
+    assert dev.flush_denormals
+    for c in (0.5, 1e-3): np.testing.assert_array_equal((Tensor(x) * c).numpy(), ftz(ftz(x) * np.float32(c)))  # inputs and results
+    for _ in range(3): out = step(Tensor(x)).numpy()   # capture, then batched replays
+    np.testing.assert_array_equal(out, ftz(ftz(x) * np.float32(0.25)))
+    assert np.float32(3e-39) * np.float32(0.5) != 0   # this thread's mode was restored after each kernel
+  finally: dev.flush_denormals = False
+  np.testing.assert_array_equal((Tensor(x) * 0.125).numpy(), x * np.float32(0.125))

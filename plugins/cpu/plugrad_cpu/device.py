@@ -361,7 +361,7 @@ class CPUProgram(Program):
       cbufs, cvals = self._args(bufs, vals)
       if (cw := self._const_work) is not None: n = max(1, min(self.dev.threads, cw[0] // MIN_WORK_PER_THREAD, cw[1]))
       else: n = self.threads_for(vals, cvals)
-      if n == 1: self.fn(cbufs, cvals, 0, 1)  # small kernels never touch the pool: run on the calling thread
+      if n == 1 and not _FTZ[0]: self.fn(cbufs, cvals, 0, 1)  # small kernels never touch the pool: run on the calling thread
       else: self.dev.pool_launch(self._fn_ptr, self._work_ptr, cbufs, cvals, self.dev.threads, MIN_WORK_PER_THREAD)
     return time.perf_counter() - st if wait else None
 
@@ -371,7 +371,7 @@ class CPUProgram(Program):
       self(*bufs)
       return
     cbufs, cvals = self._args(bufs, ())
-    if max(1, min(self.dev.threads, cw[0] // MIN_WORK_PER_THREAD, cw[1])) == 1: self.fn(cbufs, cvals, 0, 1)
+    if max(1, min(self.dev.threads, cw[0] // MIN_WORK_PER_THREAD, cw[1])) == 1 and not _FTZ[0]: self.fn(cbufs, cvals, 0, 1)
     else: self.dev.pool_launch(self._fn_ptr, self._work_ptr, cbufs, cvals, self.dev.threads, MIN_WORK_PER_THREAD)
 
 class CPUDevice(Compiled):
@@ -399,8 +399,22 @@ class CPUDevice(Compiled):
       p = ctypes.c_void_p
       lib.plugrad_pool_launch.restype, lib.plugrad_pool_launch.argtypes = ctypes.c_int, [p, p, p, p, ctypes.c_int, ctypes.c_longlong]
       lib.plugrad_batch_run.restype, lib.plugrad_batch_run.argtypes = None, [p, ctypes.c_int, p, ctypes.c_int, ctypes.c_longlong, p]
+      lib.plugrad_pool_set_ftz.restype, lib.plugrad_pool_set_ftz.argtypes = None, [ctypes.c_int]
+      lib.plugrad_pool_set_ftz(int(_FTZ[0]))
       _POOLS[self.compiler.cachekey] = lib
     return lib
+
+  @property
+  def flush_denormals(self) -> bool:
+    """Whether kernels run with float32 subnormals flushed to zero (inputs and results; `CPU_FTZ=1` at start). Off by
+    default (numpy's results); on, a kernel whose products fall below 1.2e-38 (a training step's tiny gradients) avoids
+    the CPU's slow microcode path for them. Process-wide: every CPU device shares the worker pool."""
+    return _FTZ[0]
+
+  @flush_denormals.setter
+  def flush_denormals(self, on: bool) -> None:
+    _FTZ[0] = bool(on)   # (the single-core fast paths then go through the pool, which switches the mode)
+    self._pool_lib().plugrad_pool_set_ftz(int(_FTZ[0]))
 
   @property
   def pool_launch(self) -> Any:
@@ -456,4 +470,5 @@ class CPUBatch:
     self(var_vals, slots, ctypes.addressof(prof))
     return [(prof[2 * i] * 1e-9, prof[2 * i + 1]) for i in range(len(self.items))]
 
+_FTZ = [bool(getenv("CPU_FTZ", 0))]  # Device.flush_denormals, process-wide like the pool
 _POOLS: dict[str | None, Any] = {}  # one pool (one set of worker threads) per compiler per process

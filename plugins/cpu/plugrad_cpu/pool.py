@@ -6,6 +6,8 @@ core `core_id` runs its share of the outermost global loop, and `long long name_
 count from these (one core when the work is small), wakes that many persistent workers, runs share 0 on the
 calling thread and waits for the rest. Workers spin briefly after a job (cheap back-to-back launches), then sleep
 on a condition variable. One launch at a time (a mutex); after fork() the child starts with no workers.
+`plugrad_pool_set_ftz(1)` makes every kernel run with float32 subnormals flushed to zero (x86 MXCSR FTZ|DAZ, arm64
+FPCR.FZ), each thread's own mode restored after the kernel, so code outside the kernels (numpy) is unaffected.
 `plugrad_batch_run` runs an array of such kernels in order (a TinyJit replay without a Python call per kernel), and
 optionally records each one's time in place (the profile of a replay).
 """
@@ -34,6 +36,28 @@ static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 static int nworkers = 0, gen = 0, atfork_done = 0;
 static long long spin_ns = 100000;
 
+static int ftz = 0;
+#if defined(__x86_64__) || defined(__i386__)
+typedef unsigned fpmode_t;
+static fpmode_t fp_enter(void) { fpmode_t m = __builtin_ia32_stmxcsr(); if (ftz) __builtin_ia32_ldmxcsr(m | 0x8040); return m; }
+static void fp_leave(fpmode_t m) { if (ftz) __builtin_ia32_ldmxcsr(m); }
+#elif defined(__aarch64__)
+typedef unsigned long fpmode_t;
+static fpmode_t fp_enter(void) {
+  fpmode_t m;
+  __asm__ volatile("mrs %0, fpcr" : "=r"(m));
+  if (ftz) __asm__ volatile("msr fpcr, %0" :: "r"(m | (1UL << 24)));
+  return m;
+}
+static void fp_leave(fpmode_t m) { if (ftz) __asm__ volatile("msr fpcr, %0" :: "r"(m)); }
+#else
+typedef int fpmode_t;
+static fpmode_t fp_enter(void) { return 0; }
+static void fp_leave(fpmode_t m) { (void)m; }
+#endif
+void plugrad_pool_set_ftz(int on) { ftz = on; }
+static void run_share(kern_t fn, void **bufs, const int *vals, int id, int n) { fpmode_t m = fp_enter(); fn(bufs, vals, id, n); fp_leave(m); }
+
 static long long now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
 
 static void *worker(void *arg) {
@@ -52,7 +76,7 @@ static void *worker(void *arg) {
       pthread_mutex_unlock(&mu[id]);
     }
     seen = t;
-    job.fn(job.bufs, job.vals, id, job.n);
+    run_share(job.fn, job.bufs, job.vals, id, job.n);
     atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
   }
   return 0;
@@ -87,7 +111,7 @@ static long long threads_for(long long w, long long split, int max_threads, long
 }
 
 static int run_on(kern_t fn, void **bufs, const int *vals, long long n) {
-  if (n <= 1) { fn(bufs, vals, 0, 1); return 1; }
+  if (n <= 1) { run_share(fn, bufs, vals, 0, 1); return 1; }
   pthread_mutex_lock(&launch_mu);
   if (start_workers((int)n - 1) < n - 1) n = nworkers + 1;
   job.fn = fn; job.bufs = bufs; job.vals = vals; job.n = (int)n;
@@ -97,7 +121,7 @@ static int run_on(kern_t fn, void **bufs, const int *vals, long long n) {
     atomic_store(&todo[i], gen);
     if (atomic_load(&sleeping[i])) { pthread_mutex_lock(&mu[i]); pthread_cond_signal(&cv[i]); pthread_mutex_unlock(&mu[i]); }
   }
-  fn(bufs, vals, 0, (int)n);
+  run_share(fn, bufs, vals, 0, (int)n);
   for (long i = 1; atomic_load_explicit(&pending, memory_order_acquire) != 0; i++) { PAUSE(); if ((i & 1023) == 0) sched_yield(); }
   pthread_mutex_unlock(&launch_mu);
   return (int)n;
