@@ -206,3 +206,32 @@ def test_expression_column_operand_packed_only_when_rows_reuse_it():
     t, ref = _dequant_matmul(m)
     assert packed(t) is want, m
     np.testing.assert_allclose(t.numpy(), ref, rtol=1e-5, atol=1e-4)
+
+
+def _column_lanes(t: Tensor) -> tuple[int, bool]:
+  """(packs, whether the lanes run along the output's last axis) of `t`'s last kernel under the heuristic."""
+  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  ast = t.schedule()[-1].ast
+  opts = heuristic_opts(ast, Device["CPU"].renderer)
+  col = max(r.arg[0] for r in ranges_of(ast).values() if r.arg[1] == "global")
+  return sum(o.kind == "PACK" for o in opts), any(o.kind == "VECTOR" and o.rid == col for o in opts)
+
+
+def test_projection_split_into_heads_and_attention_scores_get_the_column_panel_tile():
+  """Two matmuls whose column operand also moves with another output axis: an attention projection reshaped to
+  (B, T, heads, head_dim) (the heads range belongs to the weight) and the scores q @ k.T of (B, heads, T, D) (batch
+  and heads move both operands). Before, neither counted as a column operand: lanes along the reduce axis with
+  horizontal sums, half the speed of the packed column-panel tile (llama training: 5.2 -> 2.0 ms and 1.5 -> 0.75 ms)."""
+  x, w = rand(2, 64, 96), rand(96, 96)
+  t = (Tensor(x, device="CPU") @ Tensor(w, device="CPU").T).reshape(2, 64, 3, 32)
+  assert _column_lanes(t) == (1, True)
+  np.testing.assert_allclose(t.numpy(), (x @ w.T).reshape(2, 64, 3, 32), rtol=1e-5, atol=1e-4)
+  q, k = rand(2, 3, 64, 32), rand(2, 3, 64, 32)
+  t = Tensor(q, device="CPU") @ Tensor(k, device="CPU").transpose(-1, -2)
+  assert _column_lanes(t) == (1, True)
+  np.testing.assert_allclose(t.numpy(), q @ k.transpose(0, 1, 3, 2), rtol=1e-5, atol=1e-4)
+  # a column operand that moves with every row axis too is no panel to reuse: not packed
+  a, b = rand(64, 48), rand(64, 48, 32)
+  t = (Tensor(a, device="CPU").reshape(64, 48, 1) * Tensor(b, device="CPU")).sum(1)
+  assert _column_lanes(t)[0] == 0
+  np.testing.assert_allclose(t.numpy(), np.einsum("mk,mkn->mn", a, b), rtol=1e-5, atol=1e-4)

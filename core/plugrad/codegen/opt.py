@@ -281,6 +281,10 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   reuse = [g for g in reversed(glbl) if g is not vr and any(g not in ix.toposort() for ix in loads)]
   if vr.arg[1] == "global":  # matmul-like: a tile of (rows x 2 vectors) accumulators, the broadcast loads reused
     budget = regs * 3 // 4
+    # rows first: the axes the vector operand doesn't move with (each copy reuses its vector loads), then the others
+    # (an attention projection's heads: only the broadcasts are reused, the vector loads of every head differ)
+    vloads = [ix for ix in loads if vr.arg[0] in ranges_of(ix)]   # (the vector axis is a new range in `a`: by id)
+    reuse.sort(key=lambda g: any(g in ix.toposort() for ix in vloads))
     if _divides(_outer(vr, lanes), 2) and reuse: opts.append(Opt("UPCAST", vr.arg[0], 2)); budget //= 2
     # a small axis may be upcast whole (attention's 3 or 7 query heads of a KV head: the keys are read once for all);
     # not when short reduce loops will be unrolled too (a convolution's weight gradient: 3x3 window axes upcast whole
@@ -425,10 +429,14 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
   first: list[Opt] = []
   expr = False
   red = {r for n in ast.toposort() if n.op is Ops.REDUCE for r in n.src[1:]}
-  for v in _mul_operands(ast):  # one PACK per operand that needs it (a sum of products has several)
-    rs = {n for n in v.toposort() if n.op is Ops.RANGE}
+  operands = [(v, {n for n in v.toposort() if n.op is Ops.RANGE}) for v in _mul_operands(ast)]
+  # the global ranges the operands without the column range move with: the column operand's panel is reused along
+  # those it doesn't move with itself (rows); ranges both move with are batch axes (attention's batch and heads), and
+  # ranges only it moves with are columns too (a column axis split in two: an attention projection's heads x head_dim)
+  row_rngs = {r for _, rs in operands if col not in rs for r in rs} & set(others)
+  for v, rs in operands:  # one PACK per operand that needs it (a sum of products has several)
     if not rs & red: continue
-    if col in rs and not rs & set(others):  # the column operand: transposed or an expression
+    if col in rs and row_rngs - rs:  # the column operand: transposed or an expression
       if not _plain_load_along(v, "global", col): first.append(Opt("PACK", col.arg[0], 2 * lanes)); expr |= v.op is not Ops.LOAD
     elif col not in rs and v.op is not Ops.LOAD and getenv("PACK_A", -1) != 0:  # a row operand that is an expression
       if (r := next((r for r in reversed(others) if r in rs and _const_end(r) is not None and _const_end(r) % 8 == 0), None)) is not None:
@@ -438,7 +446,11 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
   except ValueError: return None
   packed = {o.rid for o in first}
   opts = [o for o in choose_opts(plan.ast, upcast_max, split, lanes, regs) if o.kind != "PACK" or o.rid not in packed]
-  if not expr and (any(o.kind == "OUTER" for o in chosen) or not any(o.kind == "OUTER" for o in opts)): return None
+  # a column-panel tile the kernel as it is lacks: the panel loop outermost (OUTER), or the lanes along the columns where
+  # `chosen` has them along the reduce axis (horizontal sums; a column axis split in two has too few panels for OUTER)
+  def panel(os_: list[Opt]) -> bool: return any(o.kind == "OUTER" for o in os_)
+  def col_lanes(os_: list[Opt]) -> bool: return any(o.kind == "VECTOR" and o.rid == col.arg[0] for o in os_)
+  if not expr and not ((panel(opts) and not panel(chosen)) or (col_lanes(opts) and not col_lanes(chosen))): return None
   rows = [o for o in opts if o.kind == "UPCAST" and o.rid != col.arg[0]]
   if not expr and (not rows or math.prod((_const_end(ranges_of(ast)[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS):
     return None
