@@ -12,6 +12,7 @@ from plugrad.codegen.opt import Opt, apply_opt
 from plugrad.codegen.pack import split_packs
 from plugrad.device import Buffer, Device
 from plugrad.engine.realize import buffer_for, get_runner, lower_item
+from plugrad.uop.ops import Ops
 
 RNG = np.random.default_rng(0)
 
@@ -235,3 +236,20 @@ def test_projection_split_into_heads_and_attention_scores_get_the_column_panel_t
   t = (Tensor(a, device="CPU").reshape(64, 48, 1) * Tensor(b, device="CPU")).sum(1)
   assert _column_lanes(t)[0] == 0
   np.testing.assert_allclose(t.numpy(), np.einsum("mk,mkn->mn", a, b), rtol=1e-5, atol=1e-4)
+
+
+def test_packing_a_row_major_operand_reads_its_rows_in_order():
+  """B (k, n) row-major is contiguous along the panel axis: its packing kernel is tiled like a transpose (TILE rows
+  of k, then each panel's TILE x P block), so it reads whole rows in order instead of P floats per row a row apart
+  (a 4 KiB stride at n = 1024: no hardware prefetch; one thread, 1024^2: 0.90 -> 0.69 ms, 64x4096x4096's 64 MB B
+  13.4 -> 10.1 ms). The values are the same either way."""
+  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  from plugrad.codegen.pack import TILE, _stride_one
+  a, b = rand(64, 128), rand(128, 256)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  ast = t.schedule()[-1].ast
+  pk = split_packs(ast, heuristic_opts(ast, Device["CPU"].renderer)).packs[0].ast
+  rngs = [r for _, r in sorted(ranges_of(pk).items())]
+  idx = next(x for x in pk.toposort() if x.op is Ops.LOAD).src[0].src[1]
+  assert _stride_one(idx, rngs[-1]) and rngs[-2].src[0].arg == TILE and rngs[-3].src[0].arg == 256 // rngs[-1].src[0].arg
+  np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)

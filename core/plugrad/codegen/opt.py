@@ -28,7 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from plugrad.codegen.pack import _mul_operands, pack_candidate, split_packs
+from plugrad.codegen.pack import _mul_operands, _stride_one, pack_candidate, split_packs
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
 from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
@@ -174,13 +174,6 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
 def _reduce_ranges(ast: UOp) -> list[set[UOp]]:
   """For each REDUCE, every range its value uses (nested reduces included): two vector lanes may not meet in one."""
   return [{x for x in n.toposort() if x.op is Ops.RANGE} for n in ast.toposort() if n.op is Ops.REDUCE]
-
-
-def _stride_one(idx: UOp, rng: UOp) -> bool:
-  """Whether `idx` moves by exactly 1 when `rng` moves by 1 (contiguous along rng)."""
-  if rng not in idx.toposort(): return False
-  d = graph_rewrite(idx.substitute({rng: rng + 1}, walk=True) - idx, pm_symbolic, name="stride")
-  return d.op is Ops.CONST and d.arg == 1
 
 
 def _divides(r: UOp, a: int, whole: bool = False) -> bool:

@@ -57,6 +57,16 @@ def _const_end(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.
 def _ranges(x: UOp) -> list[UOp]: return sorted((n for n in x.toposort() if n.op is Ops.RANGE), key=lambda r: r.arg[0])
 
 
+TILE = 8  # rows of a packing kernel's transpose tile (a TILE x P block per panel; 4, 16, 32 measured no better)
+
+
+def _stride_one(idx: UOp, rng: UOp) -> bool:
+  """Whether `idx` moves by exactly 1 when `rng` moves by 1 (contiguous along rng)."""
+  if rng not in idx.toposort(): return False
+  d = graph_rewrite(idx.substitute({rng: rng + 1}, walk=True) - idx, pm_symbolic, name="stride")
+  return d.op is Ops.CONST and d.arg == 1
+
+
 def _mul_operands(ast: UOp) -> list[UOp]:
   """The operands of the products that REDUCEs sum (through CASTs and sums of products, as in a gradient flowing
   through two matmuls): a matmul's A and B values, loads or expressions."""
@@ -110,13 +120,21 @@ def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UO
   g = UOp(Ops.DEFINE_GLOBAL, val.dtype.ptr(size=total), (), scratch_slot)
   new_ast = ast.substitute({val: UOp(Ops.LOAD, val.dtype, (UOp(Ops.INDEX, g.dtype, (g, layout(n // P, n % P, {}))),))}, walk=True)
   new_ast = graph_rewrite(new_ast, pm_symbolic, name="pack main index")
-  # the packing kernel: one global range per layout axis, in layout order (the first one is split across cores); the
-  # buffers the operand reads become its parameters 1.. (0 is the scratch)
-  pk_rngs = {r: UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, _const_end(r)),), (i, "global")) for i, r in enumerate(other)}
-  p = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, nsize // P),), (len(other), "global"))
-  pk_rngs.update({r: UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, _const_end(r)),), (len(other) + 1 + i, "global"))
-                  for i, r in enumerate(red)})
-  j = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, P),), (len(other) + 1 + len(red), "global"))
+  # the packing kernel: one global range per layout axis (the first one is split across cores), in layout order. When
+  # the operand is contiguous along `n` (a row-major B, an A.T) that order reads P floats per row, a row apart (often
+  # a page apart: no hardware prefetch), so it is tiled like a transpose instead: TILE rows of the innermost reduce
+  # axis at a time, each panel's TILE x P block written whole, the rows read in order.
+  # The buffers the operand reads become its parameters 1.. (0 is the scratch).
+  def rng(i: int, size: int) -> UOp: return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, size),), (i, "global"))
+  contig = any(_stride_one(x.src[0].src[1], n) for x in val.toposort() if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX)
+  if contig and red and (last := _const_end(red[-1])) % TILE == 0 and last > TILE:
+    order = [*other, *red[:-1], "ro", "p", "ri", "j"]
+    pk_rngs = {r: rng(order.index(r), _const_end(r)) for r in other + red[:-1]}
+    pk_rngs[red[-1]] = rng(order.index("ro"), last // TILE) * TILE + rng(order.index("ri"), TILE)
+  else:
+    order = [*other, "p", *red, "j"]
+    pk_rngs = {r: rng(order.index(r), _const_end(r)) for r in other + red}
+  p, j = rng(order.index("p"), nsize // P), rng(order.index("j"), P)
   srcs = sorted({t for t in val.toposort() if t.op is Ops.DEFINE_GLOBAL}, key=lambda t: t.arg)
   # two steps (to negative placeholders, then to 1..) so a parameter renumbered onto another's old number stays distinct
   tmp = {t: t.replace(arg=-1 - i) for i, t in enumerate(srcs)}
