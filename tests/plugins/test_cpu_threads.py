@@ -148,3 +148,23 @@ def test_flush_denormals_flushes_only_inside_kernels(n):
     assert np.float32(3e-39) * np.float32(0.5) != 0   # this thread's mode was restored after each kernel
   finally: dev.flush_denormals = False
   np.testing.assert_array_equal((Tensor(x) * 0.125).numpy(), x * np.float32(0.125))
+
+
+def test_flush_switched_off_while_a_kernel_runs_leaves_no_thread_flushing():
+  """The pool reads the flag once per kernel share: switched off while a long kernel runs on both cores (another
+  thread's realize), no thread stays in flush mode afterwards. Before, a share that started flushing and saw the flag
+  off at its end skipped restoring its mode, and that worker flushed every later kernel's share."""
+  import time
+  dev = Device["CPU"]
+  big = Tensor(RNG.standard_normal(1 << 25).astype(np.float32)).realize()
+  def work() -> None: ((big * 1.0001).exp() + 1).sqrt().realize()   # ~50 ms on 2 cores
+  work()   # compiled and warm
+  x = np.resize(SUB, 1 << 20)
+  dev.flush_denormals = True
+  try:
+    th = threading.Thread(target=work)
+    th.start()
+    time.sleep(0.01)
+  finally: dev.flush_denormals = False
+  th.join()
+  for _ in range(3): np.testing.assert_array_equal((Tensor(x) * 0.5).numpy(), x * np.float32(0.5))

@@ -37,26 +37,33 @@ static int nworkers = 0, gen = 0, atfork_done = 0;
 static long long spin_ns = 100000;
 
 static int ftz = 0;
+/* fp_flush(): switch this thread to flushing subnormals, returning its mode; fp_restore(mode) puts it back */
 #if defined(__x86_64__) || defined(__i386__)
 typedef unsigned fpmode_t;
-static fpmode_t fp_enter(void) { fpmode_t m = __builtin_ia32_stmxcsr(); if (ftz) __builtin_ia32_ldmxcsr(m | 0x8040); return m; }
-static void fp_leave(fpmode_t m) { if (ftz) __builtin_ia32_ldmxcsr(m); }
+static fpmode_t fp_flush(void) { fpmode_t m = __builtin_ia32_stmxcsr(); __builtin_ia32_ldmxcsr(m | 0x8040); return m; }
+static void fp_restore(fpmode_t m) { __builtin_ia32_ldmxcsr(m); }
 #elif defined(__aarch64__)
 typedef unsigned long fpmode_t;
-static fpmode_t fp_enter(void) {
+static fpmode_t fp_flush(void) {
   fpmode_t m;
   __asm__ volatile("mrs %0, fpcr" : "=r"(m));
-  if (ftz) __asm__ volatile("msr fpcr, %0" :: "r"(m | (1UL << 24)));
+  __asm__ volatile("msr fpcr, %0" :: "r"(m | (1UL << 24)));
   return m;
 }
-static void fp_leave(fpmode_t m) { if (ftz) __asm__ volatile("msr fpcr, %0" :: "r"(m)); }
+static void fp_restore(fpmode_t m) { __asm__ volatile("msr fpcr, %0" :: "r"(m)); }
 #else
 typedef int fpmode_t;
-static fpmode_t fp_enter(void) { return 0; }
-static void fp_leave(fpmode_t m) { (void)m; }
+static fpmode_t fp_flush(void) { return 0; }
+static void fp_restore(fpmode_t m) { (void)m; }
 #endif
 void plugrad_pool_set_ftz(int on) { ftz = on; }
-static void run_share(kern_t fn, void **bufs, const int *vals, int id, int n) { fpmode_t m = fp_enter(); fn(bufs, vals, id, n); fp_leave(m); }
+/* the flag is read once: a switch from another thread mid-kernel can't leave this thread's mode changed */
+static void run_share(kern_t fn, void **bufs, const int *vals, int id, int n) {
+  int flush = ftz;
+  fpmode_t m = flush ? fp_flush() : 0;
+  fn(bufs, vals, id, n);
+  if (flush) fp_restore(m);
+}
 
 static long long now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
 
