@@ -22,6 +22,7 @@ are reported, and the first step's losses must agree (the same weights and batch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -226,110 +227,100 @@ def train(cfg: Config, steps: int, batch: int, lr: float = 3e-3, min_lr: float =
   kernels (a CPU device's `flush_denormals`) and torch's (`torch.set_flush_denormal`): the backward pass's products of
   tiny gradients otherwise take the CPU's microcode path (a weight-gradient matmul 4x slower). Both modes are
   restored on return (torch's is the calling thread's, which numpy shares)."""
-  dev = Device[Device.DEFAULT]
-  was = getattr(dev, "flush_denormals", None)
-  if was is not None: dev.flush_denormals = flush_denormals
-  try: return _train(cfg, steps, batch, lr, min_lr, warmup, wd, clip, seed, corpus_bytes, out, eval_every, ckpt_every, compare_steps,
-                     flush_denormals, log)
-  finally:
-    if was is not None: dev.flush_denormals = was
-    if flush_denormals and compare_steps:
+  with contextlib.ExitStack() as restore:   # the floating-point modes the run switches, put back on return
+    dev = Device[Device.DEFAULT]
+    if (was := getattr(dev, "flush_denormals", None)) is not None:
+      dev.flush_denormals = flush_denormals
+      restore.callback(setattr, dev, "flush_denormals", was)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_corpus(corpus_bytes)
+    split = int(len(data) * 0.95)
+    train_data, val_data = data[:split], data[split:]
+    rng = np.random.default_rng(seed)
+    it = batches(train_data, batch, cfg.seq, rng)
+    vx, vy = next(batches(val_data, batch, cfg.seq, np.random.default_rng(seed + 1)))
+    w0 = init_weights(cfg, seed)
+    model = Llama(cfg, w0)
+    params = list(params_of(model).values())
+    opt = make_optimizer(model, lr, wd)
+    log(f"llama: {param_count(cfg) / 1e6:.2f}M parameters {asdict(cfg)}; corpus {len(data) / 1e6:.1f} MB of stdlib source "
+        f"({len(train_data) / 1e6:.1f} MB train); batch {batch} x {cfg.seq} tokens; device {Device.DEFAULT}")
+
+    @TinyJit
+    @Tensor.train()
+    def step(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+      opt.zero_grad()
+      loss = model(x).sparse_categorical_crossentropy(y).backward()
+      gnorm = clip_grad_norm_(params, clip)
+      loss.realize(gnorm, *opt.schedule_step())
+      return loss, gnorm
+
+    def val_loss() -> float:
+      with Tensor.train(False): return float(model(Tensor(vx)).sparse_categorical_crossentropy(Tensor(vy)).item())
+
+    torch_ = None
+    if compare_steps:
       try:
-        import torch
-        torch.set_flush_denormal(False)
-      except ImportError: pass
+        import torch as torch_
+        torch_.set_num_threads(getattr(Device[Device.DEFAULT], "threads", os.cpu_count() or 1))
+        torch_.set_flush_denormal(flush_denormals)
+        restore.callback(torch_.set_flush_denormal, False)
+        tP, tfwd = torch_model(torch_, cfg, w0)
+        mats = [p for k, p in tP.items() if p.ndim == 2]
+        gains = [p for k, p in tP.items() if p.ndim == 1]
+        topt = torch_.optim.AdamW([{"params": mats, "weight_decay": wd}, {"params": gains, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=1e-8)
+      except ImportError: torch_ = None; log("torch not installed: no comparison")
 
+    def torch_step(x: np.ndarray, y: np.ndarray, lr_now: float) -> float:
+      for g in topt.param_groups: g["lr"] = lr_now
+      topt.zero_grad()
+      loss = torch_.nn.functional.cross_entropy(tfwd(torch_.from_numpy(x).long()).reshape(-1, cfg.vocab), torch_.from_numpy(y).long().reshape(-1))
+      loss.backward()
+      torch_.nn.utils.clip_grad_norm_(tP.values(), clip)
+      topt.step()
+      return float(loss.detach())
 
-def _train(cfg: Config, steps: int, batch: int, lr: float, min_lr: float, warmup: int, wd: float, clip: float, seed: int,
-           corpus_bytes: int, out: str | Path, eval_every: int, ckpt_every: int, compare_steps: int, flush_denormals: bool, log) -> dict:
-  out = Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  data = load_corpus(corpus_bytes)
-  split = int(len(data) * 0.95)
-  train_data, val_data = data[:split], data[split:]
-  rng = np.random.default_rng(seed)
-  it = batches(train_data, batch, cfg.seq, rng)
-  vx, vy = next(batches(val_data, batch, cfg.seq, np.random.default_rng(seed + 1)))
-  w0 = init_weights(cfg, seed)
-  model = Llama(cfg, w0)
-  params = list(params_of(model).values())
-  opt = make_optimizer(model, lr, wd)
-  log(f"llama: {param_count(cfg) / 1e6:.2f}M parameters {asdict(cfg)}; corpus {len(data) / 1e6:.1f} MB of stdlib source "
-      f"({len(train_data) / 1e6:.1f} MB train); batch {batch} x {cfg.seq} tokens; device {Device.DEFAULT}")
-
-  @TinyJit
-  @Tensor.train()
-  def step(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    opt.zero_grad()
-    loss = model(x).sparse_categorical_crossentropy(y).backward()
-    gnorm = clip_grad_norm_(params, clip)
-    loss.realize(gnorm, *opt.schedule_step())
-    return loss, gnorm
-
-  def val_loss() -> float:
-    with Tensor.train(False): return float(model(Tensor(vx)).sparse_categorical_crossentropy(Tensor(vy)).item())
-
-  torch_ = None
-  if compare_steps:
-    try:
-      import torch as torch_
-      torch_.set_num_threads(getattr(Device[Device.DEFAULT], "threads", os.cpu_count() or 1))
-      torch_.set_flush_denormal(flush_denormals)
-      tP, tfwd = torch_model(torch_, cfg, w0)
-      mats = [p for k, p in tP.items() if p.ndim == 2]
-      gains = [p for k, p in tP.items() if p.ndim == 1]
-      topt = torch_.optim.AdamW([{"params": mats, "weight_decay": wd}, {"params": gains, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    except ImportError: torch_ = None; log("torch not installed: no comparison")
-
-  def torch_step(x: np.ndarray, y: np.ndarray, lr_now: float) -> float:
-    for g in topt.param_groups: g["lr"] = lr_now
-    topt.zero_grad()
-    loss = torch_.nn.functional.cross_entropy(tfwd(torch_.from_numpy(x).long()).reshape(-1, cfg.vocab), torch_.from_numpy(y).long().reshape(-1))
-    loss.backward()
-    torch_.nn.utils.clip_grad_norm_(tP.values(), clip)
-    topt.step()
-    return float(loss.detach())
-
-  hist: dict = {"config": asdict(cfg), "steps": [], "loss": [], "lr": [], "grad_norm": [], "val_step": [], "val_loss": [],
-                "step_s": [], "torch": {}}
-  t_pg, t_torch, torch_losses = [], [], []
-  st0 = time.perf_counter()
-  for i in range(steps):
-    x, y = next(it)
-    lr_now = lr_at(i, steps, lr, warmup, min_lr)
-    opt.set_lr(lr_now)
-    st = time.perf_counter()
-    loss_t, gn_t = step(Tensor(x), Tensor(y))
-    loss, gn = float(loss_t.item()), float(gn_t.item())
-    dt = time.perf_counter() - st
-    if not math.isfinite(loss): raise FloatingPointError(f"loss is {loss} at step {i}")
-    hist["steps"].append(i); hist["loss"].append(loss); hist["lr"].append(lr_now); hist["grad_norm"].append(gn); hist["step_s"].append(dt)
-    if torch_ is not None and i < compare_steps:  # the same batch and learning rate, right after plugrad's step
+    hist: dict = {"config": asdict(cfg), "steps": [], "loss": [], "lr": [], "grad_norm": [], "val_step": [], "val_loss": [],
+                  "step_s": [], "torch": {}}
+    t_pg, t_torch, torch_losses = [], [], []
+    st0 = time.perf_counter()
+    for i in range(steps):
+      x, y = next(it)
+      lr_now = lr_at(i, steps, lr, warmup, min_lr)
+      opt.set_lr(lr_now)
       st = time.perf_counter()
-      torch_losses.append(torch_step(x, y, lr_now))
-      ts = time.perf_counter() - st
-      if i >= 2: t_pg.append(dt); t_torch.append(ts)  # steps 0 and 1 are plugrad's compile and capture
-    if i == 0: log(f"step 0: loss {loss:.4f} (ln 256 = {math.log(256):.4f}); first step (schedule + compile) {dt:.1f} s")
-    if eval_every and (i % eval_every == eval_every - 1 or i == steps - 1):
-      hist["val_step"].append(i); hist["val_loss"].append(val_loss())
-      log(f"step {i + 1}/{steps}: loss {loss:.4f} val {hist['val_loss'][-1]:.4f} lr {lr_now:.2e} |g| {gn:.3f} "
-          f"{batch * cfg.seq / dt:,.0f} tok/s ({time.perf_counter() - st0:.0f} s)")
-    if ckpt_every and (i + 1) % ckpt_every == 0: save_checkpoint(model, out / f"ckpt_{i + 1}.safetensors", cfg, i + 1)
-  save_checkpoint(model, out / "ckpt_final.safetensors", cfg, steps)
-  tok = batch * cfg.seq
-  steady = hist["step_s"][2:] or hist["step_s"]
-  hist["plugrad_tok_s"] = tok / statistics.median(steady)
-  if t_pg:
-    hist["torch"] = {"losses": torch_losses, "tok_s": tok / statistics.median(t_torch), "plugrad_tok_s_same_steps": tok / statistics.median(t_pg),
-                     "ratio": statistics.median(t_torch) / statistics.median(t_pg), "version": torch_.__version__}
-    log(f"tokens/s over {len(t_pg)} alternating steps: plugrad {hist['torch']['plugrad_tok_s_same_steps']:,.0f}, torch "
-        f"{hist['torch']['tok_s']:,.0f} ({torch_.__version__}): plugrad/torch {hist['torch']['ratio']:.2f}x; first-step loss "
-        f"plugrad {hist['loss'][0]:.6f} torch {torch_losses[0]:.6f}")
-  write_png(out / "loss.png", [(hist["steps"], hist["loss"], (31, 119, 180)), (hist["val_step"], hist["val_loss"], (214, 39, 40))])
-  (out / "history.json").write_text(json.dumps(hist))
-  log(f"done: {steps} steps in {time.perf_counter() - st0:.0f} s, final loss {hist['loss'][-1]:.4f}; {out / 'loss.png'}, "
-      f"{out / 'ckpt_final.safetensors'}")
-  return hist | {"model": model}
+      loss_t, gn_t = step(Tensor(x), Tensor(y))
+      loss, gn = float(loss_t.item()), float(gn_t.item())
+      dt = time.perf_counter() - st
+      if not math.isfinite(loss): raise FloatingPointError(f"loss is {loss} at step {i}")
+      hist["steps"].append(i); hist["loss"].append(loss); hist["lr"].append(lr_now); hist["grad_norm"].append(gn); hist["step_s"].append(dt)
+      if torch_ is not None and i < compare_steps:  # the same batch and learning rate, right after plugrad's step
+        st = time.perf_counter()
+        torch_losses.append(torch_step(x, y, lr_now))
+        ts = time.perf_counter() - st
+        if i >= 2: t_pg.append(dt); t_torch.append(ts)  # steps 0 and 1 are plugrad's compile and capture
+      if i == 0: log(f"step 0: loss {loss:.4f} (ln 256 = {math.log(256):.4f}); first step (schedule + compile) {dt:.1f} s")
+      if eval_every and (i % eval_every == eval_every - 1 or i == steps - 1):
+        hist["val_step"].append(i); hist["val_loss"].append(val_loss())
+        log(f"step {i + 1}/{steps}: loss {loss:.4f} val {hist['val_loss'][-1]:.4f} lr {lr_now:.2e} |g| {gn:.3f} "
+            f"{batch * cfg.seq / dt:,.0f} tok/s ({time.perf_counter() - st0:.0f} s)")
+      if ckpt_every and (i + 1) % ckpt_every == 0: save_checkpoint(model, out / f"ckpt_{i + 1}.safetensors", cfg, i + 1)
+    save_checkpoint(model, out / "ckpt_final.safetensors", cfg, steps)
+    tok = batch * cfg.seq
+    steady = hist["step_s"][2:] or hist["step_s"]
+    hist["plugrad_tok_s"] = tok / statistics.median(steady)
+    if t_pg:
+      hist["torch"] = {"losses": torch_losses, "tok_s": tok / statistics.median(t_torch), "plugrad_tok_s_same_steps": tok / statistics.median(t_pg),
+                       "ratio": statistics.median(t_torch) / statistics.median(t_pg), "version": torch_.__version__}
+      log(f"tokens/s over {len(t_pg)} alternating steps: plugrad {hist['torch']['plugrad_tok_s_same_steps']:,.0f}, torch "
+          f"{hist['torch']['tok_s']:,.0f} ({torch_.__version__}): plugrad/torch {hist['torch']['ratio']:.2f}x; first-step loss "
+          f"plugrad {hist['loss'][0]:.6f} torch {torch_losses[0]:.6f}")
+    write_png(out / "loss.png", [(hist["steps"], hist["loss"], (31, 119, 180)), (hist["val_step"], hist["val_loss"], (214, 39, 40))])
+    (out / "history.json").write_text(json.dumps(hist))
+    log(f"done: {steps} steps in {time.perf_counter() - st0:.0f} s, final loss {hist['loss'][-1]:.4f}; {out / 'loss.png'}, "
+        f"{out / 'ckpt_final.safetensors'}")
+    return hist | {"model": model}
 
 
 def save_checkpoint(model: Llama, path: Path, cfg: Config, step: int) -> None:
