@@ -102,3 +102,48 @@ def test_conv_grads_float32_kernels_match_torch(stride, groups, size):
   py = px.conv2d(pw, padding=1, stride=stride, groups=groups)
   (py * Tensor(gy)).sum().backward()
   for a, b in ((py, ty), (px.grad, tx.grad), (pw.grad, tw.grad)): np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _conv_items(size: int, device: str = "CPU", pad: int = 1):
+  x = Tensor(np.zeros((4, 16, size, size), np.float32), device=device)
+  w = Tensor(np.zeros((32, 16, 3, 3), np.float32), device=device)
+  return x.conv2d(w, padding=pad).schedule()
+
+
+def _gates(ast) -> int: return sum(1 for n in ast.toposort() if n.op is Ops.WHERE)
+
+
+def test_padded_input_is_written_once_on_cpu():
+  """On renderers with `pad_windows` (CPU) a conv whose border is >= 10% of its input pads the input into a buffer
+  first: the conv kernel then loads every tap without a bounds test (no WHERE left in its AST)."""
+  items = _conv_items(14)  # 16x16 padded = 1.31x the input
+  assert len(items) == 2 and items[0].bufs[0].arg == 4 * 16 * 16 * 16
+  assert _gates(items[0].ast) > 0 and _gates(items[1].ast) == 0
+  (one,) = _conv_items(56)  # a 7% border: the pass costs what the tests save, the conv stays one kernel
+  assert _gates(one.ast) > 0
+  (unpadded,) = _conv_items(14, pad=0)
+  assert _gates(unpadded.ast) == 0
+
+
+def test_padded_windows_only_where_the_renderer_asks():
+  assert not getattr(Device["PYTHON"].renderer, "pad_windows", False)
+  (item,) = _conv_items(14, device="PYTHON")
+  assert _gates(item.ast) > 0
+
+
+@pytest.mark.parametrize("stride,dilation,padding", [(1, 1, 1), (2, 1, 1), (1, 2, 2), (1, 1, (2, 0, 1, 3))])
+def test_padded_windows_conv_grads_match_torch(stride, dilation, padding):
+  """Forward and both gradients through the written-once padding (inputs large enough for PAD_MIN) against torch
+  float64, including the stride-2 phase kernels, dilation and uneven pads."""
+  rng = np.random.default_rng(1)
+  x, w = rng.standard_normal((2, 8, 15, 17)), rng.standard_normal((12, 8, 3, 3))
+  flat = [padding] * 4 if isinstance(padding, int) else list(padding)
+  tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+  ty = F.conv2d(F.pad(tx, flat), tw, stride=stride, dilation=dilation)
+  gy = rng.standard_normal(tuple(ty.shape))
+  ty.backward(torch.tensor(gy))
+  px, pw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+  py = px.conv2d(pw, stride=stride, dilation=dilation, padding=flat)
+  assert any(_gates(si.ast) for si in py.schedule()[:-1]), "the padding was not written first"
+  (py * Tensor(gy)).sum().backward()
+  for a, b in ((py, ty), (px.grad, tx.grad), (pw.grad, tw.grad)): np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-9, atol=1e-9)

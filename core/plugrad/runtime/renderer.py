@@ -20,6 +20,8 @@ class Renderer:
   shared_max: int = 0                    # bytes of shared memory per workgroup
   warp_size: int = 1                     # lanes that execute in lockstep (32 on CUDA and RDNA, 64 on CDNA)
   tensor_cores: list[Any] = []           # codegen.tc.TensorCore shapes the target has (WMMA)
+  pad_windows: bool = False              # the scheduler writes a reduction's padded, broadcast window input (a
+                                         # convolution's padded x) into a buffer first: no bounds test per tap
 
   def __init__(self, arch: str | None = None) -> None:
     self.arch = arch
