@@ -5,7 +5,8 @@ ops and into reductions (see indexing.py). A node is realized into its own buffe
 must be: a tensor being realized, CONTIGUOUS, COPY, ASSIGN, and a REDUCE_AXIS whose result is broadcast by an
 EXPAND (inlining it there would recompute the reduction once per broadcast element) -- except, on GPU renderers with
 shared memory, a reduction broadcast back over its own trailing axis into consumers that keep the row (softmax,
-log_softmax): one workgroup per row reduces and writes it (`_row_kernel`).
+log_softmax): one workgroup per row reduces and writes it (`_row_kernel`); and, on renderers with `pad_windows`
+(CPU), a convolution's zero-padded input, written padded once so its taps load without bounds tests (`padded_windows`).
 """
 from __future__ import annotations
 
