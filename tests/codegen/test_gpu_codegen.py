@@ -408,13 +408,14 @@ def test_acceptance_f16_matmul_256_uses_wmma(monkeypatch):
 
 
 def test_backends_doc_lists_exactly_the_capabilities_codegen_reads():
-  """docs/backends.md's capability table names every renderer attribute core's codegen reads, and nothing else."""
+  """docs/backends.md's capability table names every renderer attribute core's codegen and scheduler read, and
+  nothing else."""
   root = Path(__file__).resolve().parents[2]
   doc = (root / "docs" / "backends.md").read_text().split("**Capabilities codegen reads**", 1)[1]
   table = doc[:doc.index("\n\n", doc.index("|---"))]
   listed = {a for row in table.splitlines()[3:] for a in re.findall(r"`(\w+)`", row.split("|")[1])}
-  src = "\n".join(p.read_text() for p in (root / "core" / "plugrad" / "codegen").glob("*.py"))
-  read = set(re.findall(r'getattr\(renderer, "(\w+)"', src)) | set(re.findall(r"\brenderer\.(\w+)", src)) - {"render"}
+  src = "\n".join(p.read_text() for d in ("codegen", "schedule") for p in (root / "core" / "plugrad" / d).glob("*.py"))
+  read = set(re.findall(r'getattr\((?:renderer|ren), "(\w+)"', src)) | set(re.findall(r"\brenderer\.(\w+)", src)) - {"render"}
   assert listed == read, f"documented but not read: {sorted(listed - read)}; read but not documented: {sorted(read - listed)}"
 
 

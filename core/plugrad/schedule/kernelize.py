@@ -179,7 +179,8 @@ def padded_windows(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
   out: set[UOp] = set()
   for r in nodes:
     if r.op is not Ops.REDUCE_AXIS or not isinstance(dev := device_of(r), str): continue
-    if not getattr(getattr(Device[dev], "renderer", None), "pad_windows", False): continue
+    ren = getattr(Device[dev], "renderer", None)
+    if not getattr(ren, "pad_windows", False): continue
     region = r.src[0].toposort(gate=lambda y: y is r.src[0] or (y not in realize and y.op is not Ops.REDUCE_AXIS))
     for e in region:
       if e.op is Ops.EXPAND and (p := _pad_in_chain(e.src[0])) is not None: out.add(p)
