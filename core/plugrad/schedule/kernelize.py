@@ -194,7 +194,7 @@ def _pad_chains(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
   for n in nodes:
     if n.op in GroupOp.Movement and is_buffer_view(n):
       u, chain = n, []
-      while u.op in GroupOp.Movement and u not in realize: chain, u = chain + [u], u.src[0]
+      while u.op in GroupOp.Movement and u not in realize: chain.append(u); u = u.src[0]
       if u in realize: above.update(chain)
   return above
 
