@@ -3,8 +3,8 @@ blocks (qwen3moe, olmoe: top-k experts per token). GQA, RoPE in the layout GGUF 
 tied or separate output weights.
 
 The KV cache of each block is two preallocated buffers written in place by a slice assign at a (symbolic) start
-position: keys transposed (B, kv_heads, head_dim, positions), so the score matmul reads them contiguously along the
-key axis like any matmul's right operand, and values (B, kv_heads, positions, head_dim); CACHE_PAD spare positions
+position: keys and values both (B, kv_heads, positions, head_dim), so writing a token's key is one contiguous row
+(the score matmul reads the keys through a transposed view, like x @ W.T); CACHE_PAD spare positions
 take a padded prefill's tail and its padded key range; attention reads the slice [0, start + T). `Transformer.forward` takes
 token embeddings (the embedding rows are gathered on the host from a dequantized table) and returns the logits of
 the last position, so one graph serves every prompt length when T and start are bound Variables.
@@ -36,9 +36,8 @@ sint = int | UOp
 # so the causal mask hides them from every real query and the next write overwrites their cache rows
 PREFILL_MULTIPLE = 8
 CACHE_PAD = 2 * PREFILL_MULTIPLE - 1   # positions past max_context a padded prefill may write or read (masked)
-# the caches' position axis is allocated a multiple of this long: the transposed keys' rows (one per head dimension)
-# then start 64-byte aligned, so the score kernel's vector loads along the keys don't straddle cache lines (1039-long
-# rows for max_context 1024 did; decode score kernels at 450 positions: 4.68 -> 4.30 ms over 30 layers, under load)
+# the caches' position axis is allocated a multiple of this long (it was for keys stored transposed, one row per head
+# dimension, whose vector loads along the keys straddled cache lines at 1039 positions; kept: it costs < 16 rows)
 CACHE_ROW_ALIGN = 16
 
 
@@ -339,7 +338,7 @@ class Block:
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     # Tensor.empty: a unique buffer each (zeros(...).contiguous() twice is one hash-consed node, hence one buffer)
     rows = cache_rows(max_context)
-    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, cfg.head_dim, rows)   # transposed; zeroed by Transformer
+    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)   # zeroed by Transformer
     self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
 
@@ -381,7 +380,7 @@ class Block:
     q, k, v = self._qkv(x, cos, sin, fused)
     end = keys_len if keys_len is not None else T if isinstance(start, int) and start == 0 else start + T  # 0+T != T structurally
     ck, cv = (self.cache_k, self.cache_v) if slot is None else (self.cache_k[slot:slot + 1], self.cache_v[slot:slot + 1])
-    keys = written(ck, start, T, k.transpose(2, 3), axis=3)[:, :, :, 0:end]
+    keys = written(ck, start, T, k)[:, :, 0:end].transpose(2, 3)
     values = written(cv, start, T, v)[:, :, 0:end]
     one = isinstance(T, int) and T == 1 and keys_len is None and not self.window   # one token over exactly its keys: nothing to mask
     mask = None if one else causal_mask(T, end, start, self.window, x.device)
@@ -395,10 +394,9 @@ class Block:
     c = self.cfg
     B = x.shape[0]
     q, k, v = self._qkv(x, cos, sin)
-    kt = k.transpose(2, 3)
-    wk = [self.cache_k[b:b + 1, :, :, p:p + 1].assign(kt[b:b + 1]) for b, p in enumerate(positions)]
+    wk = [self.cache_k[b:b + 1, :, p:p + 1].assign(k[b:b + 1]) for b, p in enumerate(positions)]
     wv = [self.cache_v[b:b + 1, :, p:p + 1].assign(v[b:b + 1]) for b, p in enumerate(positions)]
-    keys = Tensor(UOp(Ops.AFTER, self.cache_k.dtype, (self.cache_k.uop, *[w.uop for w in wk])))[:, :, :, 0:keys_len]
+    keys = Tensor(UOp(Ops.AFTER, self.cache_k.dtype, (self.cache_k.uop, *[w.uop for w in wk])))[:, :, 0:keys_len].transpose(2, 3)
     values = Tensor(UOp(Ops.AFTER, self.cache_v.dtype, (self.cache_v.uop, *[w.uop for w in wv])))[:, :, 0:keys_len]
     out = attend(q, keys, values, mask)
     return self.lin(out.transpose(1, 2).reshape(B, 1, c.n_heads * c.head_dim), self.wo)
