@@ -403,9 +403,10 @@ class Block:
 
   def ffn(self, x: Tensor, fused: bool = False) -> Tensor:
     if not self.cfg.n_experts:
-      g = self.lin(x, self.w_gate, None, fused)
+      g, u = self.lin(x, self.w_gate, None, fused), self.lin(x, self.w_up, None, fused)
+      if _one_token(x): g, u = g.contiguous(), u.contiguous()
       g = g.silu() if self.cfg.act == "silu" else g.gelu(approximate="tanh")
-      return self.lin(g * self.lin(x, self.w_up, None, fused), self.w_down, None, fused)
+      return self.lin(g * u, self.w_down, None, fused)
     return self.moe(x)
 
   def moe(self, x: Tensor) -> Tensor:
