@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -30,10 +29,7 @@ def _lib() -> ctypes.CDLL:
     f"  for (int i = 0; i < n; i += {LANES}) {{ pg_float16 v; __builtin_memcpy(&v, x + i, 64); v = pg_exp2f_pg_float16(v);",
     "    __builtin_memcpy(y + i, &v, 64); }",
     "  return fetestexcept(FE_UNDERFLOW);", "}"])
-  so = plugrad_cpu.ClangCompiler().compile(src)
-  with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f: f.write(so)
-  try: return ctypes.CDLL(f.name)
-  finally: os.unlink(f.name)
+  return plugrad_cpu.load_library(plugrad_cpu.ClangCompiler().compile(src), "the exp2 test")
 
 
 @pytest.fixture(scope="module")

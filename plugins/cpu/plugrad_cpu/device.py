@@ -44,19 +44,23 @@ class CPUAllocator(LRUAllocator):
   def _transfer(self, dest: np.ndarray, src: np.ndarray, nbytes: int, src_dev: Compiled, dest_dev: Compiled) -> None:
     dest[:nbytes] = src[:nbytes]
 
+def _exp2_poly() -> str:
+  """2^f for |f| <= 1/2 in f: the degree-7 Taylor polynomial of e^(f ln 2) in Horner form (C source)."""
+  c = [f"{math.log(2) ** k / math.factorial(k):.10e}f" for k in range(8)]
+  horner = c[7]
+  for k in range(6, -1, -1): horner = f"({horner}*f+{c[k]})"
+  return horner
+
 def _exp2f_src() -> str:
   """exp2 for float32 that clang/gcc can vectorize (libm's exp2f is a scalar call): 2^x = 2^n * 2^f with n = rint(x),
   |f| <= 1/2, 2^f = e^(f ln 2) by its degree-7 Taylor polynomial (truncation < 1e-8 relative), 2^n applied as two
   exact power-of-two factors so that results down to subnormals and up to inf round once. NaN stays NaN. x <= -150
   (2^x rounds to 0; -inf, a masked softmax score) returns 0 without computing it: the underflowing multiply would cost
   a microcode assist per lane (~150 cycles) when denormals are not flushed."""
-  c = [f"{math.log(2) ** k / math.factorial(k):.10e}f" for k in range(8)]
-  horner = c[7]
-  for k in range(6, -1, -1): horner = f"({horner}*f+{c[k]})"
   return ("static inline float pg_exp2f(float x) {\n"
           "  float xc = (x != x || x <= -150.0f) ? 0.0f : (x > 129.0f ? 129.0f : x);\n"
           "  float n = __builtin_rintf(xc), f = xc - n;\n"
-          f"  float p = {horner};\n"
+          f"  float p = {_exp2_poly()};\n"
           "  int i = (int)n, i1 = i / 2, i2 = i - i1;\n"
           "  union { unsigned u; float f; } s1, s2;\n"
           "  s1.u = (unsigned)(i1 + 127) << 23; s2.u = (unsigned)(i2 + 127) << 23;\n"
@@ -96,9 +100,6 @@ def _vector_prelude(types: dict[str, tuple[str, int]], body: str) -> str:
 def _exp2f_vector_src(v: str, lanes: int) -> str:
   """pg_exp2f on a vector of float32 lanes, the same operations as the scalar one (selects by bit masks, rint by adding
   and subtracting 1.5*2^23, exact for the clamped |x| <= 150), so every lane gives the scalar's result bit for bit."""
-  c = [f"{math.log(2) ** k / math.factorial(k):.10e}f" for k in range(8)]
-  horner = c[7]
-  for k in range(6, -1, -1): horner = f"({horner}*f+{c[k]})"
   vi = f"pg_i_{v}"
   sel = f"#define PG_SEL_{v}(m, a, b) (({v})(((({vi})(a)) & (m)) | ((({vi})(b)) & ~(m))))"
   return "\n".join([f"typedef int {vi} __attribute__((vector_size({4 * lanes})));", sel,
@@ -107,7 +108,7 @@ def _exp2f_vector_src(v: str, lanes: int) -> str:
     f"  {v} xc = PG_SEL_{v}(x > 129.0f, ({v}){{}} + 129.0f, x);",
     f"  xc = PG_SEL_{v}(nan | zero, ({v}){{}}, xc);",
     f"  {v} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n;",
-    f"  {v} p = {horner};",
+    f"  {v} p = {_exp2_poly()};",
     f"  {vi} i = __builtin_convertvector(n, {vi}), i1 = i / 2, i2 = i - i1;",
     f"  {v} s1 = ({v})((i1 + 127) << 23), s2 = ({v})((i2 + 127) << 23);",
     f"  return PG_SEL_{v}(nan, x, PG_SEL_{v}(zero, ({v}){{}}, (p * s1) * s2));", "}"])

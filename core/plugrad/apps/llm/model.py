@@ -161,14 +161,14 @@ def causal_mask(T: sint, S: sint, start: sint, window: int = 0, device: str | tu
   return m if not window else m + Tensor.full((1, 1, 1, T, S), float("-inf"), device=device).tril(start - window)
 
 
-def attend(q: Tensor, keys_t: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-  """softmax(q k^T / sqrt(d) + mask) v with grouped query heads: q (B, H, T, D), keys_t (B, KV, D, S) (transposed),
-  values (B, KV, S, D), mask broadcastable to (B, KV, H/KV, T, S). q (after RoPE) and the probabilities are
-  materialized so the score and output kernels read them instead of recomputing RoPE per key and exp per output."""
+def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+  """softmax(q k^T / sqrt(d) + mask) v with grouped query heads: q (B, H, T, D), keys and values (B, KV, S, D), mask
+  broadcastable to (B, KV, H/KV, T, S). q (after RoPE) and the probabilities are materialized so the score and output
+  kernels read them instead of recomputing RoPE per key and exp per output."""
   B, H, T, D = q.shape
-  KV, S = keys_t.shape[1], keys_t.shape[3]
+  KV, S = keys.shape[1], keys.shape[2]
   qg = q.contiguous().reshape(B, KV, H // KV, T, D)
-  sc = qg @ keys_t.reshape(B, KV, 1, D, S) * (1.0 / math.sqrt(D))
+  sc = qg @ keys.reshape(B, KV, 1, S, D).transpose(3, 4) * (1.0 / math.sqrt(D))
   if mask is not None: sc = sc + mask
   return (sc.softmax(-1).contiguous() @ values.reshape(B, KV, 1, S, D)).reshape(B, H, T, D)
 
@@ -380,7 +380,7 @@ class Block:
     q, k, v = self._qkv(x, cos, sin, fused)
     end = keys_len if keys_len is not None else T if isinstance(start, int) and start == 0 else start + T  # 0+T != T structurally
     ck, cv = (self.cache_k, self.cache_v) if slot is None else (self.cache_k[slot:slot + 1], self.cache_v[slot:slot + 1])
-    keys = written(ck, start, T, k)[:, :, 0:end].transpose(2, 3)
+    keys = written(ck, start, T, k)[:, :, 0:end]
     values = written(cv, start, T, v)[:, :, 0:end]
     one = isinstance(T, int) and T == 1 and keys_len is None and not self.window   # one token over exactly its keys: nothing to mask
     mask = None if one else causal_mask(T, end, start, self.window, x.device)
@@ -396,7 +396,7 @@ class Block:
     q, k, v = self._qkv(x, cos, sin)
     wk = [self.cache_k[b:b + 1, :, p:p + 1].assign(k[b:b + 1]) for b, p in enumerate(positions)]
     wv = [self.cache_v[b:b + 1, :, p:p + 1].assign(v[b:b + 1]) for b, p in enumerate(positions)]
-    keys = Tensor(UOp(Ops.AFTER, self.cache_k.dtype, (self.cache_k.uop, *[w.uop for w in wk])))[:, :, 0:keys_len].transpose(2, 3)
+    keys = Tensor(UOp(Ops.AFTER, self.cache_k.dtype, (self.cache_k.uop, *[w.uop for w in wk])))[:, :, 0:keys_len]
     values = Tensor(UOp(Ops.AFTER, self.cache_v.dtype, (self.cache_v.uop, *[w.uop for w in wv])))[:, :, 0:keys_len]
     out = attend(q, keys, values, mask)
     return self.lin(out.transpose(1, 2).reshape(B, 1, c.n_heads * c.head_dim), self.wo)
@@ -556,7 +556,7 @@ class Transformer:
       v = linear(h, _t(layer.wv), _t(layer.bv)).reshape(1, T, c.n_kv_heads, c.head_dim)
       q, k = layer._qk_norm(q, _t(layer.q_norm)), layer._qk_norm(k, _t(layer.k_norm))
       q, k = apply_rope(q, cos[0:T], sin[0:T], c.rope_neox), apply_rope(k, cos[0:T], sin[0:T], c.rope_neox)
-      if layer.window: o = attend(q.transpose(1, 2), k.permute(0, 2, 3, 1), v.transpose(1, 2), causal_mask(T, T, 0, layer.window, x.device))
+      if layer.window: o = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal_mask(T, T, 0, layer.window, x.device))
       else: o = q.transpose(1, 2).scaled_dot_product_attention(k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
       a = linear(o.transpose(1, 2).reshape(1, T, c.n_heads * c.head_dim), _t(layer.wo))
       x = (x + layer._post(a, layer.post_attn_norm)).contiguous()
