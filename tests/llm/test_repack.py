@@ -18,6 +18,7 @@ from plugrad.engine.realize import buffer_for
 from plugrad.nn.serialize import dequantize
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops
+from plugrad.uop.symbolic import sym_infer
 
 GEOMETRY = {q: g for g, q in _REPACKABLE.items()}   # type -> (elements, bytes) per block
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
@@ -158,6 +159,17 @@ def test_embedding_rows_from_the_quantized_table():
   for ids in ([5], [63, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], list(range(16))):
     np.testing.assert_array_equal(m.embed(ids), table[ids])
   with pytest.raises(IndexError, match="token id out of range"): m.embed([64])
+
+
+def test_embedding_gather_reads_each_row_once():
+  """Each gathered row costs one row's work: the rows are written by a kernel each, not by one kernel whose every
+  element evaluates all EMBED_ROWS gated pieces of a cat (EMBED_ROWS times the work, 360 us a call on SmolLM2)."""
+  cfg = tiny_config("llama")
+  w = tiny_weights(cfg, 2, True)
+  m = Transformer(cfg, {k: Tensor(v) for k, v in w.items()}, max_context=16)
+  for _ in range(3): np.testing.assert_array_equal(m.embed([3, 9]), w["token_embd.weight"][[3, 9]])
+  kernels = [ei.runner.spec for ei in m._rows_jit.captured if ei.runner is not None]
+  assert kernels and all(sym_infer(k.flops, {}) <= 4 * cfg.dim for k in kernels), [(k.name, k.flops) for k in kernels]
 
 
 def test_loading_releases_the_file_mapping(tiny_gguf):
