@@ -131,12 +131,21 @@ def _prefetched_load(ctx: ClangRenderer, x: UOp, idx: UOp) -> str | None:
   return Stmt(CStyleRenderer.string_rewrite.apply(x, ctx) + f"\n__builtin_prefetch(((const char*)&{ctx.r[idx]}) + {dist});")
 
 
+def _displaced_index(ctx: ClangRenderer, x: UOp) -> str | None:
+  """buf[i + c] as (buf + i)[c]: the constant becomes the load's address displacement. As buf[i + c], the int sum is
+  sign-extended on its own, so each of a tile's unrolled loads (i + 1, i + 2, ...) cost an add and a sign extension
+  (a conv tile: 14 integer ops per 14 FMAs); the shared base pointer is computed once."""
+  if len(x.src) < 2 or (i := x.src[1]).op is not Ops.ADD or i.src[1].op is not Ops.CONST: return None
+  return f"({ctx.r[x.src[0]]}+{ctx.r[i.src[0]]})[{ctx.r[i.src[1]]}]"
+
+
 def _vec(fn):  # a rule for vector values only
   return lambda ctx, x: fn(ctx, x, [ctx.r[s] for s in x.src]) if x.dtype.count > 1 else None
 
 
 pm_clang = PatternMatcher([
   (UPat(Ops.RANGE, name="x"), _loop),
+  (UPat(Ops.INDEX, name="x"), _displaced_index),
   (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), allow_any_len=True, name="x"), _prefetched_load),
   # vector helpers of the prelude (_vector_prelude): fused multiply-add, NaN-propagating max, exp2 lane by lane
   (UPat(Ops.MULACC, name="x"), _vec(lambda ctx, x, a: f"pg_fma_{ctx.ctype(x.dtype)}({a[0]}, {a[1]}, {a[2]})" if dtypes.is_float(x.dtype) else None)),
