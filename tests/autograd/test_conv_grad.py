@@ -114,12 +114,14 @@ def _gates(ast) -> int: return sum(1 for n in ast.toposort() if n.op is Ops.WHER
 
 
 def test_padded_input_is_written_once_on_cpu():
-  """On renderers with `pad_windows` (CPU) a conv whose border is >= 10% of its input pads the input into a buffer
+  """On renderers with `pad_windows` (CPU) a conv whose border is >= 5% of its input pads the input into a buffer
   first: the conv kernel then loads every tap without a bounds test (no WHERE left in its AST)."""
   items = _conv_items(14)  # 16x16 padded = 1.31x the input
   assert len(items) == 2 and items[0].bufs[0].arg == 4 * 16 * 16 * 16
   assert _gates(items[0].ast) > 0 and _gates(items[1].ast) == 0
-  (one,) = _conv_items(56)  # a 7% border: the pass costs what the tests save, the conv stays one kernel
+  padded = _conv_items(56)  # a 7% border: padded too (forward and input gradient 30-45% faster on the CPU)
+  assert len(padded) == 2 and _gates(padded[1].ast) == 0
+  (one,) = _conv_items(112)  # a 3.6% border: the pass would cost what the tests save, the conv stays one kernel
   assert _gates(one.ast) > 0
   (unpadded,) = _conv_items(14, pad=0)
   assert _gates(unpadded.ast) == 0

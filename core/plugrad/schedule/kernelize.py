@@ -157,7 +157,7 @@ def _must_realize(nodes: list[UOp], targets: list[UOp]) -> set[UOp]:
 
 
 # padded windows written first (padded_windows): at least PAD_MIN elements, PAD_GROWTH[0] to PAD_GROWTH[1] times the source
-PAD_MIN, PAD_GROWTH = 4096, (1.1, 4.0)
+PAD_MIN, PAD_GROWTH = 4096, (1.05, 4.0)
 
 
 def _pad_in_chain(u: UOp) -> UOp | None:
@@ -173,9 +173,9 @@ def padded_windows(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
   """PAD views that a reduction reads through a broadcast (a convolution's zero-padded input, seen as windows and
   broadcast over the output channels), on renderers with `pad_windows`: written once into a buffer, so the kernel's
   inner loop loads every tap without testing it against the borders. Each padded element is read many times there
-  (once per output channel tile and tap). Measured on the CPU (1 thread, batch 32, 3x3): 56x56 inputs (a border of 7%
-  of the loads) gain 7% forward but lose 8% in the weight gradient, where the extra pass costs what the tests saved;
-  28x28 gain 7-10% and 14x14 12-22% in all three passes. Hence PAD_GROWTH: borders of 10% of the input or more."""
+  (once per output channel tile and tap). Measured on the CPU (1 thread, batch 32, 3x3): 28x28 inputs gain 7-10% and
+  14x14 12-22% in all three passes; 56x56 (a border of 7% of the loads) 30-45% forward and in the input gradient
+  (stride 2 forward 43 -> 27 ms), the weight gradient unchanged. Hence PAD_GROWTH: borders of 5% of the input or more."""
   out: set[UOp] = set()
   for r in nodes:
     if r.op is not Ops.REDUCE_AXIS or not isinstance(dev := device_of(r), str): continue
