@@ -344,6 +344,24 @@ def _plain_load_along(val: UOp, kind: str, rng: UOp | None = None) -> bool:
   return any(_stride_one(val.src[0].src[1], r) for r in rs)
 
 
+def phase_opts(ast: UOp, budget: int = 16) -> list[Opt]:
+  """An elementwise kernel that reads its output position modulo a small constant (the phases a stride-2 input
+  gradient interleaves, any cat-like sum of strided pieces): each such global range is unrolled by that constant, so in
+  every copy `r % c` and `r // c` fold to constants and only the piece the copy's phase selects is loaded (rolled,
+  every element tested and loaded all of them). At most `budget` copies in all."""
+  opts: list[Opt] = []
+  for n in ast.toposort():
+    if n.op is not Ops.MOD or n.src[1].op is not Ops.CONST: continue
+    r, c = n.src[0], n.src[1].arg
+    while r.op is Ops.CAST: r = r.src[0]   # an arange's int32 view of the range
+    if r.op is not Ops.RANGE or r.arg[1] != "global": continue
+    if not 2 <= c <= 4 or (end := _const_end(r)) is None or end % c or end == c or any(o.rid == r.arg[0] for o in opts): continue
+    if c > budget: break
+    opts.append(Opt("UPCAST", r.arg[0], c))
+    budget //= c
+  return opts
+
+
 def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16) -> list[Opt]:
   """Heuristic optimizations for a CPU-like target with `upcast_max` registers' worth of accumulators. `split_reduce=False`
   leaves streaming reductions to the compiler (a renderer whose compiler vectorizes reduce loops itself); `lanes` > 0
@@ -351,6 +369,7 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   topo = ast.toposort()
   glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
   reduces = [n for n in topo if n.op is Ops.REDUCE]
+  if not reduces and upcast_max >= 2: return phase_opts(ast, min(upcast_max, 16))
   if not reduces or upcast_max < 2: return []
   red_rngs = sorted({r for n in reduces for r in n.src[1:]}, key=lambda r: r.arg[0])
   opts: list[Opt] = (vector_opts(ast, lanes, regs) or []) if lanes >= 2 else []
