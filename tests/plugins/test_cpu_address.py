@@ -45,3 +45,15 @@ def test_displaced_addresses_in_a_gated_load_and_a_negative_offset():
   t = Tensor(x, device="CPU").pad(((0, 0), (1, 0)))[:, :37] * 2.0 + Tensor(x, device="CPU")
   expect = np.concatenate([np.zeros((3, 1), np.float32), x[:, :36]], axis=1) * 2.0 + x
   np.testing.assert_allclose(t.numpy(), expect, rtol=1e-6)
+
+
+def test_gated_copy_indexes_by_its_loop_variable():
+  """A one-sided pad (14 -> 15 wide, the gate on the innermost axis): the load and store are (buf+base)[gidx], so the
+  access is consecutive in the loop to clang's vectorizer. As buf[base + gidx] the sign-extended int sum hid that, and
+  clang gathered and scattered lane by lane (4.2 ms instead of 0.34 ms at 32x256x14x15)."""
+  x = RNG.standard_normal((4, 8, 14, 14)).astype(np.float32)
+  t = Tensor(x, device="CPU").pad(((0, 0), (0, 0), (0, 0), (0, 1))).contiguous()
+  (item,) = t.schedule()
+  src = get_runner("CPU", item.ast).spec.src
+  assert re.search(r"\(data1\+alu\d+\)\[gidx\d+\]", src) and re.search(r"\(data0\+alu\d+\)\[gidx\d+\] =", src), src
+  np.testing.assert_array_equal(t.numpy(), np.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1))))
