@@ -236,3 +236,28 @@ def test_phase_opts_only_for_small_moduli_of_global_ranges():
   assert [o.kind for o in choose_opts(t2.schedule()[-1].ast, 64)] == ["UPCAST"]
   np.testing.assert_array_equal(t.numpy(), a * keep)
   np.testing.assert_array_equal(t2.numpy(), a * (np.arange(10) % 2 == 0))
+
+
+def test_weight_gradient_puts_the_window_operand_range_outermost():
+  """A conv's weight gradient dW[cout, cin, taps] has the channel panels (cout) as its first global range: the conv tile
+  makes the input-channel range outermost instead (OUTER), so each channel's input windows stay in cache across the
+  panels (128->256 stride 2: 54 -> 31 ms). A forward conv (batch outermost already) gets no OUTER. Values vs float64."""
+  from plugrad.codegen.opt import heuristic_opts
+  x, w = rand(2, 8, 10, 10), rand(32, 8, 3, 3)
+  ww = Tensor(w, requires_grad=True)
+  y = Tensor(x).conv2d(ww, stride=2, padding=1)
+  dy = rand(*y.shape)
+  (y * Tensor(dy)).sum().backward()
+  ren = Device["CPU"].renderer
+  items = ww.grad.schedule()
+  main = max((it.ast for it in items), key=lambda a: sum(1 for n in a.toposort() if n.op is Ops.REDUCE and len(n.src) > 2))
+  assert any(o.kind == "OUTER" for o in heuristic_opts(main, ren)), heuristic_opts(main, ren)
+  fwd = Tensor(x).conv2d(Tensor(w), padding=1).schedule()[-1].ast
+  assert not any(o.kind == "OUTER" for o in heuristic_opts(fwd, ren))
+  xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+  ref = np.zeros(w.shape)
+  for i in range(3):
+    for j in range(3):
+      win = xp[:, :, i:i + 2 * y.shape[2]:2, j:j + 2 * y.shape[3]:2]
+      ref[:, :, i, j] = np.einsum("nchw,nohw->oc", win, dy.astype(np.float64))
+  np.testing.assert_allclose(ww.grad.numpy(), ref, rtol=1e-4, atol=1e-4)

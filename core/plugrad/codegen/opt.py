@@ -489,6 +489,9 @@ def _gated_or_strided(v: UOp, glbl: list[UOp], lanes: int) -> bool:
   return not any(_stride_one(v.src[0].src[1], g) and (_const_end(g) or 0) % lanes == 0 for g in glbl)
 
 
+def _ranges_in(u: UOp) -> set[UOp]: return {n for n in u.toposort() if n.op is Ops.RANGE}
+
+
 def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   """A direct convolution (or one of its gradients) as a register-blocked matmul with the channels in the vector lanes:
   out[.., c, .., spatial] = sum over (channels, taps) of f[c, reduce..] * g[spatial.., reduce..], where the channel
@@ -499,7 +502,8 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   then the ones above it: the spatial rows in a forward conv, the kernel taps in a weight gradient) are the tile's rows,
   each a broadcast of g. A whole small axis is upcast so its padding gates fold to constants. The reduce loops stay
   loops (unrolling the 3x3 taps or splitting the channel loop measured slower: a bigger body, more live registers).
-  None when the kernel isn't shaped like that (PACK=0 or CONV_OPT=0 turns it off)."""
+  None when the kernel isn't shaped like that (PACK=0 or CONV_OPT=0 turns it off; CONV_OUTER=0 keeps a weight gradient's
+  channel panels outermost, see below)."""
   if not getenv("PACK", 1) or not getenv("CONV_OPT", 1): return None
   topo = ast.toposort()
   reduces = [n for n in topo if n.op is Ops.REDUCE]
@@ -510,7 +514,9 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   if any(r.src[0].op is not Ops.CONST for r in (*glbl, *red)) or len(glbl) < 2: return None
   ops = _mul_operands(UOp(Ops.SINK, dtypes.void, (main,)))
   if len(ops) != 2: return None
-  cands = []
+  cands: list[UOp] = []
+  f_of: dict[UOp, UOp] = {}
+  g_of: dict[UOp, UOp] = {}
   for f, g in (ops, ops[::-1]):
     fr = {n for n in f.toposort() if n.op is Ops.RANGE}
     gr = {n for n in g.toposort() if n.op is Ops.RANGE}
@@ -519,6 +525,7 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
     if _plain_load_along(f, "global", c) or not _gated_or_strided(g, glbl, lanes): continue
     if not set(glbl) - {c} <= gr | fr: continue
     cands.append(c)
+    f_of[c], g_of[c] = f, g
   if len(cands) != 1: return None
   c = cands[0]
   u = 2 if (_const_end(c) // lanes) % 2 == 0 else 1
@@ -532,6 +539,14 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
     opts.append(Opt("UPCAST", gr_.arg[0], k))
     budget //= k
     if budget < 2: break
+  # the channel range outermost (a weight gradient: dW[cout, cin, taps]) re-streams the whole window operand for
+  # every channel panel, as scalar broadcasts the prefetchers follow badly; the first global range only the window
+  # operand moves with goes outermost instead, so its windows stay in L2 across the panels, which stream in order
+  if c is glbl[0] and getenv("CONV_OUTER", 1):
+    upcast = {o.rid for o in opts if o.kind == "UPCAST"}
+    fr, gr = _ranges_in(f_of[c]), _ranges_in(g_of[c])
+    gonly = [r for r in glbl if r is not c and r in gr and r not in fr and r.arg[0] not in upcast]
+    if gonly and (_const_end(gonly[0]) or 0) >= OUTER_MIN_TRIPS: opts.append(Opt("OUTER", gonly[0].arg[0], 0))
   return opts
 
 
