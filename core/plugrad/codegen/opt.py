@@ -514,20 +514,16 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   if any(r.src[0].op is not Ops.CONST for r in (*glbl, *red)) or len(glbl) < 2: return None
   ops = _mul_operands(UOp(Ops.SINK, dtypes.void, (main,)))
   if len(ops) != 2: return None
-  cands: list[UOp] = []
-  f_of: dict[UOp, UOp] = {}
-  g_of: dict[UOp, UOp] = {}
+  cands: list[tuple[UOp, set[UOp], set[UOp]]] = []   # (channel range, ranges of f, ranges of g)
   for f, g in (ops, ops[::-1]):
-    fr = {n for n in f.toposort() if n.op is Ops.RANGE}
-    gr = {n for n in g.toposort() if n.op is Ops.RANGE}
+    fr, gr = _ranges_in(f), _ranges_in(g)
     fg = [r for r in glbl if r in fr]
     if len(fg) != 1 or not fr & red or (c := fg[0]) in gr or c is glbl[-1] or (_const_end(c) or 0) % lanes: continue
     if _plain_load_along(f, "global", c) or not _gated_or_strided(g, glbl, lanes): continue
     if not set(glbl) - {c} <= gr | fr: continue
-    cands.append(c)
-    f_of[c], g_of[c] = f, g
+    cands.append((c, fr, gr))
   if len(cands) != 1: return None
-  c = cands[0]
+  c, fr, gr = cands[0]
   u = 2 if (_const_end(c) // lanes) % 2 == 0 else 1
   opts = [Opt("PACK", c.arg[0], lanes * u), Opt("VECTOR", c.arg[0], lanes)]
   if u > 1: opts.append(Opt("UPCAST", c.arg[0], u))
@@ -544,7 +540,6 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   # operand moves with goes outermost instead, so its windows stay in L2 across the panels, which stream in order
   if c is glbl[0] and getenv("CONV_OUTER", 1):
     upcast = {o.rid for o in opts if o.kind == "UPCAST"}
-    fr, gr = _ranges_in(f_of[c]), _ranges_in(g_of[c])
     gonly = [r for r in glbl if r is not c and r in gr and r not in fr and r.arg[0] not in upcast]
     if gonly and (_const_end(gonly[0]) or 0) >= OUTER_MIN_TRIPS: opts.append(Opt("OUTER", gonly[0].arg[0], 0))
   return opts
