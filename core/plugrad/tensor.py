@@ -586,6 +586,23 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       if nc is not None: plan.seed(u, nc)
       return _tensor(u)
     return _wrap(UOp(op, xu.dtype, (xu,), arg))
+  def _dot2d(self, w: Tensor) -> Tensor | None:
+    """self @ w for two 2-D single-device tensors of one float dtype that accumulates in itself (M, K, N > 1): the
+    very nodes `dot`'s general path builds (reshape, expand, permute, multiply, sum, reshape), made directly without its
+    six intermediate Tensors and checks (a warm matmul 256's graph build: 70 -> ~20 us). None: take the general path."""
+    xu, wu = self.uop, w.uop
+    if xu.op is Ops.MULTI or wu.op is Ops.MULTI or (dt := xu.dtype) != wu.dtype or not dtypes.is_float(dt) or sum_acc_dtype(dt) != dt or \
+       type(dev := device_of(xu)) is not str or device_of(wu) != dev: return None
+    (M, K), (_, N) = self.shape, w.shape
+    if type(M) is not int or type(K) is not int or type(N) is not int or min(M, K, N) < 2: return None
+    def mk(op: Ops, src: tuple[UOp, ...], shape: tuple | None, arg: Any = None) -> UOp:
+      u, c = elementwise(op, dt, src, shape, dev, arg)
+      if c is not None: plan.seed(u, c)
+      return u
+    xe = mk(Ops.EXPAND, (mk(Ops.RESHAPE, (xu,), (M, 1, K), (M, 1, K)),), (M, N, K), (M, N, K))
+    we = mk(Ops.EXPAND, (mk(Ops.PERMUTE, (mk(Ops.RESHAPE, (wu,), (1, K, N), (1, K, N)),), None, (0, 2, 1)),), (M, N, K), (M, N, K))
+    red = mk(Ops.REDUCE_AXIS, (_node(Ops.MUL, dt, (xe, we), (M, N, K), dev),), None, (Ops.ADD, (2,)))
+    return _tensor(mk(Ops.RESHAPE, (red,), (M, N), (M, N)))
   def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return _wrap(UOp(Ops.REDUCE_AXIS, self.uop.dtype, (self.uop,), (op, axes)))
   def _full(self, shape: tuple, value: ConstType, dtype: DType) -> Tensor: return Tensor.full(shape, value, dtype, self.device)
   def _operands(self, x: Any, reverse: bool = False) -> tuple[Tensor, Tensor]: return self._broadcasted(x, reverse)

@@ -261,3 +261,43 @@ def test_weight_gradient_puts_the_window_operand_range_outermost():
       win = xp[:, :, i:i + 2 * y.shape[2]:2, j:j + 2 * y.shape[3]:2]
       ref[:, :, i, j] = np.einsum("nchw,nohw->oc", win, dy.astype(np.float64))
   np.testing.assert_allclose(ww.grad.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+class _CacheRenderer:
+  """The capability data heuristic_opts reads, for an AVX-512-shaped host with the given caches (no device needed)."""
+  upcast_max, vectorizes_reductions, vector_lanes, vector_regs = 64, True, 16, 32
+  def __init__(self, l3: int) -> None: self.cache_bytes = (48 << 10, 1 << 20, l3)
+
+
+def _matmul_ast(m: int, k: int, n: int) -> UOp:
+  return (Tensor(rand(m, k)) @ Tensor(rand(k, n))).schedule()[-1].ast
+
+
+def test_big_matmul_rows_are_blocked_for_l3():
+  """A column-panel matmul whose row operand A (M x K) is over half of L3 gets its rows BLOCKed into chunks of at most
+  L3/8 bytes of A (4096^2 on a 32 MiB L3: 256-row chunks, 135 -> 170 GFLOPS on one core); the same kernel on a host
+  with a big enough L3, or with unknown caches, is not blocked, nor is a 2048^2 matmul at exactly L3/2."""
+  from plugrad.codegen.opt import heuristic_opts
+  big = _matmul_ast(4096, 4096, 4096)
+  blk = [o for o in heuristic_opts(big, _CacheRenderer(32 << 20)) if o.kind == "BLOCK"]
+  assert len(blk) == 1 and blk[0].amount == 32, blk   # 512 row blocks of 8 -> chunks of 32 blocks: 256 rows x 16 KiB = 4 MiB
+  assert not any(o.kind == "BLOCK" for o in heuristic_opts(big, _CacheRenderer(256 << 20)))
+  assert not any(o.kind == "BLOCK" for o in heuristic_opts(big, _CacheRenderer(0)))
+  assert not any(o.kind == "BLOCK" for o in heuristic_opts(_matmul_ast(2048, 2048, 2048), _CacheRenderer(32 << 20)))
+
+
+def test_row_blocked_matmul_values(monkeypatch: pytest.MonkeyPatch):
+  """The blocked kernel through the whole engine (packing kernel, then the matmul with its chunk loop outermost) on a
+  host that reports a 256 KiB L3: A is 200 KiB, chunks of at most 32 KiB of it; values vs float64, on 1 and 2 threads."""
+  from plugrad.codegen.opt import heuristic_opts
+  monkeypatch.setattr(Device["CPU"].renderer, "cache_bytes", (48 << 10, 1 << 20, 256 << 10))
+  a, b = rand(256, 200), rand(200, 256)
+  ast = (Tensor(a) @ Tensor(b)).schedule()[-1].ast
+  opts = heuristic_opts(ast, Device["CPU"].renderer)
+  (blk,) = [o for o in opts if o.kind == "BLOCK"]
+  rows = next(o.amount for o in opts if o.kind == "UPCAST" and o.rid != blk.rid and o.amount > 2)   # the tile's rows
+  assert blk.amount * rows * 200 * 4 * 8 <= 256 << 10 < 2 * blk.amount * rows * 200 * 4 * 8, opts  # the largest chunk within L3/8
+  ref = a.astype(np.float64) @ b.astype(np.float64)
+  for threads in (1, 2):
+    monkeypatch.setattr(Device["CPU"], "threads", threads)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), ref, rtol=1e-4, atol=1e-4)

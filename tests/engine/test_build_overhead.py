@@ -166,3 +166,26 @@ def test_toposort_memo_false_leaves_no_memo():
   s2.toposort(memo=False)
   assert s2._cache is None or "topo" not in s2._cache
   assert list(s2.toposort(memo=False))[-1] is s2 and s2.op is Ops.SINK
+
+
+def test_matmul_2d_makes_one_tensor_and_the_general_graph(live):
+  """`a @ b` of two 2-D float tensors builds its 8 nodes directly (was 7 Tensors: each reshape, permute, expand and the
+  multiply a Tensor of its own; 70 -> 22 us for matmul 256): the very graph the general path makes (same nodes, so the
+  same kernels and gradients), and the general path still serves batches, vectors and mixed or accumulation dtypes."""
+  an, bn = np.random.default_rng(0).standard_normal((2, 6, 5)).astype(np.float32)[:, :, :5], np.ones((5, 4), np.float32)
+  a, b = _t(an[0]), _t(bn)
+  live.added = 0
+  out = a @ b
+  assert live.added == 1
+  general = (a.reshape(6, 1, 5) * b.reshape(1, 5, 4).permute(0, 2, 1)).sum(-1)
+  assert out.uop is general.uop
+  np.testing.assert_allclose(out.numpy(), an[0] @ bn, rtol=1e-6)
+  ga, gb = Tensor(an[0], requires_grad=True), Tensor(bn, requires_grad=True)
+  (ga @ gb).square().sum().backward()
+  y = an[0].astype(np.float64) @ bn
+  np.testing.assert_allclose(ga.grad.numpy(), 2 * y @ bn.T, rtol=1e-5)
+  np.testing.assert_allclose(gb.grad.numpy(), an[0].T.astype(np.float64) @ (2 * y), rtol=1e-5)
+  for x, w in [(_t(an), b), (_t(an[0, 0]), b), (a, _t(bn[:, 0])), (a.cast("float16"), b.cast("float16"))]:
+    ref = x.numpy().astype(np.float32) @ w.numpy().astype(np.float32)
+    np.testing.assert_allclose((x @ w).numpy().astype(np.float32), ref, rtol=2e-3, atol=2e-3)
+  np.testing.assert_allclose(a.dot(b, dtype="float64").numpy(), an[0].astype(np.float64) @ bn, rtol=1e-6)

@@ -22,6 +22,8 @@ class Renderer:
   tensor_cores: list[Any] = []           # codegen.tc.TensorCore shapes the target has (WMMA)
   pad_windows: bool = False              # the scheduler writes a reduction's padded, broadcast window input (a
                                          # convolution's padded x) into a buffer first: no bounds test per tap
+  cache_bytes: tuple[int, int, int] = (0, 0, 0)  # data cache sizes (L1d and L2 per core, L3 shared); 0: unknown, and
+                                         # codegen/opt.py then does no cache blocking
 
   def __init__(self, arch: str | None = None) -> None:
     self.arch = arch

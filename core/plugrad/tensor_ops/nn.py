@@ -286,6 +286,7 @@ class NnMixin:
       raise TensorError(f"dtype={dtype} and acc_dtype={acc_dtype} disagree")
     dtype = dtype if dtype is not None else acc_dtype
     xs, ws = x.shape, w.shape
+    if dtype is None and len(xs) == 2 and len(ws) == 2 and xs[1] == ws[0] and (fast := x._dot2d(w)) is not None: return fast
     if len(xs) == 0 or len(ws) == 0: raise RuntimeError(f"matmul needs tensors of at least 1 dim, got shapes {xs} and {ws}")
     kax = -min(len(ws), 2)
     if xs[-1] != ws[kax]:

@@ -77,6 +77,21 @@ def simd_shape() -> tuple[int, int]:
   lanes, regs = (16, 32) if "avx512f" in flags else (8, 16) if "avx2" in flags else (4, 32) if "asimd" in flags else (4, 16)
   return getenv("VECTOR_LANES", lanes), regs
 
+def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int, int]:
+  """(L1 data, L2, L3) cache bytes of the host's first core, from Linux's sysfs cache description (0 for a level it
+  doesn't list or that can't be read). CACHE_L1/CACHE_L2/CACHE_L3 (bytes) override a level."""
+  sizes = {1: 0, 2: 0, 3: 0}
+  try: entries = sorted(os.listdir(root))
+  except OSError: entries = []
+  for e in entries:
+    if not e.startswith("index"): continue
+    try:
+      level, kind, size = (open(os.path.join(root, e, f)).read().strip() for f in ("level", "type", "size"))
+      mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+      if kind in ("Data", "Unified") and int(level) in sizes: sizes[int(level)] = int(size.rstrip("KMG")) * mult
+    except (OSError, ValueError): continue
+  return (getenv("CACHE_L1", sizes[1]), getenv("CACHE_L2", sizes[2]), getenv("CACHE_L3", sizes[3]))
+
 def _vector_prelude(types: dict[str, tuple[str, int]], body: str) -> str:
   """typedefs of the vector types (name -> scalar C type, bytes) and the helpers `body` uses: pg_fma_T (a*b+c rounded
   once), pg_max_T (NaN-propagating max, as the scalar MAX) and pg_exp2f_T (the lane-wise pg_exp2f, bit for bit)."""
@@ -403,7 +418,9 @@ class CPUDevice(Compiled):
     super().__init__(device, CPUAllocator(), [ClangRenderer], ClangCompiler(), CPUProgram)
     if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
       self.renderer.vectorizes_reductions = True
-    if isinstance(self.renderer, ClangRenderer): self.renderer.vector_lanes, self.renderer.vector_regs = simd_shape()
+    if isinstance(self.renderer, ClangRenderer):
+      self.renderer.vector_lanes, self.renderer.vector_regs = simd_shape()
+      self.renderer.cache_bytes = cache_sizes()
     if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
       self.renderer.emulated = type(self.renderer).emulated | frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
                                          if not self.compiler.supports_type(t))
