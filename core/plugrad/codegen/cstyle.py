@@ -322,13 +322,12 @@ _STORAGE = {1: dtypes.uint8, 2: dtypes.uint16}
 _CONV = {dtypes.float16: ("pg_h2f", "pg_f2h"), dtypes.bfloat16: ("pg_b2f", "pg_f2b"),
          dtypes.fp8e4m3: ("pg_e4m3_2f", "pg_f2e4m3"), dtypes.fp8e5m2: ("pg_e5m2_2f", "pg_f2e5m2")}
 
-HALF_C = """static inline float pg_h2f(unsigned short h) {
-  unsigned int s = (unsigned int)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, b;
-  if (e == 0x1f) b = s | 0x7f800000 | (m << 13);
-  else if (e) b = s | ((e + 112) << 23) | (m << 13);
-  else if (!m) b = s;
-  else { e = 113; while (!(m & 0x400)) { m <<= 1; e--; } b = s | (e << 23) | ((m & 0x3ff) << 13); }
-  union { unsigned int u; float f; } c; c.u = b; return c.f;
+HALF_C = """static inline float pg_h2f(unsigned short h) {  /* branch-free, so loops of it vectorize */
+  unsigned int s = (unsigned int)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  union { unsigned int u; float f; } c, z;
+  c.u = s | (e == 0x1f ? 0x7f800000u : (e + 112) << 23) | (m << 13);
+  z.f = (float)m * 5.9604644775390625e-08f; z.u |= s;  /* zero or subnormal half: m * 2^-24, a normal float (exact) */
+  return e ? c.f : z.f;
 }
 static inline unsigned short pg_f2h(float f) {
   union { float f; unsigned int u; } c; c.f = f;
