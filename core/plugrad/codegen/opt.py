@@ -444,7 +444,7 @@ def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:
   red = [r for r in rngs.values() if r.arg[1] == "reduce"]
   if len(glbl) != 2 or len(rows) != 1 or len(red) != 1 or any(_const_end(r) is None for r in (*glbl, *red)): return None
   row = rngs[rows[0].rid]
-  item = max(n.dtype.itemsize for n in ast.toposort() if n.op is Ops.LOAD)
+  item = max((n.dtype.itemsize for n in ast.toposort() if n.op is Ops.LOAD), default=4)
   a_bytes, row_bytes = _const_end(row) * _const_end(red[0]) * item, rows[0].amount * _const_end(red[0]) * item
   if a_bytes * 2 <= l3: return None
   blocks, chunk = _const_end(row) // rows[0].amount, 1

@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import math
 import os
+import pathlib
 import subprocess
 import tempfile
 import time
@@ -86,7 +87,7 @@ def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, 
   for e in entries:
     if not e.startswith("index"): continue
     try:
-      level, kind, size = (open(os.path.join(root, e, f)).read().strip() for f in ("level", "type", "size"))
+      level, kind, size = (pathlib.Path(root, e, f).read_text().strip() for f in ("level", "type", "size"))
       mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
       if kind in ("Data", "Unified") and int(level) in sizes: sizes[int(level)] = int(size.rstrip("KMG")) * mult
     except (OSError, ValueError): continue
