@@ -188,11 +188,11 @@ _weakref = weakref.ref
 _BINARY, _COMPARISON = GroupOp.Binary, GroupOp.Comparison
 
 
-def _node(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, device: str) -> UOp:
-  """The elementwise node `UOp(op, dtype, src)` of `shape` on `device` (the caller checked the operands); a new node
-  gets its shape, device and (when its sources' are known) realize-plan signature memoized now, one step each,
-  instead of by walks later."""
-  u, c = elementwise(op, dtype, src, shape, device)
+def _node(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple | None, device: str, arg: Any = None) -> UOp:
+  """The node `UOp(op, dtype, src, arg)` of `shape` (None: computed when asked) on `device` (the caller checked the
+  operands and arg); a new node gets its shape, device and (when its sources' are known) realize-plan signature
+  memoized now, one step each, instead of by walks later."""
+  u, c = elementwise(op, dtype, src, shape, device, arg)
   if c is not None:
     if len(src) == 2: plan.seed_binary(u, c)
     else: plan.seed(u, c)
@@ -582,9 +582,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def _mop(self, op: Ops, arg: Any) -> Tensor:
     xu = self.uop  # (arg is validated by MovementOps; a single-device source: the node is built, memoized and seeded directly)
     if (c := xu._cache) is not None and type(dev := c.get("device")) is str and xu.op is not Ops.MULTI:
-      u, nc = elementwise(op, xu.dtype, (xu,), arg if op is Ops.RESHAPE or op is Ops.EXPAND else None, dev, arg)
-      if nc is not None: plan.seed(u, nc)
-      return _tensor(u)
+      return _tensor(_node(op, xu.dtype, (xu,), arg if op is Ops.RESHAPE or op is Ops.EXPAND else None, dev, arg))
     return _wrap(UOp(op, xu.dtype, (xu,), arg))
   def _dot2d(self, w: Tensor) -> Tensor | None:
     """self @ w for two 2-D single-device tensors of one float dtype that accumulates in itself (M, K, N > 1): the
@@ -595,14 +593,11 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
        type(dev := device_of(xu)) is not str or device_of(wu) != dev: return None
     (M, K), (_, N) = self.shape, w.shape
     if type(M) is not int or type(K) is not int or type(N) is not int or min(M, K, N) < 2: return None
-    def mk(op: Ops, src: tuple[UOp, ...], shape: tuple | None, arg: Any = None) -> UOp:
-      u, c = elementwise(op, dt, src, shape, dev, arg)
-      if c is not None: plan.seed(u, c)
-      return u
-    xe = mk(Ops.EXPAND, (mk(Ops.RESHAPE, (xu,), (M, 1, K), (M, 1, K)),), (M, N, K), (M, N, K))
-    we = mk(Ops.EXPAND, (mk(Ops.PERMUTE, (mk(Ops.RESHAPE, (wu,), (1, K, N), (1, K, N)),), None, (0, 2, 1)),), (M, N, K), (M, N, K))
-    red = mk(Ops.REDUCE_AXIS, (_node(Ops.MUL, dt, (xe, we), (M, N, K), dev),), None, (Ops.ADD, (2,)))
-    return _tensor(mk(Ops.RESHAPE, (red,), (M, N), (M, N)))
+    def mk(op: Ops, src: UOp, shape: tuple | None, arg: Any) -> UOp: return _node(op, dt, (src,), shape, dev, arg)
+    xe = mk(Ops.EXPAND, mk(Ops.RESHAPE, xu, (M, 1, K), (M, 1, K)), (M, N, K), (M, N, K))
+    we = mk(Ops.EXPAND, mk(Ops.PERMUTE, mk(Ops.RESHAPE, wu, (1, K, N), (1, K, N)), None, (0, 2, 1)), (M, N, K), (M, N, K))
+    red = mk(Ops.REDUCE_AXIS, _node(Ops.MUL, dt, (xe, we), (M, N, K), dev), None, (Ops.ADD, (2,)))
+    return _tensor(mk(Ops.RESHAPE, red, (M, N), (M, N)))
   def _rop(self, op: Ops, axes: tuple[int, ...]) -> Tensor: return _wrap(UOp(Ops.REDUCE_AXIS, self.uop.dtype, (self.uop,), (op, axes)))
   def _full(self, shape: tuple, value: ConstType, dtype: DType) -> Tensor: return Tensor.full(shape, value, dtype, self.device)
   def _operands(self, x: Any, reverse: bool = False) -> tuple[Tensor, Tensor]: return self._broadcasted(x, reverse)
