@@ -327,3 +327,19 @@ def test_no_whole_axis_tile_when_short_reduce_loops_are_unrolled():
   assert any(o.kind == "UNROLL" for o in opts) and Opt("UPCAST", rows.arg[0], 3) not in opts, opts
   got, _ = run(t)
   np.testing.assert_allclose(got, np.einsum("akj,kjn->an", a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_blockwise_matvec_lanes_along_the_outer_reduce_and_its_weights_prefetched():
+  """A blockwise-quantized matvec's shape (the LLM's decode product, apps/llm/quant.py): out[n] = sum over (block,
+  lane) of s[n, block] * sum over 4 chunks of x * w. The short chunk reduce is unrolled and the lanes run along the
+  enclosing reduce's lane axis (all 8 of it: its outer loop has one trip); the weights, read once per output row,
+  are still prefetched (that one-trip loop hid the loop that streams them). Values vs float64."""
+  N, B, C, L = 64, 16, 4, 8
+  x, w, s = rand(1, 1, B, C, L), rand(1, N, B, C, L), rand(1, N, B, 1)
+  t = (Tensor(s) * (Tensor(x) * Tensor(w).realize()).sum(3)).sum((2, 3))
+  opts = chosen(t, lanes=8, regs=16)
+  assert ("VECTOR", 8) in [(o.kind, o.amount) for o in opts] and ("UNROLL", 4) in [(o.kind, o.amount) for o in opts], opts
+  got, src = run(t, vector_lanes=8, vector_regs=16)
+  assert "__builtin_prefetch" in src
+  want = (s.astype(np.float64) * (x.astype(np.float64) * w).sum(3)).sum((2, 3))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

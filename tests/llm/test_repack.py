@@ -13,8 +13,9 @@ from llm_helpers import tiny_config, tiny_weights
 from plugrad import TinyJit
 from plugrad.apps.llm.generate import Generator
 from plugrad.device import Device, canonicalize
-from plugrad.apps.llm.model import _REPACKABLE, Transformer, linear, repack
-from plugrad.engine.realize import buffer_for
+from plugrad.apps.llm.model import Transformer, linear
+from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, repack, vector_lanes
+from plugrad.engine.realize import buffer_for, get_runner
 from plugrad.nn.serialize import dequantize
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops
@@ -77,6 +78,41 @@ def test_fused_products_match_float64(qtype):
   np.testing.assert_allclose(Tensor(x[:, :1]).linear(w.transpose()).numpy(), want[:, :1], **tol, err_msg="matvec")
   np.testing.assert_allclose(Tensor(x).linear(w.transpose()).numpy(), want, **tol, err_msg="fused matmul")
   np.testing.assert_allclose(linear(Tensor(x), w).numpy(), want, **tol, err_msg="matmul through the dequantized buffer")
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_blockwise_products_match_float64(qtype):
+  """The per-sub-block product (`quant.blockwise_linear`: codes summed against x, scales once per sub-block and lane)
+  of one token and of a batch of 3 rows of one token (the batched decode step), with a bias, for the lane counts of
+  SSE/NEON, AVX2 and AVX-512, against float64; `linear` takes it for one token on a device with lanes."""
+  elems, _ = GEOMETRY[qtype]
+  rows, cols = 12, 2 * 256
+  rng = np.random.default_rng(sum(map(ord, qtype)) + 2)
+  blocks = finite_blocks(qtype, rows * cols // elems, rng)
+  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype)).astype(np.float64)
+  w = packed(blocks, qtype, rows)
+  bw = blockwise_of(w.uop)
+  assert bw is not None
+  x, b = rng.standard_normal((3, 1, cols)).astype(np.float32), rng.standard_normal(rows).astype(np.float32)
+  want = x.astype(np.float64) @ ref.T + b
+  tol = dict(rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(cols))
+  for lanes in (4, 8, 16):
+    for xs in (x[:1], x):
+      got = blockwise_linear(Tensor(xs), bw, rows, lanes, Tensor(b)).numpy()
+      np.testing.assert_allclose(got, want[:len(xs)], **tol, err_msg=f"{lanes} lanes, {len(xs)} rows")
+  np.testing.assert_allclose(linear(Tensor(x[:1]), w, Tensor(b)).numpy(), want[:1], **tol, err_msg="linear")
+
+
+def test_decode_matvec_scales_once_per_sub_block():
+  """Regression (decode on an AVX2 host at 0.78x llama.cpp): the one-token product of a Q4_1 weight multiplied every
+  code by its scale and added its min before the FMA, 4 float operations per weight; per sub-block it is one FMA per
+  weight (ProgramSpec.flops over the weight count, at most 2.5) on a device with SIMD lanes."""
+  if vector_lanes(canonicalize(Device.DEFAULT)) < 4: pytest.skip("the blockwise product is for devices with SIMD lanes")
+  rows, cols = 64, 4 * 256
+  w = packed(finite_blocks("Q4_1", rows * cols // 32, np.random.default_rng(5)), "Q4_1", rows)
+  y = linear(Tensor(np.ones((1, 1, cols), np.float32)), w)
+  flops = [get_runner(canonicalize(Device.DEFAULT), it.ast).spec.flops for it in y.schedule() if it.ast.op is Ops.SINK]
+  assert max(flops) <= 2.5 * rows * cols, (flops, rows * cols)
 
 
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q6_K", "Q8_0"])   # the qwen2 Q4_K_M mix's block weights

@@ -255,6 +255,9 @@ def vector_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
   best: tuple[int, int, int, list[UOp], UOp] | None = None
   inner = sorted({n.src[-1] for n in reduces}, key=lambda r: r.arg[0])  # the innermost range of each reduce
+  # a short inner reduce nested in a longer one is unrolled (choose_opts): the lanes go along the enclosing reduce's
+  # innermost range (a blockwise-quantized matvec: sum over (block, lane) of scale * sum over 4 chunks of x * q)
+  inner = [r for r in inner if not _unrollable(r)] or inner
   cands = [(pref, cs, n) for n in (lanes, lanes // 2) if n >= 4 for pref, cs in enumerate([inner, *([g] for g in glbl)])
            if all(_divides(c, n, whole=True) for c in cs)]  # ties go to wider vectors, then to global axes (vector stores, no horizontal sum)
   for pref, cs, n in cands:

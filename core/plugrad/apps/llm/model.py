@@ -11,7 +11,6 @@ the last position, so one graph serves every prompt length when T and start are 
 """
 from __future__ import annotations
 
-import functools
 import gc
 import math
 import os
@@ -25,9 +24,11 @@ from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
 from plugrad import TinyJit, Variable
 from plugrad.nn.state import gguf_load
-from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+from plugrad.schedule.kernelize import is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
+
+from .quant import blockwise_linear, blockwise_of, repack, vector_lanes
 
 sint = int | UOp
 
@@ -121,9 +122,13 @@ def _one_token(x: Tensor) -> bool: return x.ndim >= 2 and isinstance(x.shape[-2]
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None, dense: UOp | None = None) -> Tensor:
-  """x @ w.T (+ b) with w stored (out, in) as in GGUF. With more than one token the (quantized) weight is read as a
-  float32 (in, out) matrix, the register-blocked form codegen vectorizes: `dense` when the model keeps that copy,
-  else w dequantized into such a buffer first, once, instead of once per token inside the matmul."""
+  """x @ w.T (+ b) with w stored (out, in) as in GGUF. One token per row: a block-quantized weight (`repack`) on a
+  device with SIMD lanes is summed per sub-block, its scales applied once per sub-block (quant.blockwise_linear),
+  other weights dequantized inside the matrix-vector product. With more than one token the (quantized) weight is
+  read as a float32 (in, out) matrix, the register-blocked form codegen vectorizes: `dense` when the model keeps that
+  copy, else w dequantized into such a buffer first, once, instead of once per token inside the matmul."""
+  if _one_token(x) and (bw := blockwise_of(w.uop)) is not None and (lanes := vector_lanes(x.device)) >= 4:
+    return blockwise_linear(x, bw, w.shape[0], lanes, b)
   if _one_token(x) or is_buffer_view(w.uop): return x.linear(w.transpose(), b)
   return x.linear(Tensor(dense) if dense is not None else w.transpose().contiguous(), b)
 
@@ -181,115 +186,6 @@ def written(cache: Tensor, start: sint, T: sint, x: Tensor, axis: int = 2) -> Te
   (an AFTER node, so every kernel reading it is ordered after the write within the same graph)."""
   w = cache[(slice(None),) * axis + (slice(start, start + T),)].assign(x)
   return Tensor(UOp(Ops.AFTER, cache.dtype, (cache.uop, w.uop)))
-
-
-def _blocks_of(u: UOp) -> tuple[UOp, int, int] | None:
-  """(the realized uint8 buffer a dequantized weight is computed from, elements per block, bytes per block), when that
-  buffer is its only one; the block geometry is read from the (blocks, bytes) uint8 view the dequantization indexes."""
-  topo = u.toposort()   # (views of views of the buffer too)
-  bases = {buffer_of(n) for n in topo if is_buffer_view(n)}
-  if len(bases) != 1 or (b := bases.pop()).dtype != dtypes.uint8 or u.dtype != dtypes.float32: return None
-  total = math.prod(u.shape)
-  for n in topo:
-    if n.dtype == dtypes.uint8 and len(n.shape) == 2 and all(isinstance(d, int) for d in n.shape) and n.shape[0] * n.shape[1] == math.prod(b.shape):
-      if n.shape[0] and total % n.shape[0] == 0: return b, total // n.shape[0], n.shape[1]
-  return None
-
-
-# (elements, bytes) per block -> ggml type: every quantized type GGUF files use is repacked
-_REPACKABLE = {(32, 18): "Q4_0", (32, 20): "Q4_1", (32, 22): "Q5_0", (32, 24): "Q5_1", (32, 34): "Q8_0", (256, 84): "Q2_K",
-               (256, 110): "Q3_K", (256, 144): "Q4_K", (256, 176): "Q5_K", (256, 210): "Q6_K"}
-
-
-def _fields(qs: np.ndarray, groups: int, bits: int, count: int) -> Tensor:
-  """uint8 (n, groups*width) -> uint8 (n, groups*count*width): per group of `width` bytes, the `bits`-wide field k
-  (k < count, from bit k*bits) of every byte, field 0 of all the group's bytes first. One shift and one mask per
-  element, shifts constant along a run of `width` consecutive elements (so a vector of lanes shares its shift);
-  int32 (n, groups*count*width)."""
-  n, width = qs.shape[0], qs.shape[1] // groups
-  # shifted as int32 (x86 has per-lane shifts of 32-bit lanes, not of bytes); the shifts are an index expression, not
-  # a buffer, so a kernel that unrolls the field axis shifts by constants (by 0: no shift at all)
-  sh = Tensor.arange(count, dtype=dtypes.int32) * bits
-  a, s = Tensor(np.ascontiguousarray(qs)).cast(dtypes.int32).reshape(n, groups, 1, width)._broadcasted(sh.reshape(1, 1, count, 1))
-  return (a._alu(Ops.SHR, s) & ((1 << bits) - 1)).reshape(n, groups * count * width)
-
-
-def _spread_bits(qh: np.ndarray, per: int) -> np.ndarray:
-  """Bit planes (n, nbytes) whose element e's bit is bit e % 8 of byte e // 8 (Q5_0/Q5_1's qh, several blocks' qh
-  side by side) -> bytes (n, per) where element e's bit is bit e // per of byte e % per (8*nbytes <= 8*per):
-  `_fields(.., 1, 1, 8*nbytes // per)` then reads runs of `per` consecutive elements with one shift."""
-  n, nb = qh.shape
-  bits = np.unpackbits(qh, axis=1, bitorder="little").reshape(n, 8 * nb // per, per)   # [n, k, i]: element k*per + i
-  return (bits.astype(np.uint8) << np.arange(8 * nb // per, dtype=np.uint8).reshape(1, -1, 1)).sum(axis=1, dtype=np.uint8)
-
-
-def _f16_col(raw: np.ndarray, col: int) -> np.ndarray:
-  return np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16).astype(np.float32)   # (n, 1)
-
-
-def _k_scale_min(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Q4_K/Q5_K's 8 6-bit (scale, min) pairs packed in the 12 bytes at column 4, as float32 (n, 8)."""
-  d_, m_, md = (raw[:, 4 + 4 * i:8 + 4 * i].astype(np.int32) for i in range(3))
-  sc = np.concatenate([d_ & 63, (md & 15) | ((d_ >> 2) & 0x30)], axis=1).astype(np.float32)
-  mn = np.concatenate([m_ & 63, (md >> 4) | ((m_ >> 2) & 0x30)], axis=1).astype(np.float32)
-  return sc, mn
-
-
-def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Tensor:
-  """float32 (n, block elements) of the blocks `raw` (uint8 (n, block bytes)) as a lazy graph over repacked arrays:
-  the float16 scales (and mins, and the K types' sub-block scales, multiplied by them) decoded once into float32, the
-  quants kept in their own contiguous arrays (high bits spread so a run of lanes shares one shift). The arithmetic is
-  the `gguf` package's, in its order, so the values are bit-identical to its dequantize. `row_blocks`: blocks per
-  weight row (Q5_0/Q5_1 share one 16-byte high-bit array among up to 4 neighbouring blocks of a row)."""
-  n = raw.shape[0]
-  f16 = functools.partial(_f16_col, raw)
-  def T(a: np.ndarray) -> Tensor: return Tensor(np.ascontiguousarray(a, dtype=np.float32))
-  if qtype in ("Q4_0", "Q4_1"):
-    q = _fields(raw[:, -16:], 1, 4, 2).cast(dtypes.float32)    # low nibbles are elements 0..15, high 16..31
-    return T(f16(0)) * (q - 8.0) if qtype == "Q4_0" else T(f16(0)) * q + T(f16(2))
-  if qtype in ("Q5_0", "Q5_1"):   # the 5th bits of g blocks (32*g elements) in 16 bytes: bit k of byte i is element 16k + i
-    o, g = 2 if qtype == "Q5_0" else 4, next(g for g in (4, 2, 1) if row_blocks % g == 0)
-    ql = _fields(raw[:, o + 4:o + 20].reshape(n // g, 16 * g), g, 4, 2)
-    qh = _fields(_spread_bits(raw[:, o:o + 4].reshape(n // g, 4 * g), 16), 1, 1, 2 * g)
-    q = (ql | (qh << 4)).cast(dtypes.float32).reshape(n // g, g, 32)
-    d = T(f16(0)).reshape(n // g, g, 1)
-    return (d * (q - 16.0) if qtype == "Q5_0" else d * q + T(f16(2)).reshape(n // g, g, 1)).reshape(n, 32)
-  if qtype == "Q8_0": return Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)).cast(dtypes.float32) * T(f16(0))
-  if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
-    sc = raw[:, :16]
-    dl, ml = T(f16(80) * (sc & 15).astype(np.float32)).reshape(n, 16, 1), T(f16(82) * (sc >> 4).astype(np.float32)).reshape(n, 16, 1)
-    q = _fields(raw[:, 16:80], 2, 2, 4).cast(dtypes.float32).reshape(n, 16, 16)
-    return (dl * q - ml).reshape(n, 256)
-  if qtype == "Q3_K":   # 16 sub-blocks of 16: w = d*(s - 32)*(q2 - 4*(1 - hbit)), 6-bit s packed in 12 bytes
-    s = raw[:, 96:108]
-    lo = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(n, 16)
-    hi = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16)
-    scale = (((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)).astype(np.float32)
-    dl = T(f16(108) * scale).reshape(n, 16, 1)
-    ql = _fields(raw[:, 32:96], 2, 2, 4)
-    qh = (_fields(raw[:, :32], 1, 1, 8) ^ 1) << 2
-    return (dl * (ql - qh).cast(dtypes.float32).reshape(n, 16, 16)).reshape(n, 256)   # small ints: exact in int32 and float
-  if qtype in ("Q4_K", "Q5_K"):   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j]
-    sc, mn = _k_scale_min(raw)
-    d, dm = T(f16(0) * sc).reshape(n, 8, 1), T(f16(2) * mn).reshape(n, 8, 1)
-    if qtype == "Q4_K": q = _fields(raw[:, 16:], 4, 4, 2)
-    else: q = _fields(raw[:, 48:], 4, 4, 2) | (_fields(raw[:, 16:48], 1, 1, 8) << 4)
-    return (d * q.cast(dtypes.float32).reshape(n, 8, 32) - dm).reshape(n, 256)
-  if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
-    d = T(f16(208) * raw[:, 192:208].view(np.int8).astype(np.float32)).reshape(n, 16, 1)
-    q = _fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)
-    return (d * (q.cast(dtypes.float32) - 32.0).reshape(n, 16, 16)).reshape(n, 256)
-  raise ValueError(f"no repacked layout for {qtype}")
-
-
-def repack(u: UOp) -> UOp:
-  """A dequantized GGUF weight (any of the `_REPACKABLE` types) re-laid out for fast fused dequantization (see
-  `_repack_blocks`): dequantizing an element then costs a few shifts and masks and a multiply(-add). Other tensors
-  are returned unchanged."""
-  if (found := _blocks_of(u)) is None or (qtype := _REPACKABLE.get(found[1:])) is None: return u
-  b, elems, tsize = found
-  with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
-    return _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype, u.shape[-1] // elems).reshape(u.shape).uop
 
 
 def _read_all(uops: dict[str, UOp], progress: Callable[[Iterable], Iterable] | None) -> dict[str, UOp]:
