@@ -122,12 +122,14 @@ def _one_token(x: Tensor) -> bool: return x.ndim >= 2 and isinstance(x.shape[-2]
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None, dense: UOp | None = None) -> Tensor:
-  """x @ w.T (+ b) with w stored (out, in) as in GGUF. One token per row: a block-quantized weight (`repack`) on a
-  device with SIMD lanes is summed per sub-block, its scales applied once per sub-block (quant.blockwise_linear),
-  other weights dequantized inside the matrix-vector product. With more than one token the (quantized) weight is
-  read as a float32 (in, out) matrix, the register-blocked form codegen vectorizes: `dense` when the model keeps that
-  copy, else w dequantized into such a buffer first, once, instead of once per token inside the matmul."""
-  if _one_token(x) and (bw := blockwise_of(w.uop)) is not None and (lanes := vector_lanes(x.device)) >= 4:
+  """x @ w.T (+ b) with w stored (out, in) as in GGUF. One token: a block-quantized weight (`repack`) on a device with
+  SIMD lanes is summed per sub-block, its scales applied once per sub-block (quant.blockwise_linear); one token per
+  row of a batch (the batched decode step, whose rows share each weight's dequantization: the blockwise form measured
+  no faster there) and other weights are dequantized inside the matrix-vector product. With more than one token the
+  (quantized) weight is read as a float32 (in, out) matrix, the register-blocked form codegen vectorizes: `dense` when
+  the model keeps that copy, else w dequantized into such a buffer first, once, instead of once per token inside the
+  matmul."""
+  if _one_token(x) and x.shape[:-1] == (1,) * (x.ndim - 1) and (bw := blockwise_of(w.uop)) is not None and (lanes := vector_lanes(x.device)) >= 4:
     return blockwise_linear(x, bw, w.shape[0], lanes, b)
   if _one_token(x) or is_buffer_view(w.uop): return x.linear(w.transpose(), b)
   return x.linear(Tensor(dense) if dense is not None else w.transpose().contiguous(), b)
