@@ -62,16 +62,21 @@ def finite_blocks(qtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
   return b
 
 
+def quantized_weight(qtype: str, rows: int, cols: int, seed: int) -> tuple[Tensor, np.ndarray, np.random.Generator]:
+  """A repacked (rows, cols) weight of random finite blocks, the `gguf` package's float64 dequantization of it, and
+  the generator it was drawn from (for the test's inputs)."""
+  rng = np.random.default_rng(seed)
+  blocks = finite_blocks(qtype, rows * cols // GEOMETRY[qtype][0], rng)
+  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype)).astype(np.float64)
+  return packed(blocks, qtype, rows), ref, rng
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_fused_products_match_float64(qtype):
   """One token (the decode matvec, dequantization fused), 5 tokens fused (short prefill) and 5 tokens through the
   dequantized (in, out) buffer (long prefill), against float64."""
-  elems, _ = GEOMETRY[qtype]
   rows, cols = 12, 4 * 256
-  rng = np.random.default_rng(sum(map(ord, qtype)))
-  blocks = finite_blocks(qtype, rows * cols // elems, rng)
-  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype)).astype(np.float64)
-  w = packed(blocks, qtype, rows)
+  w, ref, rng = quantized_weight(qtype, rows, cols, sum(map(ord, qtype)))
   x = rng.standard_normal((1, 5, cols)).astype(np.float32)
   want = x.astype(np.float64) @ ref.T
   tol = dict(rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(cols))
@@ -85,12 +90,8 @@ def test_blockwise_products_match_float64(qtype):
   """The per-sub-block product (`quant.blockwise_linear`: codes summed against x, scales once per sub-block and lane)
   of one token and of a batch of 3 rows of one token (the batched decode step), with a bias, for the lane counts of
   SSE/NEON, AVX2 and AVX-512, against float64; `linear` takes it for one token on a device with lanes."""
-  elems, _ = GEOMETRY[qtype]
   rows, cols = 12, 2 * 256
-  rng = np.random.default_rng(sum(map(ord, qtype)) + 2)
-  blocks = finite_blocks(qtype, rows * cols // elems, rng)
-  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype)).astype(np.float64)
-  w = packed(blocks, qtype, rows)
+  w, ref, rng = quantized_weight(qtype, rows, cols, sum(map(ord, qtype)) + 2)
   bw = blockwise_of(w.uop)
   assert bw is not None
   x, b = rng.standard_normal((3, 1, cols)).astype(np.float32), rng.standard_normal(rows).astype(np.float32)
@@ -119,12 +120,8 @@ def test_decode_matvec_scales_once_per_sub_block():
 def test_long_fused_matmul_packs_the_dequantized_weight(qtype):
   """A long prefill's fused matmul (64 tokens: enough row blocks for PACK) against float64; on a CPU renderer with SIMD
   lanes the dequantized weight is packed by a kernel of its own that runs first (what `fused_long_prefill` relies on)."""
-  elems, _ = GEOMETRY[qtype]
   rows, cols = 64, 2 * 256
-  rng = np.random.default_rng(sum(map(ord, qtype)) + 1)
-  blocks = finite_blocks(qtype, rows * cols // elems, rng)
-  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype)).astype(np.float64)
-  w = packed(blocks, qtype, rows)
+  w, ref, rng = quantized_weight(qtype, rows, cols, sum(map(ord, qtype)) + 1)
   x = Tensor(rng.standard_normal((1, 64, cols)).astype(np.float32)).realize()
   jit = TinyJit(lambda x: x.linear(w.transpose()).realize())
   for _ in range(3): out = jit(x).numpy()
