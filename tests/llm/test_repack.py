@@ -102,6 +102,8 @@ def test_blockwise_products_match_float64(qtype):
       got = blockwise_linear(Tensor(xs), bw, rows, lanes, Tensor(b)).numpy()
       np.testing.assert_allclose(got, want[:len(xs)], **tol, err_msg=f"{lanes} lanes, {len(xs)} rows")
   np.testing.assert_allclose(linear(Tensor(x[:1]), w, Tensor(b)).numpy(), want[:1], **tol, err_msg="linear")
+  with pytest.raises(ValueError, match="don't fit"): blockwise_linear(Tensor(x[:1, :, :-32]), bw, rows, 8)
+  with pytest.raises(ValueError, match="don't fit"): blockwise_linear(Tensor(x[:1]), bw, rows + 1, 8)
 
 
 def test_decode_matvec_scales_once_per_sub_block():

@@ -169,8 +169,10 @@ def vector_lanes(device: str | tuple[str, ...]) -> int:
 def blockwise_linear(x: Tensor, bw: Blockwise, out_features: int, lanes: int, b: Tensor | None = None) -> Tensor:
   """x @ w.T (+ b) for x (..., 1, in) of the weight (out_features, in) whose parts are `bw`, computed per sub-block
   (module docstring) with the sub-block split into chunks of `lanes` elements."""
-  S = bw.q.shape[1]
-  K = x.shape[-1]
+  S, K = bw.q.shape[1], x.shape[-1]
+  if not isinstance(K, int) or K % S or out_features * (K // S) != bw.q.shape[0] or lanes < 1:
+    raise ValueError(f"blockwise_linear: x's last dim {K} and {out_features} outputs don't fit the weight's "
+                     f"{bw.q.shape[0]} sub-blocks of {S} (lanes {lanes})")
   q, d = Tensor(bw.q), Tensor(bw.d)
   L = math.gcd(S, lanes)
   B, C, R = K // S, S // L, math.prod(x.shape[:-1])
