@@ -10,7 +10,7 @@ to the `gguf` package's dequantize; the parts are kept in that expression's cach
 against x first and the scale applied once per sub-block and lane, sum_(b,l) d*(sum_c x*q + off*xs) + m*xs with xs the
 sum of x over a sub-block's chunks, instead of every element dequantized (a multiply and an add per weight) before
 its FMA. The sub-block is split into C chunks of L = the device's vector lanes, so the lanes run along l and the short
-chunk loop unrolls (SmolLM2 Q4_1 gate/up on AVX2: 72 -> 43 us a call).
+chunk loop unrolls (at least 8 wide: at most 4 chunks; SmolLM2 Q4_1 gate/up on AVX2: 72 -> 43 us a call).
 """
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def blockwise_linear(x: Tensor, bw: Blockwise, out_features: int, lanes: int, b:
     raise ValueError(f"blockwise_linear: x's last dim {K} and {out_features} outputs don't fit the weight's "
                      f"{bw.q.shape[0]} sub-blocks of {S} (lanes {lanes})")
   q, d = Tensor(bw.q), Tensor(bw.d)
-  L = math.gcd(S, lanes)
+  L = math.gcd(S, max(lanes, 8))   # chunks of at most 4 (S <= 32): the chunk loop stays short enough to unroll
   B, C, R = K // S, S // L, math.prod(x.shape[:-1])
   xr = x.reshape(R, 1, B, C, L)
   xs = xr.sum(3)                                                               # (R, 1, B, L)
