@@ -495,8 +495,9 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
   if not expr and (not rows or math.prod((_const_end(ranges_of(ast)[o.rid]) or 0) // o.amount for o in rows) < PACK_MIN_ROW_BLOCKS):
     return None
   # an expression (a dequantized weight) is packed once instead of evaluated once per row block: with few row blocks
-  # (a batched decode step's 4 rows) the float32 scratch written and read back costs more than the evaluations it saves
-  if expr and _row_blocks(ast, others, rows) < PACK_MIN_EXPR_BLOCKS: return None
+  # (a batched decode step's 4 rows) the float32 scratch written and read back costs more than the evaluations it saves;
+  # only the row axes reuse it: a column axis split in two (an attention projection's heads x head_dim) doesn't
+  if expr and _row_blocks(ast, [r for r in others if r in row_rngs], rows) < PACK_MIN_EXPR_BLOCKS: return None
   return first + opts
 
 
