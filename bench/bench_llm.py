@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_peer import LlamaCpp, load_avg, read_bandwidth, rss_mb, synthetic_qwen2
+from llm_peer import LlamaCpp, load_avg, read_bandwidth, replay_profile, rss_mb, synthetic_qwen2, timed
 
 TEXT = ("The history of computing is a story of abstractions layered on abstractions. Early machines were programmed by "
         "rewiring panels; later, stored programs let the same hardware run many tasks. Compilers turned human-readable "
@@ -81,21 +81,8 @@ def decode_profile(ours: "Ours", bw: float, top: int = 14) -> None:
   g, pos = ours.g, len(ours.prompt)
   g.forward([ours.prompt[0]], pos)
   vv = {"start": pos, "S": -(-(pos + 1) // 8)}
-  step = min(_timed(lambda: g.forward([ours.prompt[0]], pos)) for _ in range(5))
-  runs = []
-  for _ in range(5):
-    g.forward([ours.prompt[0]], pos)   # the replay's input buffers in place, caches as a step leaves them
-    times = []
-    for batch, its, slots in g.decode_jit.plan:
-      if batch is not None and hasattr(batch, "profile"): times += batch.profile(vv, slots)
-      else: times += [(_timed(lambda: ei.run(vv if ei.runner is not None and ei.runner.spec.vars else None)), 1) for ei in its]
-    runs.append(times)
-  best = [min(r[i][0] for r in runs) for i in range(len(runs[0]))]
-  rows: dict[str, list] = {}
-  for ei, t, (_, cores) in zip(g.decode_jit.captured, best, runs[0]):
-    r = rows.setdefault(ei.runner.spec.name if ei.runner is not None else "copy", [0, 0.0, 0, set()])
-    r[0], r[1], r[2] = r[0] + 1, r[1] + t, r[2] + (ei.runner.spec.mem_bytes if ei.runner is not None else 0)
-    r[3].add(cores)
+  step = min(timed(lambda: g.forward([ours.prompt[0]], pos)) for _ in range(5))
+  rows = replay_profile(g.decode_jit, vv, lambda: g.forward([ours.prompt[0]], pos))
   total = sum(r[1] for r in rows.values())
   print(f"decode step {step * 1e3:.2f} ms (forward(), with embedding and logits copy); its {len(g.decode_jit.captured)} kernels timed "
         f"in place in the replay (best of 5 per kernel): {total * 1e3:.2f} ms, {sum(r[2] for r in rows.values()) / 1e6:.1f} MB")
@@ -116,15 +103,9 @@ def prefill_ab(ours: "Ours", rounds: int) -> None:
   new, p = ours.g, ours.prompt
   for g in (old, old): g.forward(p, 0)   # compile and capture
   for r in range(rounds):
-    a, b = _timed(lambda: old.forward(p, 0)), _timed(lambda: new.forward(p, 0))
+    a, b = timed(lambda: old.forward(p, 0)), timed(lambda: new.forward(p, 0))
     print(f"prefill A/B round {r + 1} (load {load_avg()}): (in, out) buffers {len(p) / a:.1f} tok/s, default "
           f"(fused={ours.llm.model.fused_long_prefill()}) {len(p) / b:.1f} tok/s")
-
-
-def _timed(f) -> float:
-  t0 = time.perf_counter()
-  f()
-  return time.perf_counter() - t0
 
 
 def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> None:

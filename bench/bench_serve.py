@@ -8,7 +8,10 @@ engine (the xllamacpp wheel, bench-only: pip install xllamacpp) with the same nu
     then of a second request sharing that prefix with a different question;
   - llama.cpp: n_parallel = N, the same N prompts sent at once, aggregate decode tok/s (sum of the per-request rates).
 
-  .venv/bin/python bench/bench_serve.py [--parallel 4] [--decode 64] [--threads 2] [--skip-llamacpp]
+  .venv/bin/python bench/bench_serve.py [--parallel 4] [--decode 64] [--threads 2] [--skip-llamacpp] [--profile]
+
+--profile: also the per-kernel times of one batched decode step of all N slots, timed in place inside the TinyJit
+replay (best of 5 per kernel), as `bench_llm.py --profile` does for one stream.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_peer import LlamaCpp, load_avg
+from llm_peer import LlamaCpp, load_avg, replay_profile
 
 SYSTEM = ("You are a meticulous assistant for a company that builds compilers. Always answer in plain English, cite the "
           "relevant part of the question, prefer short sentences, and never invent facts. ") * 12
@@ -66,6 +69,21 @@ def decode_rates(path: str, ps: list[list[int]], n_decode: int, block: int = 8) 
     times["all_slots"].append((time.perf_counter() - t0) / block)
   med = {k: float(np.median(v)) for k, v in times.items()}
   return {"single": 1 / med["single"], "one_slot": 1 / med["one_slot"], "aggregate": len(ps) / med["all_slots"], "llm": llm}
+
+
+def batched_profile(llm, ps: list[list[int]], top: int = 16) -> None:
+  """Per-kernel times of the batched decode step of every slot (see --profile)."""
+  b = llm.backend()
+  nxt = {s: int(np.argmax(b.prefill(s, p, 0))) for s, p in enumerate(ps)}
+  pos = {s: len(p) for s, p in enumerate(ps)}
+  for _ in range(3): b.decode({s: (nxt[s], pos[s]) for s in nxt})   # compile, capture, replay
+  vv = {b.v_keys.arg[0]: -(-(max(pos.values()) + 1) // 8), **{v.arg[0]: pos[s] for s, v in enumerate(b.v_pos)}}
+  rows = replay_profile(b.decode_jit, vv, lambda: b.decode({s: (nxt[s], pos[s]) for s in nxt}))
+  total = sum(r[1] for r in rows.values())
+  print(f"batched step of {len(ps)} slots: {len(b.decode_jit.captured)} kernels timed in place in the replay (best of 5 per kernel): "
+        f"{total * 1e3:.2f} ms")
+  for name, (n, t, _, cores) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+    print(f"  {name:28s} x{n:<3d} {t * 1e3:8.3f} ms {t / total:6.1%}  cores {'/'.join(map(str, sorted(cores)))}  {t / n * 1e6:7.1f} us each")
 
 
 def prefix_ttft(llm) -> dict:
@@ -113,6 +131,7 @@ def main() -> None:
   ap.add_argument("--decode", type=int, default=64)
   ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
   ap.add_argument("--skip-llamacpp", action="store_true")
+  ap.add_argument("--profile", action="store_true", help="per-kernel times of one batched decode step")
   args = ap.parse_args()
   from plugrad.apps.llm.generate import LLM
   from plugrad.apps.llm.registry import resolve_model
@@ -126,6 +145,7 @@ def main() -> None:
   print(f"plugrad single stream (batch-1 Generator): {one:.1f} tok/s")
   print(f"plugrad batched engine, 1 active slot of {args.parallel}: {r['one_slot']:.1f} tok/s")
   print(f"plugrad {args.parallel} concurrent streams: aggregate {r['aggregate']:.1f} tok/s = {r['aggregate'] / one:.2f}x the single stream")
+  if args.profile: batched_profile(r["llm"], ps)
   p = prefix_ttft(r["llm"])
   print(f"prefix cache: {p['tokens']}-token prompt, time to first token {p['first'] * 1e3:.0f} ms cold; a second request sharing the "
         f"system prompt ({p['tokens2']} tokens, {p['cached']} cached): {p['second'] * 1e3:.0f} ms = {p['second'] / p['first']:.3f}x")

@@ -136,3 +136,29 @@ def read_bandwidth(mb: int = 512) -> tuple[float, float]:
     t.sum().realize()
     best = min(best, time.perf_counter() - t0)
   return np_bw, a.nbytes / best / 1e9
+
+
+def timed(f) -> float:
+  t0 = time.perf_counter()
+  f()
+  return time.perf_counter() - t0
+
+
+def replay_profile(jit: Any, vv: dict[str, int], step: Any, runs: int = 5) -> dict[str, list]:
+  """Per-kernel times of the step a TinyJit captured, timed in place inside its batched replay (best of `runs` per
+  kernel; `step()` runs the whole step first each time, so inputs and caches are as a step leaves them): {kernel
+  name: [count, seconds, bytes it touches, set of core counts]}."""
+  times_of = []
+  for _ in range(runs):
+    step()
+    times = []
+    for batch, its, slots in jit.plan:
+      if batch is not None and hasattr(batch, "profile"): times += batch.profile(vv, slots)
+      else: times += [(timed(lambda: ei.run(vv if ei.runner is not None and ei.runner.spec.vars else None)), 1) for ei in its]
+    times_of.append(times)
+  rows: dict[str, list] = {}
+  for i, ei in enumerate(jit.captured):
+    r = rows.setdefault(ei.runner.spec.name if ei.runner is not None else "copy", [0, 0.0, 0, set()])
+    r[0], r[1], r[2] = r[0] + 1, r[1] + min(t[i][0] for t in times_of), r[2] + (ei.runner.spec.mem_bytes if ei.runner is not None else 0)
+    r[3].add(times_of[0][i][1])
+  return rows

@@ -229,12 +229,12 @@ class ClangRenderer(CStyleRenderer):
     """(load, bytes its address moves per trip of the innermost reduce loop) for the vector loads of a buffer inside a
     reduce loop whose address moves with an output (global) range; loads whose address comes from memory are left out.
     A loop of one trip (a reduce range exactly one vector wide: its lanes' outer loop) is not the loop that streams."""
-    out, stack = [], []
+    out, stack = [], []   # the open loops of more than one trip
     for u in uops:
-      if u.op is Ops.RANGE: stack.append(u)
+      if u.op is Ops.RANGE: stack.append(None if u.src[0].op is Ops.CONST and u.src[0].arg == 1 else u)
       elif u.op is Ops.END: stack.pop()
-      elif u.op is Ops.LOAD and u.dtype.count > 1 and (inner := next((r for r in reversed(stack) if not (r.src[0].op is Ops.CONST and
-           r.src[0].arg == 1)), None)) is not None and inner.arg[1] == "reduce" and u.src[0].op is Ops.INDEX \
+      elif u.op is Ops.LOAD and u.dtype.count > 1 and (inner := next((r for r in reversed(stack) if r is not None), None)) is not None \
+           and inner.arg[1] == "reduce" and u.src[0].op is Ops.INDEX \
            and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and any(x.op is Ops.RANGE and x.arg[1] == "global" for x in u.src[0].src[1].toposort()):
         idx = u.src[0].src[1]
         try: out.append((u, (eval_index(idx, {inner: 1}) - eval_index(idx, {})) * u.dtype.scalar().itemsize))

@@ -396,7 +396,7 @@ class Transformer:
     benchmark model, see BENCHMARKS.md)."""
     if any(layer.dense for layer in self.layers): return False
     devs = self.devices if self.devices is not None else (canonicalize(Device.DEFAULT),)
-    return bool(getenv("PACK", 1)) and all(getattr(Device[d].renderer, "vector_lanes", 0) >= 2 for d in devs)
+    return bool(getenv("PACK", 1)) and all(vector_lanes(d) >= 2 for d in devs)
 
   def _gather_rows(self, *ids: Any) -> Tensor:
     # one small kernel per row, each writing its row of the buffer in place: a cat of the rows would be one kernel

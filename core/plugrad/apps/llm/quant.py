@@ -91,7 +91,8 @@ class Blockwise:
 
   @staticmethod
   def of(q: Tensor, d: Tensor, off: float = 0.0, m: Tensor | None = None) -> Blockwise:
-    return Blockwise(q.uop, d.uop, off, None if m is None else m.uop)
+    """From integer codes q (cast to float32 here: small ints, exact) and float32 scales and mins."""
+    return Blockwise(q.cast(dtypes.float32).uop, d.uop, off, None if m is None else m.uop)
 
   def dense(self) -> Tensor:
     """d * (q + off) (+ m): float32 (n, S), in the `gguf` package's order (so its values bit for bit)."""
@@ -110,19 +111,19 @@ def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Blockwis
   f16 = functools.partial(_f16_col, raw)
   def T(a: np.ndarray) -> Tensor: return Tensor(np.ascontiguousarray(a, dtype=np.float32))
   if qtype in ("Q4_0", "Q4_1"):
-    q = _fields(raw[:, -16:], 1, 4, 2).cast(dtypes.float32)    # low nibbles are elements 0..15, high 16..31
+    q = _fields(raw[:, -16:], 1, 4, 2)    # low nibbles are elements 0..15, high 16..31
     return Blockwise.of(q, T(f16(0)), -8.0) if qtype == "Q4_0" else Blockwise.of(q, T(f16(0)), m=T(f16(2)))
   if qtype in ("Q5_0", "Q5_1"):   # the 5th bits of g blocks (32*g elements) in 16 bytes: bit k of byte i is element 16k + i
     o, g = 2 if qtype == "Q5_0" else 4, next(g for g in (4, 2, 1) if row_blocks % g == 0)
     ql = _fields(raw[:, o + 4:o + 20].reshape(n // g, 16 * g), g, 4, 2)
     qh = _fields(_spread_bits(raw[:, o:o + 4].reshape(n // g, 4 * g), 16), 1, 1, 2 * g)
-    q = (ql | (qh << 4)).cast(dtypes.float32).reshape(n, 32)
+    q = (ql | (qh << 4)).reshape(n, 32)
     return Blockwise.of(q, T(f16(0)), -16.0) if qtype == "Q5_0" else Blockwise.of(q, T(f16(0)), m=T(f16(2)))
-  if qtype == "Q8_0": return Blockwise.of(Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)).cast(dtypes.float32), T(f16(0)))
+  if qtype == "Q8_0": return Blockwise.of(Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)), T(f16(0)))
   if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
     sc = raw[:, :16]
     dl, ml = T(f16(80) * (sc & 15).astype(np.float32)).reshape(n * 16, 1), T(-(f16(82) * (sc >> 4).astype(np.float32))).reshape(n * 16, 1)
-    return Blockwise.of(_fields(raw[:, 16:80], 2, 2, 4).cast(dtypes.float32).reshape(n * 16, 16), dl, m=ml)
+    return Blockwise.of(_fields(raw[:, 16:80], 2, 2, 4).reshape(n * 16, 16), dl, m=ml)
   if qtype == "Q3_K":   # 16 sub-blocks of 16: w = d*(s - 32)*(q2 - 4*(1 - hbit)), 6-bit s packed in 12 bytes
     s = raw[:, 96:108]
     lo = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(n, 16)
@@ -130,16 +131,16 @@ def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Blockwis
     scale = (((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)).astype(np.float32)
     ql = _fields(raw[:, 32:96], 2, 2, 4)
     qh = (_fields(raw[:, :32], 1, 1, 8) ^ 1) << 2
-    return Blockwise.of((ql - qh).cast(dtypes.float32).reshape(n * 16, 16), T(f16(108) * scale).reshape(n * 16, 1))   # small ints: exact
+    return Blockwise.of((ql - qh).reshape(n * 16, 16), T(f16(108) * scale).reshape(n * 16, 1))   # small ints: exact
   if qtype in ("Q4_K", "Q5_K"):   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j]
     sc, mn = _k_scale_min(raw)
     if qtype == "Q4_K": q = _fields(raw[:, 16:], 4, 4, 2)
     else: q = _fields(raw[:, 48:], 4, 4, 2) | (_fields(raw[:, 16:48], 1, 1, 8) << 4)
-    return Blockwise.of(q.cast(dtypes.float32).reshape(n * 8, 32), T(f16(0) * sc).reshape(n * 8, 1), m=T(-(f16(2) * mn)).reshape(n * 8, 1))
+    return Blockwise.of(q.reshape(n * 8, 32), T(f16(0) * sc).reshape(n * 8, 1), m=T(-(f16(2) * mn)).reshape(n * 8, 1))
   if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
     d = T(f16(208) * raw[:, 192:208].view(np.int8).astype(np.float32)).reshape(n * 16, 1)
     q = _fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)
-    return Blockwise.of(q.cast(dtypes.float32).reshape(n * 16, 16), d, -32.0)
+    return Blockwise.of(q.reshape(n * 16, 16), d, -32.0)
   raise ValueError(f"no repacked layout for {qtype}")
 
 
