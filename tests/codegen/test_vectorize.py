@@ -343,3 +343,50 @@ def test_blockwise_matvec_lanes_along_the_outer_reduce_and_its_weights_prefetche
   assert "__builtin_prefetch" in src
   want = (s.astype(np.float64) * (x.astype(np.float64) * w).sum(3)).sum((2, 3))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def pair_dot(codes: np.ndarray, x16: np.ndarray, P: int, shift: bool = False) -> Tensor:
+  """sum over (blocks, P lanes) of float(sum over a pair of int32 code * x): codes (N, K) uint8 unpacked to nibbles
+  (shift: the high nibble of the odd 16-byte groups, a shift that varies with the block), x16 (K,) int16."""
+  N, K = codes.shape
+  c = Tensor(codes).realize().cast(dtypes.int32)
+  if shift: c = c.reshape(N, K // 16, 16)._alu(Ops.SHR, (Tensor.arange(K // 16, dtype=dtypes.int32) % 2 * 4).reshape(1, K // 16, 1)).reshape(N, K)
+  q = (c & 15).reshape(N, K // (2 * P), P, 2)
+  t = (q * Tensor(x16).realize().cast(dtypes.int32).reshape(1, K // (2 * P), P, 2)).sum(3)
+  return t.cast(dtypes.float32).sum((1, 2))
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+@pytest.mark.parametrize("shift", [False, True])
+def test_pair_dot_is_one_dot2_per_2k_products(lanes: int, shift: bool):
+  """An int32 sum over a pair axis of 2 of products of int16-sized factors (the LLM's integer decode product,
+  apps/llm/quant.py: dot2_linear), lanes along the enclosing reduce: the pair stays a range, both factors are read as
+  2k int16 lanes (one contiguous load each, the unpacking done in 16-bit lanes) and multiplied by WMMA "DOT2"
+  (pg_dot2, pmaddwd on x86). Exact against int64 numpy, with int16's extremes in x."""
+  N, K = 32, 256
+  codes = RNG.integers(0, 256, (N, K), dtype=np.uint8)
+  x16 = RNG.integers(-32768, 32768, K, dtype=np.int64).astype(np.int16)
+  x16[:4] = [-32768, -32768, 32767, 32767]
+  c = codes.astype(np.int64)
+  if shift: c = c >> (np.arange(K) // 16 % 2 * 4)
+  want = ((c & 15) @ x16.astype(np.int64)).astype(np.float64)
+  t = pair_dot(codes, x16, lanes, shift)
+  opts = choose_opts(t.schedule()[-1].ast, 64, True, lanes, 16, dot2=True)
+  assert ("VECTOR", lanes) in [(o.kind, o.amount) for o in opts] and not any(o.kind == "UNROLL" and o.amount == 2 for o in opts), opts
+  got, src = run(pair_dot(codes, x16, lanes, shift), vector_lanes=lanes, vector_regs=16)
+  assert f"pg_dot2_pg_int{lanes}(" in src and f"pg_short{2 * lanes}" in src and "pg_int8 acc" not in src
+  np.testing.assert_allclose(got, want, rtol=1e-6)   # int32 sums, one float sum of 128 ints per output
+  got, src = run(pair_dot(codes, x16, lanes, shift), vector_lanes=lanes, vector_regs=16, dot2=False)
+  assert "pg_dot2" not in src
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_pair_dot_only_for_int16_factors():
+  """A factor beyond int16 (an int32 times 3 of int16 range) keeps the int32 products lane by lane: no DOT2, exact."""
+  N, K = 16, 64
+  a = RNG.integers(-20000, 20000, (N, K)).astype(np.int32)
+  b = RNG.integers(-100, 100, K).astype(np.int32)
+  t = ((Tensor(a).realize() * 3).reshape(N, K // 16, 8, 2) * Tensor(b).realize().reshape(1, K // 16, 8, 2)).sum(3).cast(dtypes.float32).sum((1, 2))
+  got, src = run(t, vector_lanes=8, vector_regs=16)
+  assert "pg_dot2" not in src
+  np.testing.assert_allclose(got, (a.astype(np.int64) * 3) @ b.astype(np.int64), rtol=1e-6)

@@ -14,11 +14,12 @@ from plugrad import TinyJit
 from plugrad.apps.llm.generate import Generator
 from plugrad.device import Device, canonicalize
 from plugrad.apps.llm.model import Transformer, linear
-from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, repack, vector_lanes
+from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, has_dot2, repack, vector_lanes
 from plugrad.engine.realize import buffer_for, get_runner
 from plugrad.nn.serialize import dequantize
 from plugrad.tensor import Tensor
-from plugrad.uop.ops import Ops
+from plugrad.uop.ops import GroupOp, Ops
+from plugrad.dtype import dtypes
 from plugrad.uop.symbolic import sym_infer
 
 GEOMETRY = {q: g for g, q in _REPACKABLE.items()}   # type -> (elements, bytes) per block
@@ -101,21 +102,49 @@ def test_blockwise_products_match_float64(qtype):
     for xs in (x[:1], x):
       got = blockwise_linear(Tensor(xs), bw, rows, lanes, Tensor(b)).numpy()
       np.testing.assert_allclose(got, want[:len(xs)], **tol, err_msg=f"{lanes} lanes, {len(xs)} rows")
+      got = dot2_linear(Tensor(xs), bw, rows, lanes, Tensor(b)).numpy()   # x quantized to int16: 2^-16 of a sub-block's max
+      np.testing.assert_allclose(got, want[:len(xs)], **tol, err_msg=f"dot2, {lanes} lanes, {len(xs)} rows")
   np.testing.assert_allclose(linear(Tensor(x[:1]), w, Tensor(b)).numpy(), want[:1], **tol, err_msg="linear")
   with pytest.raises(ValueError, match="don't fit"): blockwise_linear(Tensor(x[:1, :, :-32]), bw, rows, 8)
   with pytest.raises(ValueError, match="don't fit"): blockwise_linear(Tensor(x[:1]), bw, rows + 1, 8)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])
+def test_dot2_products_of_zero_and_non_finite_activations(qtype):
+  """`dot2_linear`'s int16 activations: an all-zero sub-block gives exact zeros (its scale is 0, not 0/0), a NaN or
+  an inf in x makes the outputs non-finite as float arithmetic would, never a finite wrong number."""
+  rows, cols = 8, 256
+  w, ref, rng = quantized_weight(qtype, rows, cols, 7)
+  bw = blockwise_of(w.uop)
+  x = np.zeros((1, 1, cols), np.float32)
+  np.testing.assert_array_equal(dot2_linear(Tensor(x), bw, rows, 8).numpy(), np.zeros((1, 1, rows), np.float32))
+  x[0, 0, :32] = rng.standard_normal(32)   # the other sub-blocks stay zero
+  np.testing.assert_allclose(dot2_linear(Tensor(x), bw, rows, 8).numpy()[0, 0], ref[:, :32] @ x[0, 0, :32].astype(np.float64),
+                             rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+  for bad in (np.nan, np.inf):
+    x[0, 0, 40] = bad
+    assert not np.isfinite(dot2_linear(Tensor(x), bw, rows, 8).numpy()).any(), bad
+
+
 def test_decode_matvec_scales_once_per_sub_block():
   """Regression (decode on an AVX2 host at 0.78x llama.cpp): the one-token product of a Q4_1 weight multiplied every
   code by its scale and added its min before the FMA, 4 float operations per weight; per sub-block it is one FMA per
-  weight (ProgramSpec.flops over the weight count, at most 2.5) on a device with SIMD lanes."""
-  if vector_lanes(canonicalize(Device.DEFAULT)) < 4: pytest.skip("the blockwise product is for devices with SIMD lanes")
+  weight (ProgramSpec.flops over the weight count, at most 2.5) on a device with SIMD lanes. With pairwise int16
+  multiply-adds (`dot2`), `linear` multiplies the codes in int16 lanes: a WMMA "DOT2" per 16 weights and at most 2
+  float vector ops per DOT2 (the scales, once per sub-block and lane)."""
+  if vector_lanes(dev := canonicalize(Device.DEFAULT)) < 4: pytest.skip("the blockwise product is for devices with SIMD lanes")
   rows, cols = 64, 4 * 256
   w = packed(finite_blocks("Q4_1", rows * cols // 32, np.random.default_rng(5)), "Q4_1", rows)
-  y = linear(Tensor(np.ones((1, 1, cols), np.float32)), w)
-  flops = [get_runner(canonicalize(Device.DEFAULT), it.ast).spec.flops for it in y.schedule() if it.ast.op is Ops.SINK]
+  x = Tensor(np.ones((1, 1, cols), np.float32))
+  y = blockwise_linear(x, blockwise_of(w.uop), rows, vector_lanes(dev))
+  flops = [get_runner(dev, it.ast).spec.flops for it in y.schedule() if it.ast.op is Ops.SINK]
   assert max(flops) <= 2.5 * rows * cols, (flops, rows * cols)
+  if not has_dot2(dev): return
+  specs = [get_runner(dev, it.ast).spec for it in linear(x, w).schedule() if it.ast.op is Ops.SINK]
+  main = max(specs, key=lambda s: s.flops)
+  dots = sum(u.op is Ops.WMMA and u.arg == "DOT2" for u in main.uops)
+  fops = sum(u.op in GroupOp.ALU and dtypes.is_float(u.dtype) and u.dtype.count > 1 for u in main.uops)
+  assert dots > 0 and fops <= 2 * dots, (main.name, dots, fops)
 
 
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q6_K", "Q8_0"])   # the qwen2 Q4_K_M mix's block weights

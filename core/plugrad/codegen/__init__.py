@@ -69,7 +69,7 @@ def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> 
   (codegen/gpudims.py), linearize and render a kernel AST for `renderer`."""
   if opts is not None: opt = apply_opts(ast, opts, renderer)
   else: opt = optimize_gpu(ast, renderer) if uses_gpudims(renderer) else optimize(ast, renderer)
-  if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS))
+  if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS), getattr(renderer, "dot2", False))
   dims = gpudims(opt, renderer)
   uops = linearize(dims.ast)
   # every buffer slot stays a parameter, also one whose loads the optimizer folded away (an unrolled reduce whose

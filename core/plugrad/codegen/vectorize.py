@@ -10,6 +10,10 @@ node that depends on the lane range L (k lanes) becomes a value of dtype T.vec(k
 - index and bool values are never vectors: lane i is the expression with L replaced by i (then simplified);
 - a REDUCE over L reduces a vector accumulator over its other ranges, then combines the lanes (a tree of GEPs); a
   REDUCE not over L (L is an output axis) has a vector accumulator and result;
+- a pair dot (renderers with `dot2`): an int32 ADD-REDUCE over one range p of 2 whose body is a product of two values
+  that fit in int16, read at 2*L + p (pairs side by side in memory), is one `WMMA(a, b, 0, "DOT2")`: a and b are
+  computed as 2k-lane int16 vectors (the lanes of L and p together: contiguous loads, 16-bit unpacking) and lane i of
+  the result is a[2i]*b[2i] + a[2i+1]*b[2i+1] (x86's pmaddwd: 2k multiply-adds an instruction);
 - a STORE to base + lane is one vector STORE; other stores are written lane by lane.
 The result has no lane range, so the linearizer treats it like any kernel. Renderers without vector types never run
 this: for them (and the PYTHON device) a lane range is a plain loop.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import functools
 
-from plugrad.codegen.opt import lane_pattern, pm_opt_symbolic
+from plugrad.codegen.opt import fits16, lane_pattern, pair_dot_range, pair_lane, pm_opt_symbolic
 from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
@@ -49,9 +53,28 @@ def _horizontal(v: UOp, op: Ops) -> UOp:
   return v
 
 
+_NARROW_OPS = (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR)
+
+
+def _narrow16(x: UOp) -> UOp | None:
+  """An integer expression computed in int16, where it and every intermediate value fit (range analysis), so the
+  int16 ops give the same values; None otherwise."""
+  if not fits16(x) or x.dtype.count != 1: return None
+  if x.dtype == dtypes.int16: return x
+  if x.op is Ops.CONST: return UOp.const(dtypes.int16, x.arg)
+  if x.op is Ops.CAST and (dtypes.is_int(x.src[0].dtype) or x.src[0].dtype == dtypes.bool):
+    return x.src[0] if x.src[0].dtype == dtypes.int16 else UOp(Ops.CAST, dtypes.int16, (x.src[0],))
+  if x.op is Ops.WHERE:
+    a, b = _narrow16(x.src[1]), _narrow16(x.src[2])
+    return None if a is None or b is None else UOp(Ops.WHERE, dtypes.int16, (x.src[0], a, b))
+  if x.op not in _NARROW_OPS: return None
+  srcs = [_narrow16(s) for s in x.src]
+  return None if any(s is None for s in srcs) else UOp(x.op, dtypes.int16, tuple(srcs))  # type: ignore[arg-type]
+
+
 class _Expander:
-  def __init__(self, lane: UOp, vector_ops: frozenset[Ops]):
-    self.lane, self.k, self.vops = lane, lane.src[0].arg, vector_ops
+  def __init__(self, lane: UOp, vector_ops: frozenset[Ops], dot2: bool = False):
+    self.lane, self.k, self.vops, self.dot2 = lane, lane.src[0].arg, vector_ops, dot2
     self.consts = [UOp.const(dtypes.index, i) for i in range(self.k)]
     self.memo: dict[UOp, UOp | Lanes] = {}
     self.subs: dict[tuple[UOp, int], UOp] = {}
@@ -142,11 +165,27 @@ class _Expander:
     other = tuple(r for r in rngs if r is not self.lane)
     vector = n.arg in (Ops.ADD, Ops.MUL, Ops.MAX) and n.arg in self.vops and self.vec_dtype_ok(n.dtype)
     if self.lane not in rngs:
+      if self.dot2 and (d := self.pair_dot(n)) is not None: return d
       if vector: return UOp(Ops.REDUCE, n.dtype.vec(self.k), (self.vec(x, n.dtype), *rngs), n.arg)
       return tuple(UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *rngs), n.arg) for i in range(self.k))
     if (acc := self.reduce_vector(n)) is not None: return _horizontal(acc, n.arg)
     parts = [UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *other), n.arg) if other else self.gep(x, i) for i in range(self.k)]
     return functools.reduce(lambda a, b: UOp(n.arg, n.dtype, (a, b)), parts)
+
+  def pair_dot(self, n: UOp) -> UOp | None:
+    """REDUCE(a*b, ..., p) as WMMA(a, b, acc, "DOT2") on 2k int16 lanes (module docstring), None where it doesn't fit."""
+    if (p := pair_dot_range(n)) is None: return None
+    wide = pair_lane(self.lane)
+    sub = {self.lane: wide // UOp.const(dtypes.index, 2), p: wide % UOp.const(dtypes.index, 2)}
+    ops = [_narrow16(graph_rewrite(s.substitute(sub, walk=True), pm_opt_symbolic, name="pair lanes")) for s in n.src[0].src]
+    if any(o is None or any(x.op is Ops.REDUCE for x in o.toposort()) for o in ops): return None
+    ex = _Expander(wide, self.vops)
+    vs = [ex.ex(o) for o in ops]  # type: ignore[arg-type]
+    if any(isinstance(v, tuple) for v in vs) or all(v.dtype.count == 1 for v in vs): return None  # lane by lane: no gain
+    a, b = (ex.vec(v, dtypes.int16) for v in vs)
+    zero = self.vec(UOp.const(dtypes.int32, 0), dtypes.int32)
+    dot = UOp(Ops.WMMA, zero.dtype, (a, b, zero), "DOT2")
+    return UOp(Ops.REDUCE, zero.dtype, (dot, *n.src[1:-1]), Ops.ADD) if len(n.src) > 2 else dot   # linearized as acc = WMMA(a, b, acc)
 
   def reduce_vector(self, n: UOp) -> UOp | None:
     """The vector accumulator of a REDUCE over the lane range (lane i holds lane i's partial result), also for an
@@ -171,15 +210,16 @@ class _Expander:
     return [st.replace(src=(self.at(ix, i), self.gep(v, i), *st.src[2:])) for i in range(self.k)]
 
 
-def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS) -> UOp:
-  """`ast` with its vector lane range (if any) turned into vector values (see the module docstring)."""
+def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS, dot2: bool = False) -> UOp:
+  """`ast` with its vector lane range (if any) turned into vector values (see the module docstring); `dot2`: the
+  renderer has WMMA "DOT2" (pairwise int16 multiply-add into int32 lanes)."""
   lanes = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and len(n.arg) > 2 and n.arg[2] == "vector"), key=lambda r: r.arg[0])
-  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops)  # several lanes only in separate reduces (opt.py checks)
+  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops, dot2)  # several lanes only in separate reduces (opt.py checks)
   return ast
 
 
-def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops]) -> UOp:
-  ex = _Expander(lane, vector_ops)
+def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops], dot2: bool) -> UOp:
+  ex = _Expander(lane, vector_ops, dot2)
   ex.closers = {n for n in ast.toposort() if n.op is Ops.REDUCE and lane in n.src[1:]}  # lane-invariant results
   if lane.arg[1] == "reduce":  # the outermost ADD/MUL trees of vector accumulators first (substitute is pre-order)
     trees = {n: _horizontal(v, n.op) for n in ast.toposort() if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and (v := ex.reduce_vector(n)) is not None}

@@ -20,6 +20,8 @@ class Renderer:
   shared_max: int = 0                    # bytes of shared memory per workgroup
   warp_size: int = 1                     # lanes that execute in lockstep (32 on CUDA and RDNA, 64 on CDNA)
   tensor_cores: list[Any] = []           # codegen.tc.TensorCore shapes the target has (WMMA)
+  dot2: bool = False                     # WMMA "DOT2" on vectors: lane i = a[2i]*b[2i] + a[2i+1]*b[2i+1] + c[i], int16
+                                         # a, b into int32 (codegen/vectorize.py; x86's pmaddwd)
   pad_windows: bool = False              # the scheduler writes a reduction's padded, broadcast window input (a
                                          # convolution's padded x) into a buffer first: no bounds test per tap
   cache_bytes: tuple[int, int, int] = (0, 0, 0)  # data cache sizes (L1d and L2 per core, L3 shared); 0: unknown, and

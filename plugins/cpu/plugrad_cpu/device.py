@@ -111,7 +111,25 @@ def _vector_prelude(types: dict[str, tuple[str, int]], body: str) -> str:
         out += [f"typedef {mask} {mt} __attribute__((vector_size({b})));",
                 f"static inline {n} pg_max_{n}({n} a, {n} b) {{ {mt} m = (a > b) | (a != a); return ({n})((({mt})a & m) | (({mt})b & ~m)); }}"]
     if f"pg_exp2f_{n}(" in body: out.append(_exp2f_vector_src(n, lanes))
+    if f"pg_dot2_{n}(" in body: out.append(_dot2_src(n, b // 4))   # int32 lanes
   return "\n".join(out)
+
+_MADD = {4: ("__SSE2__", "__m128i", "_mm_madd_epi16"), 8: ("__AVX2__", "__m256i", "_mm256_madd_epi16"),
+         16: ("__AVX512BW__", "__m512i", "_mm512_madd_epi16")}   # int32 lanes -> the x86 pairwise multiply-add
+
+def _dot2_src(v: str, lanes: int) -> str:
+  """pg_dot2_T(a, b, c) for int32 vector T of `lanes`: c[i] + a[2i]*b[2i] + a[2i+1]*b[2i+1] with int16 a, b of 2*lanes
+  (WMMA "DOT2"). One pmaddwd where the target has it; else even/odd shuffles, widened, multiplied and added (exact:
+  int16*int16 products fit int32; the sum of two wraps only for both -32768*-32768, as pmaddwd)."""
+  s = f"pg_short{2 * lanes}"
+  ev, od = (", ".join(str(2 * i + j) for i in range(lanes)) for j in (0, 1))
+  def half(x: str, idx: str) -> str: return f"__builtin_convertvector(__builtin_shufflevector({x}, {x}, {idx}), {v})"
+  generic = f"  return c + {half('a', ev)} * {half('b', ev)} + {half('a', od)} * {half('b', od)};"
+  head = f"static inline {v} pg_dot2_{v}({s} a, {s} b, {v} c) {{"
+  if (m := _MADD.get(lanes)) is None: return "\n".join([head, generic, "}"])
+  guard, reg, fn = m
+  return "\n".join([f"#if defined({guard})", "#include <immintrin.h>", "#endif", head, f"#if defined({guard})",
+                    f"  return c + ({v}){fn}(({reg})a, ({reg})b);", "#else", generic, "#endif", "}"])
 
 def _exp2f_vector_src(v: str, lanes: int) -> str:
   """pg_exp2f on a vector of float32 lanes, the same operations as the scalar one (selects by bit masks, rint by adding
@@ -159,6 +177,9 @@ def _displaced_index(ctx: ClangRenderer, x: UOp) -> str | None:
   return f"({ctx.r[x.src[0]]}+{ctx.r[base]})[{ctx.r[off]}]"
 
 
+STEP_TRIPS = 16  # reduce_load_steps: a load's step in bytes is averaged over this many trips of its loop
+
+
 def _vec(fn):  # a rule for vector values only
   return lambda ctx, x: fn(ctx, x, [ctx.r[s] for s in x.src]) if x.dtype.count > 1 else None
 
@@ -172,6 +193,7 @@ pm_clang = PatternMatcher([
   (UPat(Ops.MAX, name="x"), _vec(lambda ctx, x, a: None if x.dtype.scalar() in (dtypes.float16, dtypes.bfloat16) else
                                  f"pg_max_{ctx.ctype(x.dtype)}({a[0]}, {a[1]})")),
   (UPat(Ops.EXP2, dtypes.float32, name="x"), _vec(lambda ctx, x, a: f"pg_exp2f_{ctx.ctype(x.dtype)}({a[0]})")),
+  (UPat(Ops.WMMA, dtypes.int32, name="x", arg="DOT2"), _vec(lambda ctx, x, a: f"pg_dot2_{ctx.ctype(x.dtype)}({a[0]}, {a[1]}, {a[2]})")),
   # scalars: FMA builtins, the vectorizable exp2f
   (UPat(Ops.MULACC, (dtypes.float32, dtypes.float64), name="x"),
    lambda ctx, x: None if x.dtype.count > 1 else
@@ -191,6 +213,7 @@ class ClangRenderer(CStyleRenderer):
   upcast_max = 64  # accumulators per loop iteration for codegen/opt.py (32 AVX-512 or 16 AVX2 vector registers)
   vectorizes_reductions = False  # set per device when the compiler is clang: see _loop
   vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
+  dot2 = True  # WMMA "DOT2" (pairwise int16 multiply-add) on vectors: pg_dot2_T, pmaddwd on x86
   vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
   prefetch_bytes = getenv("PREFETCH_BYTES", 4096)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
   prefetch_trips = getenv("PREFETCH_TRIPS", 16)  # strided loads: prefetch this many reduce-loop trips ahead (0: none)
@@ -237,7 +260,10 @@ class ClangRenderer(CStyleRenderer):
            and inner.arg[1] == "reduce" and u.src[0].op is Ops.INDEX \
            and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and any(x.op is Ops.RANGE and x.arg[1] == "global" for x in u.src[0].src[1].toposort()):
         idx = u.src[0].src[1]
-        try: out.append((u, (eval_index(idx, {inner: 1}) - eval_index(idx, {})) * u.dtype.scalar().itemsize))
+        # the average step over the first trips: a sub-block read twice (two 4-bit fields of the same bytes) moves
+        # 0 bytes one trip and 32 the next
+        n = min(STEP_TRIPS, inner.src[0].arg) if inner.src[0].op is Ops.CONST else STEP_TRIPS
+        try: out.append((u, (eval_index(idx, {inner: n}) - eval_index(idx, {})) * u.dtype.scalar().itemsize // n))
         except (ValueError, ZeroDivisionError): continue  # an address loaded from memory: not a stream
     return out
 
