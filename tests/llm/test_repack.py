@@ -241,3 +241,34 @@ def test_loading_releases_the_file_mapping(tiny_gguf):
   m, _ = Transformer.from_gguf(tiny_gguf, max_context=16)
   assert Device[canonicalize(f"DISK:{os.path.abspath(tiny_gguf)}")]._mm is None
   assert m.embed([1]).shape == (1, m.cfg.dim)
+
+
+def _pinned(lanes: int = 8, regs: int = 16):
+  """The CPU renderer as on an AVX2 host (the heuristic's choices depend on the host's lanes and registers)."""
+  import copy
+  ren = copy.copy(Device["CPU"].renderer)
+  ren.vector_lanes, ren.vector_regs = lanes, regs
+  return ren
+
+
+@pytest.mark.parametrize("qtype,rows,cols,split", [("Q4_K", 64, 512, True), ("Q5_K", 64, 512, True), ("Q5_0", 64, 512, False)])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_dot2_kernel_tiles(qtype, rows, cols, split, batch):
+  """The integer decode product's kernel on an AVX2-shaped host: DOT2 in the source, the weight stream prefetched (a
+  Q4_K sub-block pair reads the same bytes: the address moves every other trip, and the stream was missed), the
+  enclosing reduce SPLIT by 2 where both copies read the same code bytes (Q4_K/Q5_K: one load, constant shifts; not
+  Q5_0, whose copies read other bytes), and a batched step's 4 rows upcast whole so that the cores split the outputs
+  and each reads the weights once. Values against float64."""
+  from plugrad.codegen import get_program
+  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  w, ref, rng = quantized_weight(qtype, rows, cols, 11)
+  x = rng.standard_normal((batch, 1, cols)).astype(np.float32)
+  y = dot2_linear(Tensor(x), blockwise_of(w.uop), rows, 8)
+  ast = y.schedule()[-1].ast
+  opts, rngs = heuristic_opts(ast, _pinned()), ranges_of(ast)
+  src = get_program(ast, _pinned()).src
+  assert "pg_dot2_pg_int8(" in src and "__builtin_prefetch" in src
+  assert any(o.kind == "SPLIT" and o.amount == 2 and rngs[o.rid].src[0].arg == cols // 32 for o in opts) is split, opts
+  if batch == 4: assert any(o.kind == "UPCAST" and o.amount == 4 and rngs[o.rid].src[0].arg == 4 for o in opts), opts
+  want = x[:, 0].astype(np.float64) @ ref.T
+  np.testing.assert_allclose(y.numpy()[:, 0], want, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(cols))
