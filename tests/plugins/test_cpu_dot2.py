@@ -23,7 +23,6 @@ def _lib(lanes: int, portable: bool) -> ctypes.CDLL:
   return plugrad_cpu.load_library(plugrad_cpu.ClangCompiler().compile(src), "the dot2 test")
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("lanes", [2, 4, 8, 16])
 @pytest.mark.parametrize("portable", [False, True])
 def test_dot2_against_numpy(lanes: int, portable: bool):

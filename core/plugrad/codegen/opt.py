@@ -283,7 +283,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dot2: bool = False) -> list[Opt
   # a short inner reduce nested in a longer one is unrolled (choose_opts): the lanes go along the enclosing reduce's
   # innermost range (a blockwise-quantized matvec: sum over (block, lane) of scale * sum over 4 chunks of x * q)
   # (a pair dot's range of 2 is not an innermost range: its pair of lanes sits inside the vector lanes)
-  if dot2: inner = [r for r in inner if r not in {pair_dot_range(n) for n in reduces}] or inner
+  if dot2 and (pairs := {pair_dot_range(n) for n in reduces}): inner = [r for r in inner if r not in pairs] or inner
   inner = [r for r in inner if not _unrollable(r)] or inner
   cands = [(pref, cs, n) for n in (lanes, lanes // 2) if n >= 4 for pref, cs in enumerate([inner, *([g] for g in glbl)])
            if all(_divides(c, n, whole=True) for c in cs)]  # ties go to wider vectors, then to global axes (vector stores, no horizontal sum)
@@ -351,8 +351,9 @@ def _shared_split(ast: UOp, a: UOp, cs: list[UOp], lanes: int) -> UOp | None:
   out = max(glbl, key=lambda r: _const_end(r) or 1 << 30)   # the weight's rows (not a batched step's few rows of x)
   def weights(x: UOp) -> int:
     return len({ix for ix in _reduce_loads(x) if out in ix.toposort() and any(is_vector_range(n) for n in ix.toposort() if n.op is Ops.RANGE)})
+  if (n := weights(a)) == 0: return None
   for r in sorted((r for r in ranges_of(a).values() if r.arg[1] == "reduce" and not is_vector_range(r)), key=lambda r: -r.arg[0]):
-    if _unrollable(r) or not _divides(r, 2) or (n := weights(a)) == 0: continue
+    if _unrollable(r) or not _divides(r, 2): continue
     try: b = apply_opt(a, Opt("SPLIT", r.arg[0], 2))
     except ValueError: continue
     if weights(b) == n: return ranges_of(ast).get(r.arg[0])

@@ -48,7 +48,7 @@ def _int_min_max(u: UOp) -> tuple[ConstType, ConstType]:
     m = max(abs(b0), abs(b1)) - 1  # |x % y| < |y|, and the result has the sign of x
     if b0 == b1 and a0 >= 0 and a0 // b0 == a1 // b0 and b0 > 0: return a0 % b0, a1 % b0
     return (max(a0, -m) if a0 < 0 else 0), (min(a1, m) if a1 > 0 else 0)
-  if op is Ops.AND and (a0 >= 0 or b0 >= 0): return 0, min(a1 if a0 >= 0 else b1, b1 if b0 >= 0 else a1)  # bits of a non-negative side
+  if op is Ops.AND and (a0 >= 0 or b0 >= 0): return 0, min(hi for lo, hi in ((a0, a1), (b0, b1)) if lo >= 0)  # a non-negative side's bits
   if op in (Ops.OR, Ops.XOR) and a0 >= 0 and b0 >= 0:
     return (max(a0, b0) if op is Ops.OR else 0), (1 << max(int(a1), int(b1)).bit_length()) - 1
   if op is Ops.SHL and b0 == b1 and 0 <= b0 < dt.itemsize * 8: return _clamp(dt, a0 << b0, a1 << b0)

@@ -58,13 +58,6 @@ def _fields(qs: np.ndarray, groups: int, bits: int, count: int) -> Tensor:
   return (a._alu(Ops.SHR, s) & ((1 << bits) - 1)).reshape(n, groups * count * width)
 
 
-def _fields_np(qs: np.ndarray, groups: int, bits: int, count: int) -> np.ndarray:
-  """`_fields` computed once at load: uint8 (n, groups*count*width), one code a byte."""
-  n, width = qs.shape[0], qs.shape[1] // groups
-  sh = (np.arange(count, dtype=np.uint8) * bits).reshape(1, 1, count, 1)
-  return ((qs.reshape(n, groups, 1, width) >> sh) & ((1 << bits) - 1)).reshape(n, groups * count * width).astype(np.uint8)
-
-
 def _spread_bits(qh: np.ndarray, per: int) -> np.ndarray:
   """Bit planes (n, nbytes) whose element e's bit is bit e % 8 of byte e // 8 (Q5_0/Q5_1's qh, several blocks' qh
   side by side) -> bytes (n, per) where element e's bit is bit e // per of byte e % per (8*nbytes <= 8*per):
@@ -149,8 +142,8 @@ def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Blockwis
     # unpacked at load into one signed byte a code (q - 32): 8 bits a weight against the file's 6.56, but the decode
     # product is compute-bound on unpacking 6-bit codes (qwen2's down projection: ~15 vector ops per 16 weights)
     d = T(f16(208) * raw[:, 192:208].view(np.int8).astype(np.float32)).reshape(n * 16, 1)
-    q = (_fields_np(raw[:, :128], 2, 4, 2) | (_fields_np(raw[:, 128:192], 2, 2, 4) << 4)).astype(np.int8) - np.int8(32)
-    return Blockwise.of(Tensor(np.ascontiguousarray(q.reshape(n * 16, 16))), d)
+    q = ((_fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)) - 32).cast(dtypes.int8)
+    return Blockwise.of(q.reshape(n * 16, 16).contiguous().realize(), d)
   raise ValueError(f"no repacked layout for {qtype}")
 
 
