@@ -5,6 +5,7 @@ kit's low-precision tests."""
 from __future__ import annotations
 
 import ctypes
+import os
 import tempfile
 
 import numpy as np
@@ -129,19 +130,52 @@ def test_c_fp8_and_bf16_conversions_match_ml_dtypes(conv_lib):
     assert ((got.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(got) & np.isnan(ref))).all(), name
 
 
-def test_c_half_to_float_exhaustive_and_branch_free():
-  """pg_h2f against numpy on all 65536 halves, bit for bit (NaN payloads, signed zeros, subnormals as m * 2^-24). It
-  has no loop or branch for subnormals any more, so a conversion loop vectorizes: a float16 -> float32 cast of 4M
-  values went 6.7 -> 0.5 ms, and float16 matmul operands are packed by such loops."""
-  lib_src = HALF_C + "\nvoid h2f_arr(const unsigned short *x, float *o, long n) { for (long i = 0; i < n; i++) o[i] = pg_h2f(x[i]); }"
+def _has_f16c() -> bool:
+  return os.path.exists("/proc/cpuinfo") and any(ln.startswith("flags") and " f16c" in ln for ln in open("/proc/cpuinfo"))
+
+
+def _half_convert(hardware: bool, fn: str, x: np.ndarray, out_dtype) -> np.ndarray:
+  """`fn` (pg_h2f or pg_f2h) of HALF_C over the array x, compiled with F16C (when the CPU has it) or without."""
+  if hardware and not _has_f16c(): pytest.skip("this CPU has no F16C")
+  ti, to = ("unsigned short", "float") if fn == "pg_h2f" else ("float", "unsigned short")
+  src = ("" if hardware else "#undef __F16C__\n") + HALF_C + \
+        f"\nvoid conv(const {ti} *x, {to} *o, long n) {{ for (long i = 0; i < n; i++) o[i] = {fn}(x[i]); }}"
+  o = np.empty(x.shape, out_dtype)
   with tempfile.NamedTemporaryFile(suffix=".so") as f:
-    f.write(ClangCompiler().compile(lib_src)); f.flush()
-    lib = ctypes.CDLL(f.name)
-    h = np.arange(1 << 16, dtype=np.uint16)
-    o = np.empty(h.shape, np.float32)
-    lib.h2f_arr(ctypes.c_void_p(h.ctypes.data), ctypes.c_void_p(o.ctypes.data), ctypes.c_long(h.size))
-  np.testing.assert_array_equal(o.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
-  assert "while" not in HALF_C.split("pg_f2h")[0] and "if (" not in HALF_C.split("pg_f2h")[0]
+    f.write(ClangCompiler().compile(src)); f.flush()
+    ctypes.CDLL(f.name).conv(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(o.ctypes.data), ctypes.c_long(x.size))
+  return o
+
+
+@pytest.mark.parametrize("hardware", [False, True], ids=["portable", "f16c"])
+def test_c_half_to_float_exhaustive_and_branch_free(hardware):
+  """pg_h2f against numpy on all 65536 halves, bit for bit (NaN payloads, signed zeros, subnormals as m * 2^-24). The
+  portable form has no loop or branch for subnormals, so a conversion loop vectorizes: a float16 -> float32 cast of 4M
+  values went 6.7 -> 0.5 ms, and float16 matmul operands are packed by such loops. With F16C the conversion is
+  vcvtph2ps, which quiets a signaling NaN (IEEE 754's conversion; numpy keeps the payload as it is): the float32 quiet
+  bit is then set, the rest of the payload kept."""
+  h = np.arange(1 << 16, dtype=np.uint16)
+  o = _half_convert(hardware, "pg_h2f", h, np.float32)
+  ref = h.view(np.float16).astype(np.float32).view(np.uint32)
+  if hardware: ref = np.where(np.isnan(h.view(np.float16)), ref | np.uint32(1 << 22), ref)
+  np.testing.assert_array_equal(o.view(np.uint32), ref)
+  portable = HALF_C.split("#else")[1]
+  assert "while" not in portable.split("pg_f2h")[0] and "if (" not in portable.split("pg_f2h")[0]
+
+
+@pytest.mark.parametrize("hardware", [False, True], ids=["portable", "f16c"])
+def test_c_float_to_half_rounds_like_numpy(hardware):
+  """pg_f2h against numpy on every float32 exponent with mantissas at and around the half's rounding points (ties to
+  even, overflow to inf, subnormal halves, signed zeros); NaN becomes a NaN half."""
+  m = np.arange(0, 1 << 23, 1 << 12)
+  m = np.unique(np.concatenate([m, m + 1, m - 1]) & 0x7fffff).astype(np.uint32)
+  bits = ((np.arange(256, dtype=np.uint32) << 23)[:, None] | m[None, :]).ravel()
+  x = np.concatenate([bits, bits | np.uint32(1 << 31)]).view(np.float32)
+  o = _half_convert(hardware, "pg_f2h", x, np.uint16)
+  with np.errstate(over="ignore"): ref = x.astype(np.float16)
+  nan = np.isnan(x)
+  np.testing.assert_array_equal(o[~nan], ref[~nan].view(np.uint16))
+  assert np.isnan(o[nan].view(np.float16)).all()
 
 
 # ***** a backend that truncates bf16 fails the kit *****

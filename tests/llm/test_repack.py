@@ -1,6 +1,7 @@
 """The LLM's weight repacking (block scales decoded once at load, quants in their own arrays, Q5's high bits spread)
 against the `gguf` package's own dequantize, bit for bit, for every GGUF quantization type, over random blocks
 (hypothesis); and the matrix-vector / matrix-matrix products that fuse the repacked dequantization against float64."""
+import math
 import os
 
 import gguf
@@ -17,6 +18,7 @@ from plugrad.apps.llm.model import Transformer, linear
 from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, has_dot2, repack, vector_lanes
 from plugrad.engine.realize import buffer_for, get_runner
 from plugrad.nn.serialize import dequantize
+from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import GroupOp, Ops
 from plugrad.dtype import dtypes
@@ -55,6 +57,23 @@ def test_repack_is_bit_exact(qtype, row_blocks, data):
   np.testing.assert_array_equal(bits(packed(blocks, qtype, rows).numpy()), bits(ref), err_msg=f"repacked {qtype}")
   base = dequantize(Tensor(blocks).realize(), qtype).reshape(rows, -1).numpy()   # the loader's own dequantization too
   np.testing.assert_array_equal(bits(base), bits(ref), err_msg=f"dequantize {qtype}")
+
+
+# the repacked layout's bits a weight: the file's (scales kept as float16, the sub-block scales of Q3_K-Q5_K as bytes:
+# 1/8 bit more than the file's 6-bit packing), Q6_K's codes a byte each (its decode product is compute-bound on 6 bits)
+REPACKED_BITS = {q: GEOMETRY[q][1] * 8 / GEOMETRY[q][0] + (0.125 if q in ("Q3_K", "Q4_K", "Q5_K") else 0) for q in QTYPES} | {"Q6_K": 8.5625}
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_repacked_weight_bytes(qtype):
+  """The buffers a repacked weight reads hold its file's bytes, give or take the K types' sub-block scale bytes
+  (float32 scales had cost Q4_K 6 bits a weight against the file's 4.5, and qwen2's decode ~40 MB a token)."""
+  elems, tsize = GEOMETRY[qtype]
+  rows, row_blocks = 8, 4
+  blocks = np.random.default_rng(0).integers(0, 256, (rows * row_blocks, tsize), dtype=np.uint8)
+  u = packed(blocks, qtype, rows).uop
+  bases = {buffer_of(n) for n in u.toposort() if is_buffer_view(n)}
+  assert sum(math.prod(b.shape) * b.dtype.itemsize for b in bases) * 8 / (rows * row_blocks * elems) == REPACKED_BITS[qtype]
 
 
 def finite_blocks(qtype: str, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 A quantized weight (rows, cols) is block-affine: w[r, b*S + i] = d[r, b] * (q[r, b*S + i] + off) + m[r, b], with
 integer codes q, one scale d (and for some types a min m) per sub-block of S = 16 or 32 elements and a constant
-offset. `repack` re-lays the file's blocks out at load (scales decoded once into float32, codes in their own arrays
-with the high bits spread so a run of vector lanes shares one shift) and returns the dense expression, bit-identical
-to the `gguf` package's dequantize; the parts are kept in that expression's cache (`blockwise_of`).
+offset. `repack` re-lays the file's blocks out at load (codes in their own arrays with the high bits spread so a run
+of vector lanes shares one shift; scales kept as the file's float16 and converted where read, the K types' sub-block
+scales as bytes multiplied by the super-block's scale where read: the file's bytes a weight, give or take 1/8 bit,
+Q6_K's codes excepted) and returns the dense expression, bit-identical to the `gguf` package's dequantize; the parts
+are kept in that expression's cache (`blockwise_of`).
 
 `blockwise_linear` computes x @ w.T for a token (one row of x) from the parts: each sub-block's codes are summed
 against x first and the scale applied once per sub-block and lane, sum_(b,l) d*(sum_c x*q + off*xs) + m*xs with xs the
@@ -67,24 +69,36 @@ def _spread_bits(qh: np.ndarray, per: int) -> np.ndarray:
   return (bits.astype(np.uint8) << np.arange(8 * nb // per, dtype=np.uint8).reshape(1, -1, 1)).sum(axis=1, dtype=np.uint8)
 
 
-def _f16_col(raw: np.ndarray, col: int) -> np.ndarray:
-  return np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16).astype(np.float32)   # (n, 1)
+def _f16_col(raw: np.ndarray, col: int) -> Tensor:
+  """The float16 field at byte `col` of each block as a float32 expression (n, 1) over a float16 buffer: the file's
+  2 bytes a scale, not 4 (converted where read: one vcvtph2ps on x86, exact)."""
+  return Tensor(np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16)).cast(dtypes.float32)
 
 
 def _k_scale_min(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Q4_K/Q5_K's 8 6-bit (scale, min) pairs packed in the 12 bytes at column 4, as float32 (n, 8)."""
-  d_, m_, md = (raw[:, 4 + 4 * i:8 + 4 * i].astype(np.int32) for i in range(3))
-  sc = np.concatenate([d_ & 63, (md & 15) | ((d_ >> 2) & 0x30)], axis=1).astype(np.float32)
-  mn = np.concatenate([m_ & 63, (md >> 4) | ((m_ >> 2) & 0x30)], axis=1).astype(np.float32)
+  """Q4_K/Q5_K's 8 6-bit (scale, min) pairs packed in the 12 bytes at column 4, as uint8 (n, 8)."""
+  d_, m_, md = (raw[:, 4 + 4 * i:8 + 4 * i] for i in range(3))
+  sc = np.concatenate([d_ & 63, (md & 15) | ((d_ >> 2) & 0x30)], axis=1)
+  mn = np.concatenate([m_ & 63, (md >> 4) | ((m_ >> 2) & 0x30)], axis=1)
   return sc, mn
+
+
+def _sub_scales(d: Tensor, codes: np.ndarray | Tensor) -> Tensor:
+  """A K type's sub-block scales d[r] * codes[r, j] as float32 (n*k, 1), computed where they are read from the
+  super-block's scale d (n, 1) and the small integer codes (n, k) (uint8/int8 bytes, or an expression of them), not
+  stored as float32 a sub-block: 4 bytes a sub-block become 1 (Q4_K: 6 bits a weight become 4.625, the file's 4.5).
+  The same float32 product as the `gguf` package's, so the same values."""
+  c = codes if isinstance(codes, Tensor) else Tensor(np.ascontiguousarray(codes))
+  n, k = c.shape
+  return (d.reshape(n, 1).expand(n, k) * c.cast(dtypes.float32)).reshape(n * k, 1)
 
 
 @dataclass(frozen=True)
 class Blockwise:
   """The parts of a block-affine weight (see the module docstring), over its sub-blocks in row-major order: q (n, S)
   integer codes (an int32 expression of the repacked bytes, int8 for Q8_0; every code fits in int16), d (n, 1) float32
-  scales, m (n, 1) mins or None, `off` a constant added to every code. Kept as UOps (live lazy Tensors would make every
-  realize walk their graphs)."""
+  scales (expressions over float16 and byte buffers), m (n, 1) mins or None, `off` a constant added to every code.
+  Kept as UOps (live lazy Tensors would make every realize walk their graphs)."""
   q: UOp
   d: UOp
   off: float = 0.0
@@ -103,45 +117,44 @@ class Blockwise:
 
 
 def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Blockwise:
-  """The blocks `raw` (uint8 (n, block bytes)) as block-affine parts over repacked arrays: the float16 scales (and
-  mins, and the K types' sub-block scales, multiplied by them) decoded once into float32, the quants kept in their own
+  """The blocks `raw` (uint8 (n, block bytes)) as block-affine parts over repacked arrays: the float16 scales and mins
+  as float16 buffers, the K types' sub-block scales as byte buffers (`_sub_scales`), the quants in their own
   contiguous arrays (high bits spread so a run of lanes shares one shift). The arithmetic of `Blockwise.dense` is the
   `gguf` package's, in its order, so the values are bit-identical to its dequantize. `row_blocks`: blocks per weight
   row (Q5_0/Q5_1 share one 16-byte high-bit array among up to 4 neighbouring blocks of a row)."""
   n = raw.shape[0]
   f16 = functools.partial(_f16_col, raw)
-  def T(a: np.ndarray) -> Tensor: return Tensor(np.ascontiguousarray(a, dtype=np.float32))
   if qtype in ("Q4_0", "Q4_1"):
     q = _fields(raw[:, -16:], 1, 4, 2)    # low nibbles are elements 0..15, high 16..31
-    return Blockwise.of(q, T(f16(0)), -8.0) if qtype == "Q4_0" else Blockwise.of(q, T(f16(0)), m=T(f16(2)))
+    return Blockwise.of(q, f16(0), -8.0) if qtype == "Q4_0" else Blockwise.of(q, f16(0), m=f16(2))
   if qtype in ("Q5_0", "Q5_1"):   # the 5th bits of g blocks (32*g elements) in 16 bytes: bit k of byte i is element 16k + i
     o, g = 2 if qtype == "Q5_0" else 4, next(g for g in (4, 2, 1) if row_blocks % g == 0)
     ql = _fields(raw[:, o + 4:o + 20].reshape(n // g, 16 * g), g, 4, 2)
     qh = _fields(_spread_bits(raw[:, o:o + 4].reshape(n // g, 4 * g), 16), 1, 1, 2 * g)
     q = (ql | (qh << 4)).reshape(n, 32)
-    return Blockwise.of(q, T(f16(0)), -16.0) if qtype == "Q5_0" else Blockwise.of(q, T(f16(0)), m=T(f16(2)))
-  if qtype == "Q8_0": return Blockwise.of(Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)), T(f16(0)))
+    return Blockwise.of(q, f16(0), -16.0) if qtype == "Q5_0" else Blockwise.of(q, f16(0), m=f16(2))
+  if qtype == "Q8_0": return Blockwise.of(Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)), f16(0))
   if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
-    sc = raw[:, :16]
-    dl, ml = T(f16(80) * (sc & 15).astype(np.float32)).reshape(n * 16, 1), T(-(f16(82) * (sc >> 4).astype(np.float32))).reshape(n * 16, 1)
+    sc = Tensor(np.ascontiguousarray(raw[:, :16]))   # the 4-bit scale and min of a sub-block in one byte
+    dl, ml = _sub_scales(f16(80), sc & 15), _sub_scales(-f16(82), sc >> 4)   # -(d*m) is (-d)*m exactly
     return Blockwise.of(_fields(raw[:, 16:80], 2, 2, 4).reshape(n * 16, 16), dl, m=ml)
   if qtype == "Q3_K":   # 16 sub-blocks of 16: w = d*(s - 32)*(q2 - 4*(1 - hbit)), 6-bit s packed in 12 bytes
     s = raw[:, 96:108]
     lo = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(n, 16)
     hi = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16)
-    scale = (((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)).astype(np.float32)
+    scale = ((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)
     ql = _fields(raw[:, 32:96], 2, 2, 4)
     qh = (_fields(raw[:, :32], 1, 1, 8) ^ 1) << 2
-    return Blockwise.of((ql - qh).reshape(n * 16, 16), T(f16(108) * scale).reshape(n * 16, 1))   # small ints: exact
+    return Blockwise.of((ql - qh).reshape(n * 16, 16), _sub_scales(f16(108), scale))   # small ints: exact
   if qtype in ("Q4_K", "Q5_K"):   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j]
     sc, mn = _k_scale_min(raw)
     if qtype == "Q4_K": q = _fields(raw[:, 16:], 4, 4, 2)
     else: q = _fields(raw[:, 48:], 4, 4, 2) | (_fields(raw[:, 16:48], 1, 1, 8) << 4)
-    return Blockwise.of(q.reshape(n * 8, 32), T(f16(0) * sc).reshape(n * 8, 1), m=T(-(f16(2) * mn)).reshape(n * 8, 1))
+    return Blockwise.of(q.reshape(n * 8, 32), _sub_scales(f16(0), sc), m=_sub_scales(-f16(2), mn))
   if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
     # unpacked at load into one signed byte a code (q - 32): 8 bits a weight against the file's 6.56, but the decode
     # product is compute-bound on unpacking 6-bit codes (qwen2's down projection: ~15 vector ops per 16 weights)
-    d = T(f16(208) * raw[:, 192:208].view(np.int8).astype(np.float32)).reshape(n * 16, 1)
+    d = _sub_scales(f16(208), raw[:, 192:208].view(np.int8))
     q = ((_fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)) - 32).cast(dtypes.int8)
     return Blockwise.of(q.reshape(n * 16, 16).contiguous().realize(), d)
   raise ValueError(f"no repacked layout for {qtype}")
