@@ -11,7 +11,7 @@ import pytest
 
 from plugrad import Variable
 from plugrad.codegen import get_program
-from plugrad.codegen.opt import Opt, apply_opt, choose_opts, div_end, is_vector_range, ranges_of
+from plugrad.codegen.opt import Dots, Opt, apply_opt, choose_opts, div_end, is_vector_range, ranges_of
 from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for, lower_item
@@ -371,7 +371,7 @@ def test_pair_dot_is_one_dot2_per_2k_products(lanes: int, shift: bool):
   if shift: c = c >> (np.arange(K) // 16 % 2 * 4)
   want = ((c & 15) @ x16.astype(np.int64)).astype(np.float64)
   t = pair_dot(codes, x16, lanes, shift)
-  opts = choose_opts(t.schedule()[-1].ast, 64, True, lanes, 16, dot2=True)
+  opts = choose_opts(t.schedule()[-1].ast, 64, True, lanes, 16, Dots(pair=True))
   assert ("VECTOR", lanes) in [(o.kind, o.amount) for o in opts] and not any(o.kind == "UNROLL" and o.amount == 2 for o in opts), opts
   got, src = run(pair_dot(codes, x16, lanes, shift), vector_lanes=lanes, vector_regs=16)
   assert f"pg_dot2_pg_int{lanes}(" in src and f"pg_short{2 * lanes}" in src and "pg_int8 acc" not in src
@@ -390,3 +390,47 @@ def test_pair_dot_only_for_int16_factors():
   got, src = run(t, vector_lanes=8, vector_regs=16)
   assert "pg_dot2" not in src
   np.testing.assert_allclose(got, (a.astype(np.int64) * 3) @ b.astype(np.int64), rtol=1e-6)
+
+
+def quad_dot(codes: np.ndarray, x8: np.ndarray, P: int, form: str) -> Tensor:
+  """sum over (blocks, P lanes) of float(sum over a group of 4 of int32 code * x): codes (N, K) uint8 as nibbles
+  ("nibble": the high nibble of the odd 32-byte groups, a shift that varies with the block), as signed bytes moved
+  up by 128 ("signed": Q8_0's codes, an int8 plus 128 computed modulo 256 in the byte lanes) or whole ("byte");
+  x8 (K,) int8."""
+  N, K = codes.shape
+  c = Tensor(codes).realize()
+  if form == "signed": c = c.bitcast(dtypes.int8).cast(dtypes.int32) + 128
+  else: c = c.cast(dtypes.int32)
+  if form == "nibble":
+    sh = (Tensor.arange(K // 32, dtype=dtypes.int32) % 2 * 4).reshape(1, K // 32, 1)
+    c = (c.reshape(N, K // 32, 32)._alu(Ops.SHR, sh) & 15).reshape(N, K)
+  t = (c.reshape(N, K // (4 * P), P, 4) * Tensor(x8).realize().cast(dtypes.int32).reshape(1, K // (4 * P), P, 4)).sum(3)
+  return t.cast(dtypes.float32).sum((1, 2))
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+@pytest.mark.parametrize("form", ["nibble", "signed", "byte"])
+def test_quad_dot_is_one_dot4_per_4k_products(lanes: int, form: str):
+  """An int32 sum over a group axis of 4 of products of an unsigned byte-sized code and an int8 (the LLM's byte decode
+  product, apps/llm/quant.py: dot4_linear), lanes along the enclosing reduce, on a renderer with DOT4 (`dot4` 255):
+  the group stays a range, both factors are read as 4k byte lanes (one contiguous load each, the unpacking done in
+  byte lanes) and multiplied by WMMA "DOT4" (pg_dot4, vpdpbusd on VNNI). Exact against int64 numpy, with the bytes'
+  extremes; without DOT4 (or with codes beyond its bound) the same values the long way."""
+  N, K = 32, 512
+  codes = RNG.integers(0, 256, (N, K), dtype=np.uint8)
+  x8 = RNG.integers(-128, 128, K).astype(np.int8)
+  codes[:, :4], x8[:4] = 255, [-128, -128, 127, 127]
+  c = codes.astype(np.int64)
+  if form == "signed": c = codes.view(np.int8).astype(np.int64) + 128
+  if form == "nibble": c = (c >> (np.arange(K) // 32 % 2 * 4)) & 15
+  want = (c @ x8.astype(np.int64)).astype(np.float64)
+  t = quad_dot(codes, x8, lanes, form)
+  opts = choose_opts(t.schedule()[-1].ast, 64, True, lanes, 16, Dots(quad=255))
+  assert ("VECTOR", lanes) in [(o.kind, o.amount) for o in opts] and not any(o.kind == "UNROLL" and o.amount == 4 for o in opts), opts
+  got, src = run(quad_dot(codes, x8, lanes, form), vector_lanes=lanes, vector_regs=16, dot4=255)
+  assert f"pg_dot4_pg_int{lanes}(" in src and f"pg_unsigned_char{4 * lanes}" in src and f"pg_signed_char{4 * lanes}" in src
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  for attrs in (dict(dot4=0), dict(dot4=127)):   # no DOT4; a bound the codes exceed (the nibbles fit it)
+    got, src = run(quad_dot(codes, x8, lanes, form), vector_lanes=lanes, vector_regs=16, **attrs)
+    assert ("pg_dot4" in src) == (form == "nibble" and attrs["dot4"] == 127)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -1,4 +1,4 @@
-"""The CPU renderer's pairwise int16 multiply-add (plugrad_cpu.device: pg_dot2_T, WMMA "DOT2") compiled with the
+"""The CPU renderer's integer dots (plugrad_cpu.device: pg_dot2_T, WMMA "DOT2"; pg_dot4_T, "DOT4") compiled with the
 device's own compiler and called through ctypes, for every vector width: the x86 instruction where the host has it
 and the portable shuffles (the host's SIMD macros undefined), both against int64 numpy."""
 from __future__ import annotations
@@ -37,3 +37,39 @@ def test_dot2_against_numpy(lanes: int, portable: bool):
   p = a.astype(np.int64) * b.astype(np.int64)
   want = (c + p[:, 0::2] + p[:, 1::2] + (1 << 31)) % (1 << 32) - (1 << 31)   # int32 wrap-around, as pmaddwd
   np.testing.assert_array_equal(out, want.astype(np.int32))
+
+
+_NO_VNNI = ["#undef __AVX512VNNI__", "#undef __AVXVNNI__"]
+_NO_SIMD = [*_NO_VNNI, "#undef __SSSE3__", "#undef __AVX2__", "#undef __AVX512BW__"]
+
+
+def _lib4(lanes: int, undef: list[str], dot4: int) -> ctypes.CDLL:
+  v, u, s = f"pg_int{lanes}", f"pg_unsigned_char{4 * lanes}", f"pg_signed_char{4 * lanes}"
+  src = "\n".join([*undef, f"typedef int {v} __attribute__((vector_size({4 * lanes})));",
+    f"typedef unsigned char {u} __attribute__((vector_size({4 * lanes})));", f"typedef signed char {s} __attribute__((vector_size({4 * lanes})));",
+    plugrad_cpu._dot4_src(v, lanes, dot4),
+    "void dot(const unsigned char *a, const signed char *b, const int *c, int *out, int n) {",
+    f"  for (int i = 0; i < n; i++) {{ {u} x; {s} y; {v} z; __builtin_memcpy(&x, a + i * {4 * lanes}, sizeof(x));",
+    f"    __builtin_memcpy(&y, b + i * {4 * lanes}, sizeof(y)); __builtin_memcpy(&z, c + i * {lanes}, sizeof(z));",
+    f"    z = pg_dot4_{v}(x, y, z); __builtin_memcpy(out + i * {lanes}, &z, sizeof(z)); }}", "}"])
+  return plugrad_cpu.load_library(plugrad_cpu.ClangCompiler().compile(src), "the dot4 test")
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8, 16])
+@pytest.mark.parametrize("form", ["native", "no-vnni", "portable"])
+def test_dot4_against_numpy(lanes: int, form: str):
+  """pg_dot4_T (WMMA "DOT4"): uint8 a times int8 b, 4 products a lane, exact against int64 numpy: the host's VNNI
+  instruction, pmaddubsw (VNNI undefined: emitted for codes up to 127, so a's codes are drawn up to 127 there) and
+  the portable shuffles, with the extremes of both types."""
+  dot4 = 127 if form == "no-vnni" else 255
+  rng, n = np.random.default_rng(lanes), 64
+  a = rng.integers(0, dot4 + 1, (n, 4 * lanes)).astype(np.uint8)
+  b = rng.integers(-128, 128, (n, 4 * lanes)).astype(np.int8)
+  a[0, :8], b[0, :8] = dot4, [-128, -128, -128, -128, 127, 127, 127, 127]   # the largest sums of either sign
+  c = rng.integers(-(1 << 20), 1 << 20, (n, lanes)).astype(np.int32)
+  out = np.empty_like(c)
+  ptr = lambda x, t: x.ctypes.data_as(ctypes.POINTER(t))
+  undef = {"native": [], "no-vnni": _NO_VNNI, "portable": _NO_SIMD}[form]
+  _lib4(lanes, undef, dot4).dot(ptr(a, ctypes.c_ubyte), ptr(b, ctypes.c_byte), ptr(c, ctypes.c_int), ptr(out, ctypes.c_int), n)
+  p = (a.astype(np.int64) * b.astype(np.int64)).reshape(n, lanes, 4).sum(2)
+  np.testing.assert_array_equal(out, (c + p).astype(np.int32))

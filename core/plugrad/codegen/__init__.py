@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from plugrad.codegen.gpudims import gpudims, uses_gpudims
 from plugrad.codegen.gpuopt import apply_gpu_opt, optimize_gpu
 from plugrad.codegen.linearize import linearize
-from plugrad.codegen.opt import Opt, optimize
+from plugrad.codegen.opt import Dots, Opt, optimize
 from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS, vectorize
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
@@ -69,7 +69,7 @@ def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> 
   (codegen/gpudims.py), linearize and render a kernel AST for `renderer`."""
   if opts is not None: opt = apply_opts(ast, opts, renderer)
   else: opt = optimize_gpu(ast, renderer) if uses_gpudims(renderer) else optimize(ast, renderer)
-  if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS), getattr(renderer, "dot2", False))
+  if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS), Dots.of(renderer))
   dims = gpudims(opt, renderer)
   uops = linearize(dims.ast)
   # every buffer slot stays a parameter, also one whose loads the optimizer folded away (an unrolled reduce whose

@@ -235,42 +235,76 @@ def _reduce_loads(ast: UOp) -> list[UOp]:
   return [n.src[0] for n in topo if n.op is Ops.LOAD and n.src[0].op is Ops.INDEX and any(r in n.src[0].toposort() for r in red_rngs)]
 
 
+def fits(x: UOp, lo: int, hi: int) -> bool:
+  """An integer value within [lo, hi] (range analysis)."""
+  return (dtypes.is_int(x.dtype) or x.dtype == dtypes.index) and lo <= x.vmin and x.vmax <= hi
+
+
 def fits16(x: UOp) -> bool:
   """An integer value that int16 holds (range analysis)."""
-  return dtypes.is_int(x.dtype) and -32768 <= x.vmin and x.vmax <= 32767
+  return fits(x, -32768, 32767)
 
 
-def pair_dot_range(red: UOp) -> UOp | None:
-  """The innermost range p of REDUCE(a*b, ..., p) when a renderer with `dot2` may compute it as pairwise int16
-  multiply-adds (codegen/vectorize.py): an int32 sum, p of size 2, both factors fit in int16."""
+@dataclass(frozen=True)
+class Dots:
+  """A renderer's integer dot products on vectors, as codegen reads them (`Renderer.dot2`, `Renderer.dot4`): `pair`,
+  WMMA "DOT2": lane i = a[2i]*b[2i] + a[2i+1]*b[2i+1] + c[i] with int16 a and b; `quad`, WMMA "DOT4": lane i = the sum
+  over j < 4 of a[4i+j]*b[4i+j], + c[i], with uint8 a at most `quad` (0: no DOT4) and int8 b; int32 lanes."""
+  pair: bool = False
+  quad: int = 0
+
+  @staticmethod
+  def of(renderer: object) -> Dots:
+    return Dots(bool(getattr(renderer, "dot2", False)), int(getattr(renderer, "dot4", 0)))
+
+  def __bool__(self) -> bool: return self.pair or self.quad > 0
+
+
+NO_DOTS = Dots()
+
+
+def dot4_factors(mul: UOp, quad: int) -> tuple[UOp, UOp] | None:
+  """The factors of product `mul` as (unsigned in [0, quad], int8), the order WMMA "DOT4" takes them; None if they
+  don't fit."""
+  for u, s in (mul.src, mul.src[::-1]):
+    if fits(u, 0, quad) and fits(s, -128, 127): return u, s
+  return None
+
+
+def group_dot_range(red: UOp, dots: Dots) -> UOp | None:
+  """The innermost range p of REDUCE(a*b, ..., p) when a renderer with `dots` may compute it as one integer dot per
+  group of p's size (codegen/vectorize.py): an int32 sum, p of 2 with both factors in int16 (DOT2), or p of 4 with one
+  factor in [0, dots.quad] and the other in int8 (DOT4)."""
   if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or red.dtype != dtypes.int32 or len(red.src) < 2: return None
-  if (body := red.src[0]).op is not Ops.MUL or not all(fits16(s) for s in body.src): return None
-  return p if _const_end(p := red.src[-1]) == 2 else None
+  if (body := red.src[0]).op is not Ops.MUL: return None
+  n = _const_end(p := red.src[-1])
+  if n == 2 and dots.pair and all(fits16(s) for s in body.src): return p
+  return p if n == 4 and dots.quad and dot4_factors(body, dots.quad) is not None else None
 
 
-def pair_lane(lane: UOp) -> UOp:
-  """The vector range of 2k lanes that runs over vector range `lane` (k) and a pair range p together: lane = w // 2,
-  p = w % 2."""
-  return UOp(Ops.RANGE, lane.dtype, (UOp.const(dtypes.index, 2 * lane.src[0].arg),), (-1 - lane.arg[0], lane.arg[1], "vector"))
+def group_lane(lane: UOp, g: int) -> UOp:
+  """The vector range of g*k lanes that runs over vector range `lane` (k) and a group range p of g together:
+  lane = w // g, p = w % g."""
+  return UOp(Ops.RANGE, lane.dtype, (UOp.const(dtypes.index, g * lane.src[0].arg),), (-1 - lane.arg[0], lane.arg[1], "vector"))
 
 
-def _vector_score(ast: UOp, dot2: bool = False) -> int:
-  """Contiguous reduce-loop loads count +1, gathers -2 (lane by lane loads and inserts), broadcasts 0. With `dot2`, a
-  load of a pair dot's factor (`pair_dot_range`) counts as contiguous when the lanes and the pair together read
+def _vector_score(ast: UOp, dots: Dots = NO_DOTS) -> int:
+  """Contiguous reduce-loop loads count +1, gathers -2 (lane by lane loads and inserts), broadcasts 0. With `dots`, a
+  load of a group dot's factor (`group_dot_range`) counts as contiguous when the lanes and the group together read
   contiguous memory."""
   score, topo = 0, ast.toposort()
-  pairs = {p for n in topo if (p := pair_dot_range(n)) is not None} if dot2 else set()
+  groups = {p for n in topo if (p := group_dot_range(n, dots)) is not None} if dots else set()
   for lane in (r for r in ranges_of(ast).values() if is_vector_range(r)):
     for ix in _reduce_loads(ast):
       kind = "gather" if len(ix.src) > 2 and lane_pattern(ix.src[2], lane) != "broadcast" else lane_pattern(ix.src[1], lane)
-      if kind == "gather" and len(ix.src) == 2 and (p := next((p for p in pairs if p in ix.toposort()), None)) is not None:
-        w = pair_lane(lane)
-        kind = lane_pattern(ix.src[1].substitute({lane: w // 2, p: w % 2}, walk=True), w)
+      if kind == "gather" and len(ix.src) == 2 and (p := next((p for p in groups if p in ix.toposort()), None)) is not None:
+        w = group_lane(lane, g := _const_end(p))
+        kind = lane_pattern(ix.src[1].substitute({lane: w // g, p: w % g}, walk=True), w)
       score += {"contiguous": 1, "broadcast": 0, "gather": -2}[kind]
   return score
 
 
-def vector_opts(ast: UOp, lanes: int, regs: int, dot2: bool = False) -> list[Opt] | None:
+def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[Opt] | None:
   """Explicit SIMD for a reducing kernel: VECTOR the axis (a global one or the innermost reduce one) along which the
   reduce loop's loads are contiguous (`lanes` wide), then register-block with UPCAST/SPLIT within `regs` vector
   registers for accumulators. None when no axis vectorizes well (the scalar heuristics apply)."""
@@ -282,17 +316,19 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dot2: bool = False) -> list[Opt
   inner = sorted({n.src[-1] for n in reduces}, key=lambda r: r.arg[0])  # the innermost range of each reduce
   # a short inner reduce nested in a longer one is unrolled (choose_opts): the lanes go along the enclosing reduce's
   # innermost range (a blockwise-quantized matvec: sum over (block, lane) of scale * sum over 4 chunks of x * q)
-  # (a pair dot's range of 2 is not an innermost range: its pair of lanes sits inside the vector lanes)
-  if dot2 and (pairs := {pair_dot_range(n) for n in reduces}): inner = [r for r in inner if r not in pairs] or inner
+  # (a group dot's range of 2 or 4 is not an innermost range: its group of lanes sits inside the vector lanes)
+  groups = {p for n in reduces if (p := group_dot_range(n, dots)) is not None} if dots else set()
+  if groups: inner = [r for r in inner if r not in groups] or inner
   inner = [r for r in inner if not _unrollable(r)] or inner
-  cands = [(pref, cs, n) for n in (lanes, lanes // 2) if n >= 4 for pref, cs in enumerate([inner, *([g] for g in glbl)])
+  widths = (lanes, lanes // 2, lanes // 4) if dots.quad and groups else (lanes, lanes // 2)   # DOT4: 4 bytes a lane
+  cands = [(pref, cs, n) for n in widths if n >= 4 for pref, cs in enumerate([inner, *([g] for g in glbl)])
            if all(_divides(c, n, whole=True) for c in cs)]  # ties go to wider vectors, then to global axes (vector stores, no horizontal sum)
   for pref, cs, n in cands:
     try:
       a = ast
       for c in cs: a = apply_opt(a, Opt("VECTOR", c.arg[0], n))
     except ValueError: continue
-    if (sc := _vector_score(a, dot2)) > 0 and (best is None or (sc, n, pref) > best[:3]): best = (sc, n, pref, cs, a)
+    if (sc := _vector_score(a, dots)) > 0 and (best is None or (sc, n, pref) > best[:3]): best = (sc, n, pref, cs, a)
   if best is None: return None
   _, lanes, _, cs, a = best
   opts = []
@@ -414,25 +450,25 @@ def phase_opts(ast: UOp, budget: int = 16) -> list[Opt]:
   return opts
 
 
-def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16, dot2: bool = False) -> list[Opt]:
+def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int = 0, regs: int = 16, dots: Dots = NO_DOTS) -> list[Opt]:
   """Heuristic optimizations for a CPU-like target with `upcast_max` registers' worth of accumulators. `split_reduce=False`
   leaves streaming reductions to the compiler (a renderer whose compiler vectorizes reduce loops itself); `lanes` > 0
-  allows explicit SIMD (VECTOR) of that many float32 lanes with `regs` vector registers; `dot2`: the renderer has
-  pairwise int16 multiply-adds (a pair dot's range of 2 then stays a range, for codegen/vectorize.py)."""
+  allows explicit SIMD (VECTOR) of that many float32 lanes with `regs` vector registers; `dots`: the renderer's
+  integer dot products (a group dot's range of 2 or 4 then stays a range, for codegen/vectorize.py)."""
   topo = ast.toposort()
   glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
   reduces = [n for n in topo if n.op is Ops.REDUCE]
   if not reduces and upcast_max >= 2: return phase_opts(ast, min(upcast_max, 16))
   if not reduces or upcast_max < 2: return []
   red_rngs = sorted({r for n in reduces for r in n.src[1:]}, key=lambda r: r.arg[0])
-  opts: list[Opt] = (vector_opts(ast, lanes, regs, dot2) or []) if lanes >= 2 else []
+  opts: list[Opt] = (vector_opts(ast, lanes, regs, dots) or []) if lanes >= 2 else []
   if not split_reduce and all(o.kind in ("VECTOR", "SPLIT") and ranges_of(ast)[o.rid].arg[1] == "reduce" for o in opts):
     opts = []  # a streaming reduce (nothing to register-block): the compiler's loop vectorizer does the same, and better
   if not opts: opts = _scalar_opts(ast, upcast_max, split_reduce, glbl, reduces, red_rngs)
   unroll = 1
-  pairs = {p for n in reduces if (p := pair_dot_range(n)) is not None} if dot2 and any(o.kind == "VECTOR" for o in opts) else set()
+  groups = {p for n in reduces if (p := group_dot_range(n, dots)) is not None} if dots and any(o.kind == "VECTOR" for o in opts) else set()
   for r in red_rngs:  # small reduce loops (e.g. a 3x3 window) are unrolled
-    if _unrollable(r) and r not in pairs and unroll * (n := _const_end(r)) <= 16 and all(o.rid != r.arg[0] for o in opts):
+    if _unrollable(r) and r not in groups and unroll * (n := _const_end(r)) <= 16 and all(o.rid != r.arg[0] for o in opts):
       opts.append(Opt("UNROLL", r.arg[0], n))
       unroll *= n
   return opts
@@ -476,7 +512,7 @@ def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
   split = not getattr(renderer, "vectorizes_reductions", False)
   lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
   if lanes >= 2 and (co := conv_opts(ast, lanes, regs)) is not None: return co + local_opts(ast, renderer)
-  opts = choose_opts(ast, upcast_max, split, lanes, regs, getattr(renderer, "dot2", False))
+  opts = choose_opts(ast, upcast_max, split, lanes, regs, Dots.of(renderer))
   if lanes >= 2 and (po := _operand_pack_opts(ast, upcast_max, split, lanes, regs, opts)): opts = po
   if (blk := row_block_opt(ast, opts, getattr(renderer, "cache_bytes", (0, 0, 0))[2])) is not None: opts = opts + [blk]
   return opts + local_opts(ast, renderer)

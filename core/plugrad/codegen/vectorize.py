@@ -10,10 +10,11 @@ node that depends on the lane range L (k lanes) becomes a value of dtype T.vec(k
 - index and bool values are never vectors: lane i is the expression with L replaced by i (then simplified);
 - a REDUCE over L reduces a vector accumulator over its other ranges, then combines the lanes (a tree of GEPs); a
   REDUCE not over L (L is an output axis) has a vector accumulator and result;
-- a pair dot (renderers with `dot2`): an int32 ADD-REDUCE over one range p of 2 whose body is a product of two values
-  that fit in int16, read at 2*L + p (pairs side by side in memory), is one `WMMA(a, b, 0, "DOT2")`: a and b are
-  computed as 2k-lane int16 vectors (the lanes of L and p together: contiguous loads, 16-bit unpacking) and lane i of
-  the result is a[2i]*b[2i] + a[2i+1]*b[2i+1] (x86's pmaddwd: 2k multiply-adds an instruction);
+- a group dot (renderers with integer dots, `Dots`): an int32 ADD-REDUCE over one range p of g = 2 or 4 whose body is
+  a product of two values read at g*L + p (groups side by side in memory) is one `WMMA(a, b, 0, "DOT2" | "DOT4")`: a
+  and b are computed as gk-lane vectors (the lanes of L and p together: contiguous loads, narrow unpacking) and lane i
+  of the result is the sum over j < g of a[g*i+j]*b[g*i+j]. DOT2: both factors fit int16 (x86's pmaddwd: 2k
+  multiply-adds an instruction); DOT4: a uint8 code up to the renderer's bound times an int8 (x86's vpdpbusd: 4k);
 - a STORE to base + lane is one vector STORE; other stores are written lane by lane.
 The result has no lane range, so the linearizer treats it like any kernel. Renderers without vector types never run
 this: for them (and the PYTHON device) a lane range is a plain loop.
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import functools
 
-from plugrad.codegen.opt import fits16, lane_pattern, pair_dot_range, pair_lane, pm_opt_symbolic
+from plugrad.codegen.opt import NO_DOTS, Dots, dot4_factors, fits, fits16, group_dot_range, group_lane, lane_pattern, pm_opt_symbolic
 from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.upat import PatternMatcher, UPat
 
 # ops that C vector extensions (and most SIMD targets) compute lane by lane with the scalar semantics
 DEFAULT_VECTOR_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.RECIPROCAL, Ops.MULACC, Ops.CAST,
@@ -72,9 +74,42 @@ def _narrow16(x: UOp) -> UOp | None:
   return None if any(s is None for s in srcs) else UOp(x.op, dtypes.int16, tuple(srcs))  # type: ignore[arg-type]
 
 
+_RING_OPS = (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.AND, Ops.OR, Ops.XOR)
+_BYTE_RANGE = {dtypes.uint8: (0, 255), dtypes.int8: (-128, 127)}
+
+
+def _narrow8(x: UOp, dt: DType) -> UOp | None:
+  """An integer expression whose value fits byte type `dt` (range analysis) computed in `dt`, else None. Its ops
+  compute modulo 256 (ring ops and shifts left wrap, so an intermediate may leave the byte's range, e.g. an int8 code
+  plus 128); a right shift needs its operand exact (in [0, 255]). The final value fits, so it is exact."""
+  return _wrap8(x, dt) if x.dtype.count == 1 and fits(x, *_BYTE_RANGE[dt]) else None
+
+
+def _wrap8(x: UOp, dt: DType) -> UOp | None:
+  """`x` modulo 256 computed in byte type `dt` (see `_narrow8`), None where an op doesn't wrap."""
+  if x.dtype == dt: return x
+  if x.op not in (Ops.CONST, Ops.CAST) and fits(x, *_BYTE_RANGE[dt]) and not any(n.op is Ops.LOAD for n in x.toposort()):
+    return UOp(Ops.CAST, dt, (x,))   # index arithmetic (a shift amount): computed as it is, then narrowed
+  if x.op is Ops.CONST and dtypes.is_int(x.dtype): return UOp.const(dt, (int(x.arg) + 128) % 256 - 128 if dt == dtypes.int8 else int(x.arg) % 256)
+  if x.op is Ops.CAST and ((src := x.src[0]).dtype in (dtypes.bool, dtypes.index) or dtypes.is_int(src.dtype)):
+    if src.dtype == dt: return src
+    if src.dtype.itemsize == 1 or fits(src, *_BYTE_RANGE[dt]): return UOp(Ops.CAST, dt, (src,))   # (index: a shift amount)
+    return _wrap8(src, dt) if dtypes.is_int(src.dtype) else None
+  if x.op is Ops.SHL and fits(x.src[1], 0, 7): srcs = [_wrap8(x.src[0], dt), _wrap8(x.src[1], dt)]
+  elif x.op is Ops.SHR and fits(x.src[0], 0, 255) and fits(x.src[1], 0, 7):
+    a, sh = _wrap8(x.src[0], dtypes.uint8), _wrap8(x.src[1], dtypes.uint8)
+    if a is None or sh is None: return None
+    r = UOp(Ops.SHR, dtypes.uint8, (a, sh))
+    return r if dt == dtypes.uint8 else UOp(Ops.CAST, dt, (r,))
+  elif x.op is Ops.WHERE: srcs = [x.src[0], _wrap8(x.src[1], dt), _wrap8(x.src[2], dt)]
+  elif x.op in _RING_OPS and dtypes.is_int(x.dtype): srcs = [_wrap8(s, dt) for s in x.src]
+  else: return None
+  return None if any(s is None for s in srcs) else UOp(x.op, dt, tuple(srcs))  # type: ignore[arg-type]
+
+
 class _Expander:
-  def __init__(self, lane: UOp, vector_ops: frozenset[Ops], dot2: bool = False):
-    self.lane, self.k, self.vops, self.dot2 = lane, lane.src[0].arg, vector_ops, dot2
+  def __init__(self, lane: UOp, vector_ops: frozenset[Ops], dots: Dots = NO_DOTS):
+    self.lane, self.k, self.vops, self.dots = lane, lane.src[0].arg, vector_ops, dots
     self.consts = [UOp.const(dtypes.index, i) for i in range(self.k)]
     self.memo: dict[UOp, UOp | Lanes] = {}
     self.subs: dict[tuple[UOp, int], UOp] = {}
@@ -165,26 +200,30 @@ class _Expander:
     other = tuple(r for r in rngs if r is not self.lane)
     vector = n.arg in (Ops.ADD, Ops.MUL, Ops.MAX) and n.arg in self.vops and self.vec_dtype_ok(n.dtype)
     if self.lane not in rngs:
-      if self.dot2 and (d := self.pair_dot(n)) is not None: return d
+      if self.dots and (d := self.group_dot(n)) is not None: return d
       if vector: return UOp(Ops.REDUCE, n.dtype.vec(self.k), (self.vec(x, n.dtype), *rngs), n.arg)
       return tuple(UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *rngs), n.arg) for i in range(self.k))
     if (acc := self.reduce_vector(n)) is not None: return _horizontal(acc, n.arg)
     parts = [UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *other), n.arg) if other else self.gep(x, i) for i in range(self.k)]
     return functools.reduce(lambda a, b: UOp(n.arg, n.dtype, (a, b)), parts)
 
-  def pair_dot(self, n: UOp) -> UOp | None:
-    """REDUCE(a*b, ..., p) as WMMA(a, b, acc, "DOT2") on 2k int16 lanes (module docstring), None where it doesn't fit."""
-    if (p := pair_dot_range(n)) is None: return None
-    wide = pair_lane(self.lane)
-    sub = {self.lane: wide // UOp.const(dtypes.index, 2), p: wide % UOp.const(dtypes.index, 2)}
-    ops = [_narrow16(graph_rewrite(s.substitute(sub, walk=True), pm_opt_symbolic, name="pair lanes")) for s in n.src[0].src]
+  def group_dot(self, n: UOp) -> UOp | None:
+    """REDUCE(a*b, ..., p) as WMMA(a, b, acc, "DOT2" | "DOT4") on gk lanes of the group's types (module docstring),
+    None where it doesn't fit."""
+    if (p := group_dot_range(n, self.dots)) is None: return None
+    g = p.src[0].arg
+    wide = group_lane(self.lane, g)
+    sub = {self.lane: wide // UOp.const(dtypes.index, g), p: wide % UOp.const(dtypes.index, g)}
+    facs, dts = (n.src[0].src, (dtypes.int16, dtypes.int16)) if g == 2 else (dot4_factors(n.src[0], self.dots.quad), (dtypes.uint8, dtypes.int8))
+    narrow = [graph_rewrite(s.substitute(sub, walk=True), pm_opt_symbolic, name="group lanes") for s in facs]  # type: ignore[union-attr]
+    ops = [_narrow16(o) if g == 2 else _narrow8(o, dt) for o, dt in zip(narrow, dts)]
     if any(o is None or any(x.op is Ops.REDUCE for x in o.toposort()) for o in ops): return None
     ex = _Expander(wide, self.vops)
     vs = [ex.ex(o) for o in ops]  # type: ignore[arg-type]
     if any(isinstance(v, tuple) for v in vs) or all(v.dtype.count == 1 for v in vs): return None  # lane by lane: no gain
-    a, b = (ex.vec(v, dtypes.int16) for v in vs)
+    a, b = (ex.vec(v, dt) for v, dt in zip(vs, dts))
     zero = self.vec(UOp.const(dtypes.int32, 0), dtypes.int32)
-    dot = UOp(Ops.WMMA, zero.dtype, (a, b, zero), "DOT2")
+    dot = UOp(Ops.WMMA, zero.dtype, (a, b, zero), f"DOT{g}")
     return UOp(Ops.REDUCE, zero.dtype, (dot, *n.src[1:-1]), Ops.ADD) if len(n.src) > 2 else dot   # linearized as acc = WMMA(a, b, acc)
 
   def reduce_vector(self, n: UOp) -> UOp | None:
@@ -210,16 +249,33 @@ class _Expander:
     return [st.replace(src=(self.at(ix, i), self.gep(v, i), *st.src[2:])) for i in range(self.k)]
 
 
-def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS, dot2: bool = False) -> UOp:
-  """`ast` with its vector lane range (if any) turned into vector values (see the module docstring); `dot2`: the
-  renderer has WMMA "DOT2" (pairwise int16 multiply-add into int32 lanes)."""
+def _zero(v: UOp) -> bool:
+  """A vector of integer zeros (a group dot's fresh accumulator)."""
+  return v.op is Ops.VECTORIZE and all(s.op is Ops.CONST and s.arg == 0 for s in v.src)
+
+
+def _absorb_add(add: UOp) -> UOp | None:
+  """ADD(WMMA(a, b, 0), x) -> WMMA(a, b, x): a group dot added to a value takes it as its accumulator (one vpdpbusd
+  instead of zeroing, the dot and an add)."""
+  for i, w in enumerate(add.src):
+    if w.op is Ops.WMMA and w.arg in ("DOT2", "DOT4") and _zero(w.src[2]) and w.dtype == (x := add.src[1 - i]).dtype:
+      return w.replace(src=(w.src[0], w.src[1], x))
+  return None
+
+
+pm_absorb_add = PatternMatcher([(UPat(Ops.ADD, name="add"), _absorb_add)])
+
+
+def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS, dots: Dots = NO_DOTS) -> UOp:
+  """`ast` with its vector lane range (if any) turned into vector values (see the module docstring); `dots`: the
+  renderer's integer dot products (WMMA "DOT2" / "DOT4")."""
   lanes = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and len(n.arg) > 2 and n.arg[2] == "vector"), key=lambda r: r.arg[0])
-  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops, dot2)  # several lanes only in separate reduces (opt.py checks)
-  return ast
+  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops, dots)  # several lanes only in separate reduces (opt.py checks)
+  return graph_rewrite(ast, pm_absorb_add, name="dot accumulators") if lanes and dots else ast
 
 
-def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops], dot2: bool) -> UOp:
-  ex = _Expander(lane, vector_ops, dot2)
+def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops], dots: Dots) -> UOp:
+  ex = _Expander(lane, vector_ops, dots)
   ex.closers = {n for n in ast.toposort() if n.op is Ops.REDUCE and lane in n.src[1:]}  # lane-invariant results
   if lane.arg[1] == "reduce":  # the outermost ADD/MUL trees of vector accumulators first (substitute is pre-order)
     trees = {n: _horizontal(v, n.op) for n in ast.toposort() if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and (v := ex.reduce_vector(n)) is not None}

@@ -22,6 +22,8 @@ class Renderer:
   tensor_cores: list[Any] = []           # codegen.tc.TensorCore shapes the target has (WMMA)
   dot2: bool = False                     # WMMA "DOT2" on vectors: lane i = a[2i]*b[2i] + a[2i+1]*b[2i+1] + c[i], int16
                                          # a, b into int32 (codegen/vectorize.py; x86's pmaddwd)
+  dot4: int = 0                          # WMMA "DOT4" on vectors: lane i = c[i] + the sum over j < 4 of a[4i+j]*b[4i+j],
+                                         # uint8 a (codes at most this value; 0: no DOT4), int8 b (x86's vpdpbusd)
   pad_windows: bool = False              # the scheduler writes a reduction's padded, broadcast window input (a
                                          # convolution's padded x) into a buffer first: no bounds test per tap
   cache_bytes: tuple[int, int, int] = (0, 0, 0)  # data cache sizes (L1d and L2 per core, L3 shared); 0: unknown, and

@@ -69,14 +69,26 @@ def _exp2f_src() -> str:
 
 EXP2F_SRC = _exp2f_src()
 
+def cpu_flags() -> set[str]:
+  """The host CPU's feature flags from /proc/cpuinfo (x86 "flags", ARM "Features"); empty where it can't be read."""
+  try: info = open("/proc/cpuinfo").read()
+  except OSError: info = ""
+  return set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith(("flags", "Features"))), []))
+
 def simd_shape() -> tuple[int, int]:
   """(float32 lanes of one vector register, vector registers) of the host, from /proc/cpuinfo: AVX-512 (16, 32),
   AVX2 (8, 16), NEON/SSE (4, 32/16). VECTOR_LANES overrides the lanes (0 turns explicit SIMD off)."""
-  try: info = open("/proc/cpuinfo").read()
-  except OSError: info = ""
-  flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith(("flags", "Features"))), []))
+  flags = cpu_flags()
   lanes, regs = (16, 32) if "avx512f" in flags else (8, 16) if "avx2" in flags else (4, 32) if "asimd" in flags else (4, 16)
   return getenv("VECTOR_LANES", lanes), regs
+
+def dot4_max() -> int:
+  """`Renderer.dot4` for the host: the largest unsigned code WMMA "DOT4" multiplies exactly in one instruction: 255
+  with VNNI (vpdpbusd: AVX-512 VNNI with VL, or AVX-VNNI), 127 with pmaddubsw alone (its int16 pair sums saturate
+  beyond that; AVX2/SSSE3), 0 elsewhere (no DOT4: the portable form is slower than DOT2's). DOT4=0 turns it off."""
+  flags = cpu_flags()
+  best = 255 if {"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags else 127 if flags & {"avx2", "ssse3"} else 0
+  return best if getenv("DOT4", 1) else 0
 
 def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int, int]:
   """(L1 data, L2, L3) cache bytes of the host's first core, from Linux's sysfs cache description (0 for a level it
@@ -93,9 +105,10 @@ def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, 
     except (OSError, ValueError): continue
   return (getenv("CACHE_L1", sizes[1]), getenv("CACHE_L2", sizes[2]), getenv("CACHE_L3", sizes[3]))
 
-def _vector_prelude(types: dict[str, tuple[str, int]], body: str) -> str:
+def _vector_prelude(types: dict[str, tuple[str, int]], body: str, dot4: int = 255) -> str:
   """typedefs of the vector types (name -> scalar C type, bytes) and the helpers `body` uses: pg_fma_T (a*b+c rounded
-  once), pg_max_T (NaN-propagating max, as the scalar MAX) and pg_exp2f_T (the lane-wise pg_exp2f, bit for bit)."""
+  once), pg_max_T (NaN-propagating max, as the scalar MAX), pg_exp2f_T (the lane-wise pg_exp2f, bit for bit) and the
+  integer dots pg_dot2_T / pg_dot4_T (`dot4`: the largest unsigned code DOT4s are emitted for, see `_dot4_src`)."""
   out = [f"typedef {c} {n} __attribute__((vector_size({b})));" for n, (c, b) in types.items()]
   for n, (c, b) in types.items():
     lanes = b // {"double": 8, "float": 4}.get(c, 1)
@@ -112,6 +125,7 @@ def _vector_prelude(types: dict[str, tuple[str, int]], body: str) -> str:
                 f"static inline {n} pg_max_{n}({n} a, {n} b) {{ {mt} m = (a > b) | (a != a); return ({n})((({mt})a & m) | (({mt})b & ~m)); }}"]
     if f"pg_exp2f_{n}(" in body: out.append(_exp2f_vector_src(n, lanes))
     if f"pg_dot2_{n}(" in body: out.append(_dot2_src(n, b // 4))   # int32 lanes
+    if f"pg_dot4_{n}(" in body: out.append(_dot4_src(n, b // 4, dot4))
   return "\n".join(out)
 
 _MADD = {4: ("__SSE2__", "__m128i", "_mm_madd_epi16"), 8: ("__AVX2__", "__m256i", "_mm256_madd_epi16"),
@@ -130,6 +144,28 @@ def _dot2_src(v: str, lanes: int) -> str:
   guard, reg, fn = m
   return "\n".join([f"#if defined({guard})", "#include <immintrin.h>", "#endif", head, f"#if defined({guard})",
                     f"  return c + ({v}){fn}(({reg})a, ({reg})b);", "#else", generic, "#endif", "}"])
+
+_DPBUSD = {4: ("__m128i", "_mm", "__SSSE3__"), 8: ("__m256i", "_mm256", "__AVX2__"), 16: ("__m512i", "_mm512", "__AVX512BW__")}  # int32 lanes
+
+def _dot4_src(v: str, lanes: int, dot4: int = 255) -> str:
+  """pg_dot4_T(a, b, c) for int32 vector T of `lanes`: c[i] + the sum over j < 4 of a[4i+j]*b[4i+j], uint8 a and int8 b
+  of 4*lanes (WMMA "DOT4"). One vpdpbusd where the target has VNNI (AVX-512 VNNI; AVX-VNNI up to 256 bits); else, when
+  the kernel's codes are at most 127 (`dot4`, the renderer's bound: int16 pair sums can't saturate), pmaddubsw then
+  pmaddwd by ones; else widened even/odd shuffles, multiplied and added (exact: every sum fits int32)."""
+  u, s = f"pg_unsigned_char{4 * lanes}", f"pg_signed_char{4 * lanes}"
+  def part(x: str, j: int) -> str:
+    return f"__builtin_convertvector(__builtin_shufflevector({x}, {x}, {', '.join(str(4 * i + j) for i in range(lanes))}), {v})"
+  generic = "  return c + " + " + ".join(f"{part('a', j)} * {part('b', j)}" for j in range(4)) + ";"
+  head = f"static inline {v} pg_dot4_{v}({u} a, {s} b, {v} c) {{"
+  if (m := _DPBUSD.get(lanes)) is None: return "\n".join([head, generic, "}"])
+  reg, pre, guard = m
+  args = f"(({reg})c, ({reg})a, ({reg})b)"
+  vl = "defined(__AVX512VNNI__)" + ("" if lanes == 16 else " && defined(__AVX512VL__)")
+  out = ["#if defined(__SSE2__)", "#include <immintrin.h>", "#endif", head, f"#if {vl}", f"  return ({v}){pre}_dpbusd_epi32{args};"]
+  if lanes < 16: out += ["#elif defined(__AVXVNNI__)", f"  return ({v}){pre}_dpbusd_avx_epi32{args};"]
+  pairs = f"{pre}_maddubs_epi16(({reg})a, ({reg})b)"   # int16 sums of 2 products: exact for codes <= 127
+  if dot4 <= 127: out += [f"#elif defined({guard})", f"  return c + ({v}){pre}_madd_epi16({pairs}, {pre}_set1_epi16(1));"]
+  return "\n".join(out + ["#else", generic, "#endif", "}"])
 
 def _exp2f_vector_src(v: str, lanes: int) -> str:
   """pg_exp2f on a vector of float32 lanes, the same operations as the scalar one (selects by bit masks, rint by adding
@@ -194,6 +230,7 @@ pm_clang = PatternMatcher([
                                  f"pg_max_{ctx.ctype(x.dtype)}({a[0]}, {a[1]})")),
   (UPat(Ops.EXP2, dtypes.float32, name="x"), _vec(lambda ctx, x, a: f"pg_exp2f_{ctx.ctype(x.dtype)}({a[0]})")),
   (UPat(Ops.WMMA, dtypes.int32, name="x", arg="DOT2"), _vec(lambda ctx, x, a: f"pg_dot2_{ctx.ctype(x.dtype)}({a[0]}, {a[1]}, {a[2]})")),
+  (UPat(Ops.WMMA, dtypes.int32, name="x", arg="DOT4"), _vec(lambda ctx, x, a: f"pg_dot4_{ctx.ctype(x.dtype)}({a[0]}, {a[1]}, {a[2]})")),
   # scalars: FMA builtins, the vectorizable exp2f
   (UPat(Ops.MULACC, (dtypes.float32, dtypes.float64), name="x"),
    lambda ctx, x: None if x.dtype.count > 1 else
@@ -214,6 +251,7 @@ class ClangRenderer(CStyleRenderer):
   vectorizes_reductions = False  # set per device when the compiler is clang: see _loop
   vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
   dot2 = True  # WMMA "DOT2" (pairwise int16 multiply-add) on vectors: pg_dot2_T, pmaddwd on x86
+  dot4 = 0  # WMMA "DOT4" (uint8 x int8, 4 products a lane) on vectors: pg_dot4_T; set per device, see dot4_max
   vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
   prefetch_bytes = getenv("PREFETCH_BYTES", 4096)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
   prefetch_trips = getenv("PREFETCH_TRIPS", 16)  # strided loads: prefetch this many reduce-loop trips ahead (0: none)
@@ -296,7 +334,7 @@ class ClangRenderer(CStyleRenderer):
     split = "1LL" if self._outer is None else (f"{self._outer.src[0].arg}LL" if self._outer.src[0].op is Ops.CONST else
                                                f"(long long){self.work_const(self._outer.src[0])}")
     prelude = ([EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []) + ([pre] if (pre := self.emulation_prelude("".join(body))) else [])
-    if self._vtypes: prelude.insert(0, _vector_prelude(self._vtypes, "\n".join(body)))
+    if self._vtypes: prelude.insert(0, _vector_prelude(self._vtypes, "\n".join(body), self.dot4))
     return "\n".join([*prelude, f"static inline void {name}_k({params}) {{", *guard, *body, "}",
                       f"void {name}(void **bufs, const int *vals, int core_id, int core_n) {{",
                       f"  {name}_k({args}{', ' if args else ''}core_id, core_n);", "}",
@@ -449,6 +487,7 @@ class CPUDevice(Compiled):
       self.renderer.vectorizes_reductions = True
     if isinstance(self.renderer, ClangRenderer):
       self.renderer.vector_lanes, self.renderer.vector_regs = simd_shape()
+      self.renderer.dot4 = dot4_max()
       self.renderer.cache_bytes = cache_sizes()
     if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
       self.renderer.emulated = type(self.renderer).emulated | frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
