@@ -1,5 +1,6 @@
-"""The LLM's one-token quantized products per GGUF type, in one process: the integer form (`quant.dot2_linear`,
-pairwise int16 multiply-adds), the blockwise float form (`quant.blockwise_linear`) and the fused dequantize-then-
+"""The LLM's one-token quantized products per GGUF type, in one process: the integer forms (`quant.dot4_linear`,
+int8 activations and byte dot products, ACT_BITS=8's, where the host has DOT4 and the codes fit; `quant.dot2_linear`,
+int16 activations and pairwise int16 multiply-adds, the default), the blockwise float form (`quant.blockwise_linear`) and the fused dequantize-then-
 multiply (`x.linear(w.T)`), each through TinyJit; with --opts, hand-picked optimizations of the integer form's main
 kernel against the heuristic's (what the SPLIT/UPCAST choices in codegen/opt.py were measured with).
 
@@ -16,7 +17,7 @@ import gguf
 import numpy as np
 
 from plugrad import Tensor, TinyJit
-from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, repack, vector_lanes
+from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4, repack, vector_lanes
 from plugrad.codegen import get_program
 from plugrad.codegen.opt import Opt, heuristic_opts, ranges_of
 from plugrad.device import Device
@@ -50,6 +51,7 @@ def forms(qtype: str, rows: int, cols: int, batch: int, calls: int, rng: np.rand
   x = Tensor(rng.standard_normal((batch, 1, cols)).astype(np.float32)).realize()
   want = x.numpy()[:, 0].astype(np.float64) @ ref.T
   fns = {"dot2": lambda x: dot2_linear(x, bw, rows, lanes).realize(), "dense": lambda x: x.linear(w.transpose()).realize()}
+  if fits_dot4(bw, dot4_bound(w.device)): fns = {"dot4": lambda x: dot4_linear(x, bw, rows, lanes).realize(), **fns}
   if batch == 1: fns["blockwise"] = lambda x: blockwise_linear(x, bw, rows, lanes).realize()
   for name, fn in fns.items():
     jit = TinyJit(fn)

@@ -15,7 +15,8 @@ from plugrad import TinyJit
 from plugrad.apps.llm.generate import Generator
 from plugrad.device import Device, canonicalize
 from plugrad.apps.llm.model import Transformer, linear
-from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, has_dot2, repack, vector_lanes
+from plugrad.apps.llm.quant import (_REPACKABLE, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4,
+                                    has_dot2, prefers_dot4, repack, vector_lanes)
 from plugrad.engine.realize import buffer_for, get_runner
 from plugrad.nn.serialize import dequantize
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
@@ -28,8 +29,8 @@ GEOMETRY = {q: g for g, q in _REPACKABLE.items()}   # type -> (elements, bytes) 
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 QTYPES = list(GEOMETRY)
-# Q5_0/Q5_1 share one high-bit array among 4, 2 or 1 neighbouring blocks of a row: rows of 4, 2 and 3 blocks
-SHAPES = [(q, 4) for q in QTYPES] + [("Q5_0", 2), ("Q5_0", 3), ("Q5_1", 3)]
+# Q4/Q5 codes pair blocks and Q5 high bits share 8 blocks across rows: odd block counts (rows x blocks) too
+SHAPES = [(q, 4) for q in QTYPES] + [("Q5_0", 3), ("Q5_1", 5), ("Q4_0", 3), ("Q4_1", 5)]
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -126,6 +127,59 @@ def test_blockwise_products_match_float64(qtype):
   np.testing.assert_allclose(linear(Tensor(x[:1]), w, Tensor(b)).numpy(), want[:1], **tol, err_msg="linear")
   with pytest.raises(ValueError, match="don't fit"): blockwise_linear(Tensor(x[:1, :, :-32]), bw, rows, 8)
   with pytest.raises(ValueError, match="don't fit"): blockwise_linear(Tensor(x[:1]), bw, rows + 1, 8)
+
+
+def int8_activations(x: np.ndarray, S: int) -> np.ndarray:
+  """x (..., K) quantized to int8 per sub-block of S and dequantized, in float64 (llama.cpp's Q8 activations: scale
+  max |x| / 127, codes rounded half to even)."""
+  xr = x.astype(np.float64).reshape(*x.shape[:-1], -1, S)
+  dx = np.abs(xr).max(-1, keepdims=True).astype(np.float32) * np.float32(1 / 127)
+  inv = np.where(dx > 0, np.float32(127) / (dx * np.float32(127)), 0).astype(np.float32)
+  return (np.round(xr.astype(np.float32) * inv) * dx.astype(np.float64)).reshape(x.shape)
+
+
+DOT4_TYPES = [q for q in QTYPES if GEOMETRY[q][0] == 32 or q in ("Q4_K", "Q5_K")]   # sub-blocks of 32
+
+
+@pytest.mark.parametrize("qtype", DOT4_TYPES)
+def test_dot4_products_are_w_times_int8_x(qtype):
+  """`dot4_linear` (ACT_BITS=8, llama.cpp's numerics) is exactly w times x quantized to int8 per sub-block (float64
+  oracle of that quantization: agreement to float32 rounding, while the int8 error itself is ~1e-2 of the outputs),
+  for 1 and 3 rows, with a bias, for the lane counts of SSE/NEON, AVX2 and AVX-512; on a host with byte dot products
+  the kernel multiplies with WMMA "DOT4" (pg_dot4)."""
+  rows, cols = 12, 2 * 256
+  w, ref, rng = quantized_weight(qtype, rows, cols, sum(map(ord, qtype)) + 4)
+  bw = blockwise_of(w.uop)
+  x, b = rng.standard_normal((3, 1, cols)).astype(np.float32), rng.standard_normal(rows).astype(np.float32)
+  want = int8_activations(x, 32) @ ref.T + b
+  scale = np.abs(ref).max() * np.abs(x).max() * np.sqrt(cols)
+  for lanes in (4, 8, 16):
+    for xs in (x[:1], x):
+      got = dot4_linear(Tensor(xs), bw, rows, lanes, Tensor(b)).numpy()
+      np.testing.assert_allclose(got, want[:len(xs)], rtol=1e-5, atol=1e-6 * scale, err_msg=f"{lanes} lanes, {len(xs)} rows")
+  exact = x.astype(np.float64) @ ref.T + b
+  assert np.abs(want - exact).max() > 1e-4 * np.abs(exact).max()   # (the oracle differs from the exact product)
+  dev = canonicalize(Device.DEFAULT)
+  if not fits_dot4(bw, dot4_bound(dev)): return
+  srcs = [get_runner(dev, it.ast).spec.src for it in dot4_linear(Tensor(x[:1]), bw, rows, vector_lanes(dev)).schedule() if it.ast.op is Ops.SINK]
+  assert any("pg_dot4_" in s for s in srcs)
+
+
+def test_act_bits_chooses_the_product(monkeypatch):
+  """ACT_BITS=8 routes a one-token product of a sub-block-32 weight through `dot4_linear` (where the device has byte
+  dot products), the default 16 through `dot2_linear`; another value is refused with its name."""
+  rows, cols = 8, 256
+  w, ref, rng = quantized_weight("Q4_0", rows, cols, 3)
+  x = Tensor(rng.standard_normal((1, 1, cols)).astype(np.float32))
+  dev = canonicalize(Device.DEFAULT)
+  def kernels(): return " ".join(get_runner(dev, it.ast).spec.src for it in linear(x, w).schedule() if it.ast.op is Ops.SINK)
+  assert activation_bits() == 16
+  if has_dot2(dev): assert "pg_dot2_" in kernels() and "pg_dot4_" not in kernels()
+  monkeypatch.setenv("ACT_BITS", "8")
+  if prefers_dot4(blockwise_of(w.uop), dot4_bound(dev)): assert "pg_dot4_" in kernels()
+  np.testing.assert_allclose(linear(x, w).numpy()[0, 0], int8_activations(x.numpy(), 32)[0, 0] @ ref.T, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 16)
+  monkeypatch.setenv("ACT_BITS", "4")
+  with pytest.raises(ValueError, match="ACT_BITS must be 8 or 16"): linear(x, w)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])
@@ -273,13 +327,13 @@ def _pinned(lanes: int = 8, regs: int = 16):
   return ren
 
 
-@pytest.mark.parametrize("qtype,rows,cols,split", [("Q4_K", 64, 512, True), ("Q5_K", 64, 512, True), ("Q5_0", 64, 512, False)])
+@pytest.mark.parametrize("qtype,rows,cols,split", [("Q4_K", 64, 512, True), ("Q5_K", 64, 512, True), ("Q5_0", 64, 512, True)])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_dot2_kernel_tiles(qtype, rows, cols, split, batch):
   """The integer decode product's kernel on an AVX2-shaped host: DOT2 in the source, the weight stream prefetched (a
   Q4_K sub-block pair reads the same bytes: the address moves every other trip, and the stream was missed), the
-  enclosing reduce SPLIT by 2 where both copies read the same code bytes (Q4_K/Q5_K: one load, constant shifts; not
-  Q5_0, whose copies read other bytes), and a batched step's 4 rows upcast whole so that the cores split the outputs
+  enclosing reduce SPLIT by 2 where both copies read the same code bytes (one load, constant shifts: Q4_K/Q5_K, and
+  Q5_0 since its blocks pair up in 32 bytes), and a batched step's 4 rows upcast whole so that the cores split the outputs
   and each reads the weights once. Values against float64."""
   from plugrad.codegen import get_program
   from plugrad.codegen.opt import heuristic_opts, ranges_of

@@ -2,8 +2,8 @@
 
 A quantized weight (rows, cols) is block-affine: w[r, b*S + i] = d[r, b] * (q[r, b*S + i] + off) + m[r, b], with
 integer codes q, one scale d (and for some types a min m) per sub-block of S = 16 or 32 elements and a constant
-offset. `repack` re-lays the file's blocks out at load (codes in their own arrays with the high bits spread so a run
-of vector lanes shares one shift; scales kept as the file's float16 and converted where read, the K types' sub-block
+offset. `repack` re-lays the file's blocks out at load (codes in their own arrays, a block's codes a contiguous run of
+lanes with one shift: nibbles of two blocks share 32 bytes, Q5's fifth bits of 8 share 32; scales kept as the file's float16 and converted where read, the K types' sub-block
 scales as bytes multiplied by the super-block's scale where read: the file's bytes a weight, give or take 1/8 bit,
 Q6_K's codes excepted) and returns the dense expression, bit-identical to the `gguf` package's dequantize; the parts
 are kept in that expression's cache (`blockwise_of`).
@@ -16,6 +16,7 @@ chunk loop unrolls (at least 8 wide: at most 4 chunks; SmolLM2 Q4_1 gate/up on A
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import numpy as np
 
 from plugrad.device import Device
 from plugrad.dtype import dtypes
+from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
@@ -60,13 +62,24 @@ def _fields(qs: np.ndarray, groups: int, bits: int, count: int) -> Tensor:
   return (a._alu(Ops.SHR, s) & ((1 << bits) - 1)).reshape(n, groups * count * width)
 
 
-def _spread_bits(qh: np.ndarray, per: int) -> np.ndarray:
-  """Bit planes (n, nbytes) whose element e's bit is bit e % 8 of byte e // 8 (Q5_0/Q5_1's qh, several blocks' qh
-  side by side) -> bytes (n, per) where element e's bit is bit e // per of byte e % per (8*nbytes <= 8*per):
-  `_fields(.., 1, 1, 8*nbytes // per)` then reads runs of `per` consecutive elements with one shift."""
-  n, nb = qh.shape
-  bits = np.unpackbits(qh, axis=1, bitorder="little").reshape(n, 8 * nb // per, per)   # [n, k, i]: element k*per + i
-  return (bits.astype(np.uint8) << np.arange(8 * nb // per, dtype=np.uint8).reshape(1, -1, 1)).sum(axis=1, dtype=np.uint8)
+def _padded(a: np.ndarray, multiple: int) -> np.ndarray:
+  """`a` (n, ...) with zero rows appended up to a multiple of `multiple` rows."""
+  return np.concatenate([a, np.zeros((-len(a) % multiple, *a.shape[1:]), a.dtype)]) if len(a) % multiple else a
+
+
+def _nibble_pairs(codes: np.ndarray) -> Tensor:
+  """4-bit codes (n, 32) -> the int32 expression of them over rows of 32 bytes, each holding two neighbouring blocks:
+  code i of block 2t in byte i of row t's low nibble, of block 2t+1 in its high one. A vector of up to 32 lanes of a
+  block is one contiguous load and one shift (bytes: a whole block of 32 to one DOT4)."""
+  p = _padded(codes, 2)
+  return _fields(p[0::2] | (p[1::2] << 4), 1, 4, 2).reshape(-1, 32)[:len(codes)]
+
+
+def _bit_planes(bits: np.ndarray) -> Tensor:
+  """Bits (n, 32) (0 or 1) -> the int32 expression of them over rows of 32 bytes, each holding 8 neighbouring blocks:
+  bit i of block 8t + j in bit j of byte i of row t (Q5's 5th bits: one bit a weight, a run of lanes one shift)."""
+  p = _padded(bits, 8).reshape(-1, 8, 32)
+  return _fields((p << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)).sum(1, dtype=np.uint8), 1, 1, 8).reshape(-1, 32)[:len(bits)]
 
 
 def _f16_col(raw: np.ndarray, col: int) -> Tensor:
@@ -97,12 +110,14 @@ def _sub_scales(d: Tensor, codes: np.ndarray | Tensor) -> Tensor:
 class Blockwise:
   """The parts of a block-affine weight (see the module docstring), over its sub-blocks in row-major order: q (n, S)
   integer codes (an int32 expression of the repacked bytes, int8 for Q8_0; every code fits in int16), d (n, 1) float32
-  scales (expressions over float16 and byte buffers), m (n, 1) mins or None, `off` a constant added to every code.
-  Kept as UOps (live lazy Tensors would make every realize walk their graphs)."""
+  scales (expressions over float16 and byte buffers), m (n, 1) mins or None, `off` a constant added to every code,
+  `codes` the codes' (least, greatest) values by the type's definition. Kept as UOps (live lazy Tensors would make
+  every realize walk their graphs)."""
   q: UOp
   d: UOp
   off: float = 0.0
   m: UOp | None = None
+  codes: tuple[int, int] = (-32768, 32767)
 
   @staticmethod
   def of(q: Tensor, d: Tensor, off: float = 0.0, m: Tensor | None = None) -> Blockwise:
@@ -116,23 +131,30 @@ class Blockwise:
     return y + Tensor(self.m) if self.m is not None else y
 
 
-def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Blockwise:
+# the codes' range per type (`Blockwise.codes`)
+_CODES = {"Q4_0": (0, 15), "Q4_1": (0, 15), "Q5_0": (0, 31), "Q5_1": (0, 31), "Q8_0": (-128, 127), "Q2_K": (0, 3), "Q3_K": (-4, 3),
+          "Q4_K": (0, 15), "Q5_K": (0, 31), "Q6_K": (0, 63)}
+
+
+def _repack_blocks(raw: np.ndarray, qtype: str) -> Blockwise:
+  """`_repack_parts` with the type's code range."""
+  return dataclasses.replace(_repack_parts(raw, qtype), codes=_CODES[qtype])
+
+
+def _repack_parts(raw: np.ndarray, qtype: str) -> Blockwise:
   """The blocks `raw` (uint8 (n, block bytes)) as block-affine parts over repacked arrays: the float16 scales and mins
   as float16 buffers, the K types' sub-block scales as byte buffers (`_sub_scales`), the quants in their own
-  contiguous arrays (high bits spread so a run of lanes shares one shift). The arithmetic of `Blockwise.dense` is the
-  `gguf` package's, in its order, so the values are bit-identical to its dequantize. `row_blocks`: blocks per weight
-  row (Q5_0/Q5_1 share one 16-byte high-bit array among up to 4 neighbouring blocks of a row)."""
+  contiguous arrays (a block's 32 codes one contiguous run of lanes: the 4-bit codes of two neighbouring blocks
+  share 32 bytes, Q5's 5th bits of 8 blocks share 32, `_nibble_pairs`, `_bit_planes`). The arithmetic of
+  `Blockwise.dense` is the `gguf` package's, in its order, so the values are bit-identical to its dequantize."""
   n = raw.shape[0]
   f16 = functools.partial(_f16_col, raw)
-  if qtype in ("Q4_0", "Q4_1"):
-    q = _fields(raw[:, -16:], 1, 4, 2)    # low nibbles are elements 0..15, high 16..31
-    return Blockwise.of(q, f16(0), -8.0) if qtype == "Q4_0" else Blockwise.of(q, f16(0), m=f16(2))
-  if qtype in ("Q5_0", "Q5_1"):   # the 5th bits of g blocks (32*g elements) in 16 bytes: bit k of byte i is element 16k + i
-    o, g = 2 if qtype == "Q5_0" else 4, next(g for g in (4, 2, 1) if row_blocks % g == 0)
-    ql = _fields(raw[:, o + 4:o + 20].reshape(n // g, 16 * g), g, 4, 2)
-    qh = _fields(_spread_bits(raw[:, o:o + 4].reshape(n // g, 4 * g), 16), 1, 1, 2 * g)
-    q = (ql | (qh << 4)).reshape(n, 32)
-    return Blockwise.of(q, f16(0), -16.0) if qtype == "Q5_0" else Blockwise.of(q, f16(0), m=f16(2))
+  if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):   # element i < 16 in byte i's low nibble, 16 + i in its high one
+    o = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[qtype]
+    q = _nibble_pairs(np.concatenate([raw[:, o:o + 16] & 15, raw[:, o:o + 16] >> 4], axis=1))
+    if qtype in ("Q5_0", "Q5_1"): q = q | (_bit_planes(np.unpackbits(raw[:, o - 4:o], axis=1, bitorder="little")) << 4)
+    if qtype in ("Q4_1", "Q5_1"): return Blockwise.of(q, f16(0), m=f16(2))
+    return Blockwise.of(q, f16(0), -8.0 if qtype == "Q4_0" else -16.0)
   if qtype == "Q8_0": return Blockwise.of(Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)), f16(0))
   if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
     sc = Tensor(np.ascontiguousarray(raw[:, :16]))   # the 4-bit scale and min of a sub-block in one byte
@@ -152,11 +174,11 @@ def _repack_blocks(raw: np.ndarray, qtype: str, row_blocks: int = 1) -> Blockwis
     else: q = _fields(raw[:, 48:], 4, 4, 2) | (_fields(raw[:, 16:48], 1, 1, 8) << 4)
     return Blockwise.of(q.reshape(n * 8, 32), _sub_scales(f16(0), sc), m=_sub_scales(-f16(2), mn))
   if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
-    # unpacked at load into one signed byte a code (q - 32): 8 bits a weight against the file's 6.56, but the decode
-    # product is compute-bound on unpacking 6-bit codes (qwen2's down projection: ~15 vector ops per 16 weights)
+    # unpacked at load into one byte a code: 8 bits a weight against the file's 6.56, but the decode product is
+    # compute-bound on unpacking 6-bit codes (qwen2's down projection: ~15 vector ops per 16 weights)
     d = _sub_scales(f16(208), raw[:, 192:208].view(np.int8))
-    q = ((_fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)) - 32).cast(dtypes.int8)
-    return Blockwise.of(q.reshape(n * 16, 16).contiguous().realize(), d)
+    q = (_fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)).cast(dtypes.uint8)
+    return Blockwise.of(q.reshape(n * 16, 16).contiguous().realize(), d, -32.0)
   raise ValueError(f"no repacked layout for {qtype}")
 
 
@@ -167,7 +189,7 @@ def repack(u: UOp) -> UOp:
   if (found := _blocks_of(u)) is None or (qtype := _REPACKABLE.get(found[1:])) is None: return u
   b, elems, tsize = found
   with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
-    bw = _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype, u.shape[-1] // elems)
+    bw = _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype)
     out = bw.dense().reshape(u.shape).uop
   out._cached()["blockwise"] = bw
   return out
@@ -186,6 +208,11 @@ def vector_lanes(device: str | tuple[str, ...]) -> int:
 def has_dot2(device: str | tuple[str, ...]) -> bool:
   """Whether `device`'s renderer computes pairwise int16 multiply-adds on its vectors (`Renderer.dot2`)."""
   return not isinstance(device, tuple) and vector_lanes(device) >= 2 and getattr(Device[device].renderer, "dot2", False)
+
+
+def dot4_bound(device: str | tuple[str, ...]) -> int:
+  """The largest unsigned code `device`'s renderer multiplies with int8 in WMMA "DOT4" (`Renderer.dot4`; 0: none)."""
+  return 0 if isinstance(device, tuple) or vector_lanes(device) < 2 else int(getattr(Device[device].renderer, "dot4", 0))
 
 
 def _check_fit(x: Tensor, bw: Blockwise, out_features: int, lanes: int) -> tuple[int, int]:
@@ -243,5 +270,71 @@ def dot2_linear(x: Tensor, bw: Blockwise, out_features: int, lanes: int, b: Tens
   t = (q.reshape(1, out_features, B, C, P, 2) * xq.reshape(R, 1, B, C, P, 2).cast(dtypes.int32)).sum((3, 5))   # (R, out, B, P) int32
   y = (Tensor(bw.d).reshape(1, out_features, B, 1) * dx.reshape(R, 1, B, 1)) * t.cast(dtypes.float32)
   if bw.m is not None: y = y + Tensor(bw.m).reshape(1, out_features, B, 1) * x.reshape(R, 1, B, C, P, 2).cast(dtypes.float32).sum((3, 5)).contiguous()
+  y = y.sum((2, 3)).reshape(*x.shape[:-1], out_features)
+  return y + b if b is not None else y
+
+
+X8 = 127  # int8 activations: x = dx * xq with |xq| <= X8 per sub-block
+
+
+def quantize8(x: Tensor, S: int) -> tuple[Tensor, Tensor]:
+  """x (..., K) per sub-block of S: (xq int8 (..., K), dx float32 (..., K // S, 1)) with x ~ dx * xq, dx the sub-block's
+  max |x| / 127: llama.cpp's Q8 activations (error at most dx / 2 an element, 1/254 of the sub-block's largest: 258x
+  `quantize16`'s). A zero sub-block gets dx = 0 and codes 0; a non-finite one a non-finite dx. xq is realized by a
+  kernel of its own."""
+  xr = x.cast(dtypes.float32).reshape(*x.shape[:-1], x.shape[-1] // S, S)
+  amax = xr.abs().max(-1, keepdim=True)
+  inv = (amax > 0).where(X8 / amax, 0.0)
+  return (xr * inv).round().cast(dtypes.int8).reshape(x.shape).contiguous(), amax * (1.0 / X8)
+
+
+def unsigned_codes(bw: Blockwise) -> tuple[Tensor, int]:
+  """The weight's codes moved to start at 0, as int32 (u = q - lo with lo the codes' least possible value when it is
+  negative, else 0), and the constant then added to every u: w = d*(u + lo + off) + m."""
+  q, lo = Tensor(bw.q).cast(dtypes.int32), min(bw.codes[0], 0)
+  return (q - lo if lo else q), lo + int(bw.off)
+
+
+def activation_bits() -> int:
+  """ACT_BITS, the integer decode products' activation precision: 16 (default; x quantized to int16 per sub-block,
+  `dot2_linear`, error 2^-16 of a sub-block's largest) or 8 (llama.cpp's int8 activations, `dot4_linear`: faster on
+  CPUs with byte dot products, 258x coarser; greedy answers of small models can change, SmolLM2's among them)."""
+  if (bits := getenv("ACT_BITS", 16)) not in (8, 16): raise ValueError(f"ACT_BITS must be 8 or 16, got {bits}")
+  return bits
+
+
+def fits_dot4(bw: Blockwise, bound: int) -> bool:
+  """Whether the weight's unsigned codes (`unsigned_codes`) are at most `bound` and its offset is an integer."""
+  return bound > 0 and float(bw.off).is_integer() and bw.codes[1] - min(bw.codes[0], 0) <= bound
+
+
+def prefers_dot4(bw: Blockwise, bound: int) -> bool:
+  """`dot4_linear` over `dot2_linear` for this weight (with ACT_BITS=8): its codes fit DOT4 (`fits_dot4`) and a
+  sub-block fills 32 byte lanes (sub-blocks of 32; those of 16 fill half a 256-bit vector, and measured slower than
+  DOT2's int16 lanes: qwen2's Q6_K down projection 236 against 174 us on an AVX-512 VNNI box)."""
+  return fits_dot4(bw, bound) and bw.q.shape[1] >= 32
+
+
+def dot4_linear(x: Tensor, bw: Blockwise, out_features: int, lanes: int, b: Tensor | None = None) -> Tensor:
+  """x @ w.T (+ b) for x (..., 1, in) as integer products of bytes, llama.cpp's numerics: x quantized to int8 per
+  sub-block (`quantize8`), times each sub-block's unsigned codes u (`unsigned_codes`) in int32,
+  sum_(b,l) d*dx*(sum_(c,j) u*xq + c0*xqs) + m*dx*xqs over lanes l of P = min(lanes, S/4) int32 lanes of 4 products
+  j, chunks c (c0: the codes' constant, xqs: xq summed over c and j, computed once per x): exactly w times the
+  quantized x (the mins too take the quantized x's sums, as llama.cpp's Q8_1, so the error sum_i w_i*e_i has centered
+  weights; x's exact sums would leave d*sum_i q_i*e_i, ~3x larger for Q4_1). A renderer with `dot4` reads u and xq as
+  4P byte lanes and does a lane's 4 multiply-adds in one instruction (vpdpbusd): the codes are unpacked in byte lanes.
+  The model takes it with ACT_BITS=8 (model.linear); x's error is 258x `dot2_linear`'s."""
+  S, K = _check_fit(x, bw, out_features, lanes)
+  P = min(lanes, S // 4)
+  B, C, R = K // S, S // (4 * P), math.prod(x.shape[:-1])
+  xq, dx = quantize8(x.reshape(R, K), S)
+  u, c0 = unsigned_codes(bw)
+  xr = xq.reshape(R, 1, B, C, P, 4).cast(dtypes.int32)
+  xqs = xr.sum((3, 5))   # (R, 1, B, P)
+  t = (u.reshape(1, out_features, B, C, P, 4) * xr).sum((3, 5))   # (R, out, B, P) int32
+  if c0: t = t + (xqs * c0).contiguous()   # (the add becomes the dot's accumulator)
+  dxb = dx.reshape(R, 1, B, 1)
+  y = (Tensor(bw.d).reshape(1, out_features, B, 1) * dxb) * t.cast(dtypes.float32)
+  if bw.m is not None: y = y + Tensor(bw.m).reshape(1, out_features, B, 1) * (dxb * xqs.cast(dtypes.float32)).contiguous()
   y = y.sum((2, 3)).reshape(*x.shape[:-1], out_features)
   return y + b if b is not None else y
