@@ -3,10 +3,10 @@
 A quantized weight (rows, cols) is block-affine: w[r, b*S + i] = d[r, b] * (q[r, b*S + i] + off) + m[r, b], with
 integer codes q, one scale d (and for some types a min m) per sub-block of S = 16 or 32 elements and a constant
 offset. `repack` re-lays the file's blocks out at load (codes in their own arrays, a block's codes a contiguous run of
-lanes with one shift: nibbles of two blocks share 32 bytes, Q5's fifth bits of 8 share 32; scales kept as the file's float16 and converted where read, the K types' sub-block
-scales as bytes multiplied by the super-block's scale where read: the file's bytes a weight, give or take 1/8 bit,
-Q6_K's codes excepted) and returns the dense expression, bit-identical to the `gguf` package's dequantize; the parts
-are kept in that expression's cache (`blockwise_of`).
+lanes with one shift: nibbles of two blocks share 32 bytes, Q5's fifth bits of 8 share 32; scales kept as the file's
+float16 and converted where read, the K types' sub-block scales as bytes multiplied by the super-block's scale where
+read: the file's bytes a weight, give or take 1/8 bit, Q6_K's codes excepted) and returns the dense expression,
+bit-identical to the `gguf` package's dequantize; the parts are kept in that expression's cache (`blockwise_of`).
 
 `blockwise_linear` computes x @ w.T for a token (one row of x) from the parts: each sub-block's codes are summed
 against x first and the scale applied once per sub-block and lane, sum_(b,l) d*(sum_c x*q + off*xs) + m*xs with xs the
