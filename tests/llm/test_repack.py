@@ -60,6 +60,16 @@ def test_repack_is_bit_exact(qtype, row_blocks, data):
   np.testing.assert_array_equal(bits(base), bits(ref), err_msg=f"dequantize {qtype}")
 
 
+@pytest.mark.parametrize("qtype,nblocks", [("Q4_0", 3), ("Q4_1", 1), ("Q5_0", 5), ("Q5_1", 9)])
+def test_repack_odd_block_counts(qtype, nblocks):
+  """Block counts that don't fill the last 32-byte pair of nibbles or group of 8 fifth bits (one row): the padding
+  never shows, values bit-identical to the `gguf` package's."""
+  elems, tsize = GEOMETRY[qtype]
+  blocks = finite_blocks(qtype, nblocks, np.random.default_rng(nblocks))
+  ref = gguf.quants.dequantize(blocks.reshape(1, -1), getattr(gguf.GGMLQuantizationType, qtype))
+  np.testing.assert_array_equal(bits(packed(blocks, qtype, 1).numpy()), bits(ref))
+
+
 # the repacked layout's bits a weight: the file's (scales kept as float16, the sub-block scales of Q3_K-Q5_K as bytes:
 # 1/8 bit more than the file's 6-bit packing), Q6_K's codes a byte each (its decode product is compute-bound on 6 bits)
 REPACKED_BITS = {q: GEOMETRY[q][1] * 8 / GEOMETRY[q][0] + (0.125 if q in ("Q3_K", "Q4_K", "Q5_K") else 0) for q in QTYPES} | {"Q6_K": 8.5625}
