@@ -90,13 +90,15 @@ def q4_weight(n: int = 64, k: int = 256) -> tuple[Tensor, np.ndarray]:
 
 
 def test_matvec_vector_reduce_with_bit_unpacking():
-  """A Q4-style dequantizing matvec: lanes along the contiguous reduce axis, two copies per 32-element block."""
+  """A Q4-style dequantizing matvec: lanes along the contiguous reduce axis, two copies per 32-element block, and no
+  UPCAST of the weight rows: their copies would share only x (in L1) while each adds a weight stream from memory
+  (qwen2's Q8_0 output layer: 6.5-7.8 ms with 4 rows a step, 3.9-4.1 ms with one)."""
   w, wn = q4_weight()
   k = wn.shape[1]
   x = rand(1, k)
   t = Tensor(x) @ w.T
   ref = x @ wn.T
-  assert [o.kind for o in chosen(t)] == ["VECTOR", "SPLIT", "UPCAST"] and chosen(t)[0].rid == 1
+  assert [o.kind for o in chosen(t)] == ["VECTOR", "SPLIT"] and chosen(t)[0].rid == 1
   got, src = run(t)
   assert "__builtin_convertvector" in src and "pg_int16" in src  # nibbles unpacked in int32 lanes
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

@@ -369,11 +369,34 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
     # a whole axis of 2 or 4 may be upcast (a batched decode step's 4 rows: each weight is read and dequantized once
     # for all of them, and the cores split the columns)
     # (ties: the shorter axis, upcast whole: a batched decode step's rows share the weight stream, not x's)
+    # not an axis whose copies share only the smaller operand while each streams its own part of the larger one (a
+    # decode matvec's weight rows: the copies share x, already in L1, and each adds a weight stream; the Q8_0 output
+    # layer of qwen2, 145 MB from DRAM: 4 rows 6.5-7.8 ms, 1 row 3.9-4.1 ms)
     for g in sorted(reuse, key=lambda g: (-sum(g not in ix.toposort() for ix in loads), _const_end(g) or 1 << 30)):
+      if _shares_only_the_smaller(g, loads): continue
       if (k := _pick(g, (4, 2), min(4, budget), whole=True)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
-    if all(o.kind != "UPCAST" for o in opts):  # streaming: four accumulator chains
-      opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and _divides(_outer(ranges_of(ast)[o.rid], lanes), 4) else o for o in opts]
+    if all(o.kind != "UPCAST" for o in opts) and not _streams_against_shared(ast, glbl):  # streaming: four accumulator chains
+      # (not a matvec's rows: two chains keep its weight stream's steps prefetchable, <= 128 bytes a trip)
+      opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and o.rid == vr.arg[0] and _divides(_outer(ranges_of(ast)[o.rid], lanes), 4) else o
+              for o in opts]   # (the vector range's own SPLIT; a shared SPLIT of sub-block pairs stays 2)
   return opts
+
+
+def _streams_against_shared(ast: UOp, glbl: list[UOp]) -> bool:
+  """A matvec-like reduce: one of its loop's loads moves with an output range and another doesn't (rows against x)."""
+  loads = _reduce_loads(ast)
+  return any(any(g in ix.toposort() for ix in loads) and any(g not in ix.toposort() for ix in loads) for g in glbl)
+
+
+def _span(ix: UOp) -> int:
+  """The elements an INDEX can reach: the product of its ranges' trip counts (symbolic ones at their bound)."""
+  return math.prod(int(r.src[0].vmax) for r in ix.toposort() if r.op is Ops.RANGE)
+
+
+def _shares_only_the_smaller(g: UOp, loads: list[UOp]) -> bool:
+  """Whether upcasting range `g` shares only loads that reach fewer elements than the ones that move with it."""
+  shared, moving = [_span(ix) for ix in loads if g not in ix.toposort()], [_span(ix) for ix in loads if g in ix.toposort()]
+  return bool(shared and moving) and max(shared) < max(moving)
 
 
 def _shared_split(ast: UOp, a: UOp, cs: list[UOp], lanes: int) -> UOp | None:
@@ -462,8 +485,10 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   if not reduces or upcast_max < 2: return []
   red_rngs = sorted({r for n in reduces for r in n.src[1:]}, key=lambda r: r.arg[0])
   opts: list[Opt] = (vector_opts(ast, lanes, regs, dots) or []) if lanes >= 2 else []
-  if not split_reduce and all(o.kind in ("VECTOR", "SPLIT") and ranges_of(ast)[o.rid].arg[1] == "reduce" for o in opts):
+  if not split_reduce and all(o.kind in ("VECTOR", "SPLIT") and ranges_of(ast)[o.rid].arg[1] == "reduce" for o in opts) and \
+     not (dots and any(group_dot_range(n, dots) is not None for n in reduces)) and not _streams_against_shared(ast, glbl):
     opts = []  # a streaming reduce (nothing to register-block): the compiler's loop vectorizer does the same, and better
+    #          (not a group dot's: the compiler has no DOT2/DOT4; nor a matvec's: its scalar upcasts ran 4x slower)
   if not opts: opts = _scalar_opts(ast, upcast_max, split_reduce, glbl, reduces, red_rngs)
   unroll = 1
   groups = {p for n in reduces if (p := group_dot_range(n, dots)) is not None} if dots and any(o.kind == "VECTOR" for o in opts) else set()
