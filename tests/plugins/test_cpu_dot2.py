@@ -11,16 +11,18 @@ import pytest
 plugrad_cpu = pytest.importorskip("plugrad_cpu.device")
 
 
-def _lib(lanes: int, portable: bool) -> ctypes.CDLL:
-  v, s = f"pg_int{lanes}", f"pg_short{2 * lanes}"
-  src = "\n".join([*(["#undef __SSE2__", "#undef __AVX2__", "#undef __AVX512BW__"] if portable else []),
-    f"typedef int {v} __attribute__((vector_size({4 * lanes})));", f"typedef short {s} __attribute__((vector_size({4 * lanes})));",
-    plugrad_cpu._dot2_src(v, lanes),
-    "void dot(const short *a, const short *b, const int *c, int *out, int n) {",
-    f"  for (int i = 0; i < n; i++) {{ {s} x, y; {v} z; __builtin_memcpy(&x, a + i * {2 * lanes}, sizeof(x));",
-    f"    __builtin_memcpy(&y, b + i * {2 * lanes}, sizeof(y)); __builtin_memcpy(&z, c + i * {lanes}, sizeof(z));",
-    f"    z = pg_dot2_{v}(x, y, z); __builtin_memcpy(out + i * {lanes}, &z, sizeof(z)); }}", "}"])
-  return plugrad_cpu.load_library(plugrad_cpu.ClangCompiler().compile(src), "the dot2 test")
+def _lib(lanes: int, g: int, elems: tuple[str, str], helper: str, undef: list[str]) -> ctypes.CDLL:
+  """`dot(a, b, c, out, n)` over n vectors: out = pg_dot<g>_T(a, b, c) with int32 T of `lanes`, a and b of g*lanes
+  elements of C types `elems`, the helper's source `helper`, after the macros `undef` are undefined."""
+  v, (ea, eb) = f"pg_int{lanes}", elems
+  ta, tb = (f"pg_{e.replace(' ', '_')}{g * lanes}" for e in elems)
+  src = "\n".join([*undef, f"typedef int {v} __attribute__((vector_size({4 * lanes})));",
+    *dict.fromkeys(f"typedef {e} {t} __attribute__((vector_size({4 * lanes})));" for e, t in ((ea, ta), (eb, tb))),   # g elements a lane
+    helper, f"void dot(const {ea} *a, const {eb} *b, const int *c, int *out, int n) {{",
+    f"  for (int i = 0; i < n; i++) {{ {ta} x; {tb} y; {v} z; __builtin_memcpy(&x, a + i * {g * lanes}, sizeof(x));",
+    f"    __builtin_memcpy(&y, b + i * {g * lanes}, sizeof(y)); __builtin_memcpy(&z, c + i * {lanes}, sizeof(z));",
+    f"    z = pg_dot{g}_{v}(x, y, z); __builtin_memcpy(out + i * {lanes}, &z, sizeof(z)); }}", "}"])
+  return plugrad_cpu.load_library(plugrad_cpu.ClangCompiler().compile(src), f"the dot{g} test")
 
 
 @pytest.mark.parametrize("lanes", [2, 4, 8, 16])
@@ -33,7 +35,9 @@ def test_dot2_against_numpy(lanes: int, portable: bool):
   c = rng.integers(-(1 << 20), 1 << 20, (n, lanes)).astype(np.int32)
   out = np.empty_like(c)
   ptr = lambda x, t: x.ctypes.data_as(ctypes.POINTER(t))
-  _lib(lanes, portable).dot(ptr(a, ctypes.c_short), ptr(b, ctypes.c_short), ptr(c, ctypes.c_int), ptr(out, ctypes.c_int), n)
+  undef = ["#undef __SSE2__", "#undef __AVX2__", "#undef __AVX512BW__"] if portable else []
+  lib = _lib(lanes, 2, ("short", "short"), plugrad_cpu._dot2_src(f"pg_int{lanes}", lanes), undef)
+  lib.dot(ptr(a, ctypes.c_short), ptr(b, ctypes.c_short), ptr(c, ctypes.c_int), ptr(out, ctypes.c_int), n)
   p = a.astype(np.int64) * b.astype(np.int64)
   want = (c + p[:, 0::2] + p[:, 1::2] + (1 << 31)) % (1 << 32) - (1 << 31)   # int32 wrap-around, as pmaddwd
   np.testing.assert_array_equal(out, want.astype(np.int32))
@@ -41,18 +45,6 @@ def test_dot2_against_numpy(lanes: int, portable: bool):
 
 _NO_VNNI = ["#undef __AVX512VNNI__", "#undef __AVXVNNI__"]
 _NO_SIMD = [*_NO_VNNI, "#undef __SSSE3__", "#undef __AVX2__", "#undef __AVX512BW__"]
-
-
-def _lib4(lanes: int, undef: list[str], dot4: int) -> ctypes.CDLL:
-  v, u, s = f"pg_int{lanes}", f"pg_unsigned_char{4 * lanes}", f"pg_signed_char{4 * lanes}"
-  src = "\n".join([*undef, f"typedef int {v} __attribute__((vector_size({4 * lanes})));",
-    f"typedef unsigned char {u} __attribute__((vector_size({4 * lanes})));", f"typedef signed char {s} __attribute__((vector_size({4 * lanes})));",
-    plugrad_cpu._dot4_src(v, lanes, dot4),
-    "void dot(const unsigned char *a, const signed char *b, const int *c, int *out, int n) {",
-    f"  for (int i = 0; i < n; i++) {{ {u} x; {s} y; {v} z; __builtin_memcpy(&x, a + i * {4 * lanes}, sizeof(x));",
-    f"    __builtin_memcpy(&y, b + i * {4 * lanes}, sizeof(y)); __builtin_memcpy(&z, c + i * {lanes}, sizeof(z));",
-    f"    z = pg_dot4_{v}(x, y, z); __builtin_memcpy(out + i * {lanes}, &z, sizeof(z)); }}", "}"])
-  return plugrad_cpu.load_library(plugrad_cpu.ClangCompiler().compile(src), "the dot4 test")
 
 
 @pytest.mark.parametrize("lanes", [2, 4, 8, 16])
@@ -70,6 +62,7 @@ def test_dot4_against_numpy(lanes: int, form: str):
   out = np.empty_like(c)
   ptr = lambda x, t: x.ctypes.data_as(ctypes.POINTER(t))
   undef = {"native": [], "no-vnni": _NO_VNNI, "portable": _NO_SIMD}[form]
-  _lib4(lanes, undef, dot4).dot(ptr(a, ctypes.c_ubyte), ptr(b, ctypes.c_byte), ptr(c, ctypes.c_int), ptr(out, ctypes.c_int), n)
+  lib = _lib(lanes, 4, ("unsigned char", "signed char"), plugrad_cpu._dot4_src(f"pg_int{lanes}", lanes, dot4), undef)
+  lib.dot(ptr(a, ctypes.c_ubyte), ptr(b, ctypes.c_byte), ptr(c, ctypes.c_int), ptr(out, ctypes.c_int), n)
   p = (a.astype(np.int64) * b.astype(np.int64)).reshape(n, lanes, 4).sum(2)
   np.testing.assert_array_equal(out, (c + p).astype(np.int32))

@@ -375,16 +375,15 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
     for g in sorted(reuse, key=lambda g: (-sum(g not in ix.toposort() for ix in loads), _const_end(g) or 1 << 30)):
       if _shares_only_the_smaller(g, loads): continue
       if (k := _pick(g, (4, 2), min(4, budget), whole=True)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
-    if all(o.kind != "UPCAST" for o in opts) and not _streams_against_shared(ast, glbl):  # streaming: four accumulator chains
+    if all(o.kind != "UPCAST" for o in opts) and not _streams_against_shared(loads, glbl):  # streaming: four accumulator chains
       # (not a matvec's rows: two chains keep its weight stream's steps prefetchable, <= 128 bytes a trip)
       opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and o.rid == vr.arg[0] and _divides(_outer(ranges_of(ast)[o.rid], lanes), 4) else o
               for o in opts]   # (the vector range's own SPLIT; a shared SPLIT of sub-block pairs stays 2)
   return opts
 
 
-def _streams_against_shared(ast: UOp, glbl: list[UOp]) -> bool:
-  """A matvec-like reduce: one of its loop's loads moves with an output range and another doesn't (rows against x)."""
-  loads = _reduce_loads(ast)
+def _streams_against_shared(loads: list[UOp], glbl: list[UOp]) -> bool:
+  """A matvec-like reduce: one of its loop's `loads` moves with an output range and another doesn't (rows against x)."""
   return any(any(g in ix.toposort() for ix in loads) and any(g not in ix.toposort() for ix in loads) for g in glbl)
 
 
@@ -486,7 +485,7 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   red_rngs = sorted({r for n in reduces for r in n.src[1:]}, key=lambda r: r.arg[0])
   opts: list[Opt] = (vector_opts(ast, lanes, regs, dots) or []) if lanes >= 2 else []
   if not split_reduce and all(o.kind in ("VECTOR", "SPLIT") and ranges_of(ast)[o.rid].arg[1] == "reduce" for o in opts) and \
-     not (dots and any(group_dot_range(n, dots) is not None for n in reduces)) and not _streams_against_shared(ast, glbl):
+     not (dots and any(group_dot_range(n, dots) is not None for n in reduces)) and not _streams_against_shared(_reduce_loads(ast), glbl):
     opts = []  # a streaming reduce (nothing to register-block): the compiler's loop vectorizer does the same, and better
     #          (not a group dot's: the compiler has no DOT2/DOT4; nor a matvec's: its scalar upcasts ran 4x slower)
   if not opts: opts = _scalar_opts(ast, upcast_max, split_reduce, glbl, reduces, red_rngs)

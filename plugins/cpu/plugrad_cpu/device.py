@@ -8,6 +8,7 @@ C such as the smoke kernel) are called directly as `void name(T0 *buf0, ..., int
 """
 from __future__ import annotations
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -69,11 +70,12 @@ def _exp2f_src() -> str:
 
 EXP2F_SRC = _exp2f_src()
 
-def cpu_flags() -> set[str]:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
   """The host CPU's feature flags from /proc/cpuinfo (x86 "flags", ARM "Features"); empty where it can't be read."""
   try: info = open("/proc/cpuinfo").read()
   except OSError: info = ""
-  return set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith(("flags", "Features"))), []))
+  return frozenset(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith(("flags", "Features"))), []))
 
 def simd_shape() -> tuple[int, int]:
   """(float32 lanes of one vector register, vector registers) of the host, from /proc/cpuinfo: AVX-512 (16, 32),
@@ -128,8 +130,9 @@ def _vector_prelude(types: dict[str, tuple[str, int]], body: str, dot4: int = 25
     if f"pg_dot4_{n}(" in body: out.append(_dot4_src(n, b // 4, dot4))
   return "\n".join(out)
 
-_MADD = {4: ("__SSE2__", "__m128i", "_mm_madd_epi16"), 8: ("__AVX2__", "__m256i", "_mm256_madd_epi16"),
-         16: ("__AVX512BW__", "__m512i", "_mm512_madd_epi16")}   # int32 lanes -> the x86 pairwise multiply-add
+# int32 lanes -> the x86 register, its intrinsics' prefix, and the macros of pmaddwd's and pmaddubsw's widths
+_X86_INT = {4: ("__m128i", "_mm", "__SSE2__", "__SSSE3__"), 8: ("__m256i", "_mm256", "__AVX2__", "__AVX2__"),
+            16: ("__m512i", "_mm512", "__AVX512BW__", "__AVX512BW__")}
 
 def _dot2_src(v: str, lanes: int) -> str:
   """pg_dot2_T(a, b, c) for int32 vector T of `lanes`: c[i] + a[2i]*b[2i] + a[2i+1]*b[2i+1] with int16 a, b of 2*lanes
@@ -140,12 +143,10 @@ def _dot2_src(v: str, lanes: int) -> str:
   def half(x: str, idx: str) -> str: return f"__builtin_convertvector(__builtin_shufflevector({x}, {x}, {idx}), {v})"
   generic = f"  return c + {half('a', ev)} * {half('b', ev)} + {half('a', od)} * {half('b', od)};"
   head = f"static inline {v} pg_dot2_{v}({s} a, {s} b, {v} c) {{"
-  if (m := _MADD.get(lanes)) is None: return "\n".join([head, generic, "}"])
-  guard, reg, fn = m
+  if (m := _X86_INT.get(lanes)) is None: return "\n".join([head, generic, "}"])
+  reg, pre, guard, _ = m
   return "\n".join([f"#if defined({guard})", "#include <immintrin.h>", "#endif", head, f"#if defined({guard})",
-                    f"  return c + ({v}){fn}(({reg})a, ({reg})b);", "#else", generic, "#endif", "}"])
-
-_DPBUSD = {4: ("__m128i", "_mm", "__SSSE3__"), 8: ("__m256i", "_mm256", "__AVX2__"), 16: ("__m512i", "_mm512", "__AVX512BW__")}  # int32 lanes
+                    f"  return c + ({v}){pre}_madd_epi16(({reg})a, ({reg})b);", "#else", generic, "#endif", "}"])
 
 def _dot4_src(v: str, lanes: int, dot4: int = 255) -> str:
   """pg_dot4_T(a, b, c) for int32 vector T of `lanes`: c[i] + the sum over j < 4 of a[4i+j]*b[4i+j], uint8 a and int8 b
@@ -157,8 +158,8 @@ def _dot4_src(v: str, lanes: int, dot4: int = 255) -> str:
     return f"__builtin_convertvector(__builtin_shufflevector({x}, {x}, {', '.join(str(4 * i + j) for i in range(lanes))}), {v})"
   generic = "  return c + " + " + ".join(f"{part('a', j)} * {part('b', j)}" for j in range(4)) + ";"
   head = f"static inline {v} pg_dot4_{v}({u} a, {s} b, {v} c) {{"
-  if (m := _DPBUSD.get(lanes)) is None: return "\n".join([head, generic, "}"])
-  reg, pre, guard = m
+  if (m := _X86_INT.get(lanes)) is None: return "\n".join([head, generic, "}"])
+  reg, pre, _, guard = m
   args = f"(({reg})c, ({reg})a, ({reg})b)"
   vl = "defined(__AVX512VNNI__)" + ("" if lanes == 16 else " && defined(__AVX512VL__)")
   out = ["#if defined(__SSE2__)", "#include <immintrin.h>", "#endif", head, f"#if {vl}", f"  return ({v}){pre}_dpbusd_epi32{args};"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plugrad.device import Device
-from plugrad.dtype import dtypes
+from plugrad.dtype import DType, dtypes
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
@@ -247,10 +247,15 @@ def quantize16(x: Tensor, S: int) -> tuple[Tensor, Tensor]:
   """x (..., K) per sub-block of S: (xq int16 (..., K), dx float32 (..., K // S, 1)) with x ~ dx * xq, dx the sub-block's
   max |x| / 32767 (error at most dx / 2 an element, 2^-16 of the sub-block's largest). A zero sub-block gets dx = 0 and
   codes 0; a non-finite one a non-finite dx (its products stay non-finite). xq is realized by a kernel of its own."""
+  return _quantize(x, S, X16, dtypes.int16)
+
+
+def _quantize(x: Tensor, S: int, top: int, dt: DType) -> tuple[Tensor, Tensor]:
+  """x per sub-block of S as integer codes of `dt` within +-top (realized) and the float32 scales max |x| / top."""
   xr = x.cast(dtypes.float32).reshape(*x.shape[:-1], x.shape[-1] // S, S)
   amax = xr.abs().max(-1, keepdim=True)
-  inv = (amax > 0).where(X16 / amax, 0.0)
-  return (xr * inv).round().cast(dtypes.int16).reshape(x.shape).contiguous(), amax * (1.0 / X16)
+  inv = (amax > 0).where(top / amax, 0.0)
+  return (xr * inv).round().cast(dt).reshape(x.shape).contiguous(), amax * (1.0 / top)
 
 
 def dot2_linear(x: Tensor, bw: Blockwise, out_features: int, lanes: int, b: Tensor | None = None) -> Tensor:
@@ -282,10 +287,7 @@ def quantize8(x: Tensor, S: int) -> tuple[Tensor, Tensor]:
   max |x| / 127: llama.cpp's Q8 activations (error at most dx / 2 an element, 1/254 of the sub-block's largest: 258x
   `quantize16`'s). A zero sub-block gets dx = 0 and codes 0; a non-finite one a non-finite dx. xq is realized by a
   kernel of its own."""
-  xr = x.cast(dtypes.float32).reshape(*x.shape[:-1], x.shape[-1] // S, S)
-  amax = xr.abs().max(-1, keepdim=True)
-  inv = (amax > 0).where(X8 / amax, 0.0)
-  return (xr * inv).round().cast(dtypes.int8).reshape(x.shape).contiguous(), amax * (1.0 / X8)
+  return _quantize(x, S, X8, dtypes.int8)
 
 
 def unsigned_codes(bw: Blockwise) -> tuple[Tensor, int]:
