@@ -436,3 +436,34 @@ def test_quad_dot_is_one_dot4_per_4k_products(lanes: int, form: str):
     got, src = run(quad_dot(codes, x8, lanes, form), vector_lanes=lanes, vector_regs=16, **attrs)
     assert ("pg_dot4" in src) == (form == "nibble" and attrs["dot4"] == 127)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_pair_dot_with_output_rows_in_lanes(lanes: int, rows: int):
+  """Output rows in the lanes (apps/llm/quant.py: rows_linear): codes stored so that a pair of `lanes` rows' codes is
+  one contiguous run, x's pair the same for every lane (lane i reads base + i % 2: a "tile2" load, one 2-element load
+  repeated) -> WMMA "DOT2" accumulating the pairs in int32 lanes, the vector along the outputs, the rows of x upcast
+  whole. Exact against int64 numpy."""
+  G, P = 4, 32
+  codes = RNG.integers(0, 16, (G, P, lanes, 2)).astype(np.uint8)
+  x16 = RNG.integers(-2048, 2048, (rows, P, 2)).astype(np.int16)   # int32 sums < 2^24: exact as float32
+  def t() -> Tensor:
+    c = Tensor(codes).realize().cast(dtypes.int32).reshape(1, G, P, lanes, 2)
+    return (c * Tensor(x16).realize().cast(dtypes.int32).reshape(rows, 1, P, 1, 2)).sum((2, 4)).cast(dtypes.float32)
+  want = np.einsum("gpls,rps->rgl", codes.astype(np.int64), x16.astype(np.int64))
+  opts = choose_opts(t().schedule()[-1].ast, 64, True, lanes, 32, Dots(pair=True))
+  kinds = [(o.kind, o.amount) for o in opts]
+  assert ("VECTOR", lanes) in kinds and (("UPCAST", 4) in kinds) is (rows == 4), opts
+  got, src = run(t(), vector_lanes=lanes, vector_regs=32)
+  assert f"pg_dot2_pg_int{lanes}(" in src and "pg_short2 val" in src, src
+  np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def test_lane_pattern_tiles():
+  """lane_pattern tells a group of g repeated across the lanes (base + lane % g) from a gather."""
+  from plugrad.codegen.opt import lane_pattern
+  lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 16),), (1, "global", "vector"))
+  base = UOp.const(dtypes.index, 40)
+  assert lane_pattern(base + lane % 2, lane) == "tile2" and lane_pattern(base + lane % 4, lane) == "tile4"
+  assert lane_pattern(base + lane % 3, lane) == "gather" and lane_pattern(base + lane, lane) == "contiguous"

@@ -16,7 +16,7 @@ from plugrad.apps.llm.generate import Generator
 from plugrad.device import Device, canonicalize
 from plugrad.apps.llm.model import Transformer, linear
 from plugrad.apps.llm.quant import (_REPACKABLE, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4,
-                                    has_dot2, prefers_dot4, repack, vector_lanes)
+                                    has_dot2, prefers_dot4, repack, row_lanes, rows_linear, vector_lanes)
 from plugrad.engine.realize import buffer_for, get_runner
 from plugrad.nn.serialize import dequantize
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
@@ -339,7 +339,7 @@ def _pinned(lanes: int = 8, regs: int = 16):
 
 @pytest.mark.parametrize("qtype,rows,cols,split", [("Q4_K", 64, 512, True), ("Q5_K", 64, 512, True), ("Q5_0", 64, 512, True)])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_dot2_kernel_tiles(qtype, rows, cols, split, batch):
+def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch):
   """The integer decode product's kernel on an AVX2-shaped host: DOT2 in the source, the weight stream prefetched (a
   Q4_K sub-block pair reads the same bytes: the address moves every other trip, and the stream was missed), the
   enclosing reduce SPLIT by 2 where both copies read the same code bytes (one load, constant shifts: Q4_K/Q5_K, and
@@ -347,6 +347,7 @@ def test_dot2_kernel_tiles(qtype, rows, cols, split, batch):
   and each reads the weights once. Values against float64."""
   from plugrad.codegen import get_program
   from plugrad.codegen.opt import heuristic_opts, ranges_of
+  monkeypatch.setenv("ROW_LANES", "0")   # Q5_0 in the sub-block layout (on a dot2 host it is stored rows in lanes)
   w, ref, rng = quantized_weight(qtype, rows, cols, 11)
   x = rng.standard_normal((batch, 1, cols)).astype(np.float32)
   y = dot2_linear(Tensor(x), blockwise_of(w.uop), rows, 8)
@@ -358,3 +359,66 @@ def test_dot2_kernel_tiles(qtype, rows, cols, split, batch):
   if batch == 4: assert any(o.kind == "UPCAST" and o.amount == 4 and rngs[o.rid].src[0].arg == 4 for o in opts), opts
   want = x[:, 0].astype(np.float64) @ ref.T
   np.testing.assert_allclose(y.numpy()[:, 0], want, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(cols))
+
+
+ROW_LANE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+needs_rows = pytest.mark.skipif(not row_lanes("CPU"), reason="the CPU renderer has no dot2: weights keep the sub-block layout")
+
+
+@needs_rows
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("qtype", ROW_LANE_TYPES)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_rows_linear_matches_float64(qtype, batch):
+  """Weights stored output rows in lanes (`RowLanes`) on a dot2 host: still bit-identical to gguf's dequantize (the
+  sub-block views), and the decode product over the layout (`rows_linear`, what `linear` takes for one token a row)
+  agrees with float64 as closely as `dot2_linear` over the sub-block layout does."""
+  w, ref, rng = quantized_weight(qtype, 64, 512, 23)
+  bw = blockwise_of(w.uop)
+  assert bw.rows is not None and bw.rows.q.shape == (64 // row_lanes("CPU"), 16, 16, row_lanes("CPU"), 2)
+  x = rng.standard_normal((batch, 1, 512)).astype(np.float32)
+  want = x[:, 0].astype(np.float64) @ ref.T
+  got = linear(Tensor(x), w).numpy()[:, 0]
+  np.testing.assert_array_equal(got, rows_linear(Tensor(x), bw, 64).numpy()[:, 0])
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(512))
+  np.testing.assert_array_equal(w.numpy(), ref.astype(np.float32))   # (last: realizing w drops its parts)
+
+
+@needs_rows
+@pytest.mark.parametrize("rows", [40, 24])
+def test_rows_not_a_multiple_of_the_lanes_keep_the_sub_block_layout(rows):
+  """A weight whose row count the lanes don't divide keeps the sub-block layout, and its product is still right."""
+  w, ref, rng = quantized_weight("Q4_1", rows, 256, 5)
+  assert (blockwise_of(w.uop).rows is None) is (rows % row_lanes("CPU") != 0)
+  x = rng.standard_normal((2, 1, 256)).astype(np.float32)
+  np.testing.assert_allclose(linear(Tensor(x), w).numpy()[:, 0], x[:, 0].astype(np.float64) @ ref.T, rtol=1e-4,
+                             atol=1e-4 * np.abs(ref).max() * np.sqrt(256))
+
+
+@pytest.mark.parametrize("env", [{"ROW_LANES": "0"}, {"DOT2": "0"}, {"ACT_BITS": "8"}])
+def test_row_lanes_off(env, monkeypatch):
+  """ROW_LANES=0, DOT2=0 and ACT_BITS=8 (whose products read the sub-block layout) keep the sub-block layout."""
+  for k, v in env.items(): monkeypatch.setenv(k, v)
+  w, _, _ = quantized_weight("Q4_0", 64, 256, 3)
+  assert blockwise_of(w.uop).rows is None and row_lanes("CPU") == 0
+
+
+@needs_rows
+@pytest.mark.parametrize("batch", [1, 4])
+def test_rows_kernel(batch):
+  """The rows-in-lanes decode product's kernel on this host: WMMA DOT2 against x's pair loaded once and broadcast
+  (codegen's "tile2" load, no lane-by-lane gather), the vector along the outputs, a batched step's 4 rows of x upcast
+  whole (each unpacked code vector multiplied with all of them), the code stream prefetched."""
+  from plugrad.codegen import get_program
+  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  w, _, rng = quantized_weight("Q4_1", 64, 512, 9)
+  x = Tensor(rng.standard_normal((batch, 1, 512)).astype(np.float32))
+  *pre, it = rows_linear(x, blockwise_of(w.uop), 64).schedule()
+  ren = Device["CPU"].renderer
+  opts, rngs = heuristic_opts(it.ast, ren), ranges_of(it.ast)
+  lanes = row_lanes("CPU")
+  assert any(o.kind == "VECTOR" and o.amount == lanes and rngs[o.rid].arg[1] == "global" for o in opts), opts
+  assert any(o.kind == "UPCAST" and o.amount == 4 and rngs[o.rid].src[0].arg == 4 for o in opts) is (batch == 4), opts
+  src = get_program(it.ast, ren).src
+  assert f"pg_dot2_pg_int{lanes}(" in src and "pg_short2 val" in src and "__builtin_prefetch(((const char*)&data" in src
+  assert "unsigned char val" not in src   # codes are vector loads, never lane by lane

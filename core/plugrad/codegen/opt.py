@@ -207,7 +207,8 @@ def eval_index(x: UOp, env: dict[UOp, int]) -> int:
 
 def lane_pattern(idx: UOp, lane: UOp, samples: int = 3) -> str:
   """How `idx` moves across the lanes of vector range `lane`, judged at a few sample points of the other ranges and
-  variables: "broadcast" (the same for every lane), "contiguous" (lane i reads base + i) or "gather"."""
+  variables: "broadcast" (the same for every lane), "contiguous" (lane i reads base + i), "tile2"/"tile4" (lane i
+  reads base + i % g: a group of g repeated, a group dot's factor that doesn't move with the lanes) or "gather"."""
   if lane not in idx.toposort(): return "broadcast"
   k, rnd = lane.src[0].arg, random.Random(0)
   free = [n for n in idx.toposort() if n.op in (Ops.RANGE, Ops.DEFINE_VAR) and n is not lane]
@@ -224,7 +225,8 @@ def _lane_pattern(idx: UOp, lane: UOp, k: int, rnd: random.Random, free: list[UO
     for n in free:
       if n.op is Ops.RANGE: env[n] = rnd.randrange(max(1, eval_index(n.src[0], dict(env))))
     vals = [eval_index(idx, {**env, lane: i}) for i in range(k)]
-    kinds.add("broadcast" if all(v == vals[0] for v in vals) else "contiguous" if all(v - vals[0] == i for i, v in enumerate(vals)) else "gather")
+    kinds.add("broadcast" if all(v == vals[0] for v in vals) else "contiguous" if all(v - vals[0] == i for i, v in enumerate(vals)) else
+              next((f"tile{g}" for g in (2, 4) if k > g and all(v - vals[0] == i % g for i, v in enumerate(vals))), "gather"))
   return "gather" if "gather" in kinds or len(kinds) > 1 else kinds.pop()
 
 
@@ -300,7 +302,7 @@ def _vector_score(ast: UOp, dots: Dots = NO_DOTS) -> int:
       if kind == "gather" and len(ix.src) == 2 and (p := next((p for p in groups if p in ix.toposort()), None)) is not None:
         w = group_lane(lane, g := _const_end(p))
         kind = lane_pattern(ix.src[1].substitute({lane: w // g, p: w % g}, walk=True), w)
-      score += {"contiguous": 1, "broadcast": 0, "gather": -2}[kind]
+      score += {"contiguous": 1, "broadcast": 0, "tile2": 0, "tile4": 0, "gather": -2}[kind]
   return score
 
 
@@ -338,7 +340,16 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
   vr = ranges_of(ast)[opts[0].rid]
   loads = _reduce_loads(a)
   reuse = [g for g in reversed(glbl) if g is not vr and any(g not in ix.toposort() for ix in loads)]
-  if vr.arg[1] == "global":  # matmul-like: a tile of (rows x 2 vectors) accumulators, the broadcast loads reused
+  if vr.arg[1] == "global" and groups:   # a group dot with output rows in its lanes (quant.rows_linear): the rows of x
+    # (the axes the dot's vector loads don't move with) upcast whole, each unpacked code vector multiplied with all of
+    # them; no second vector of rows (SmolLM2's Q4_1 gate/up, 4 rows of x: 4x1 23 us, 2x2 27-31 us)
+    vloads = [ix for ix in loads if any(is_vector_range(r) for r in ranges_of(ix).values())]
+    budget = regs // 4
+    for g in reuse:
+      if not any(g in ix.toposort() for ix in vloads) and (k := _pick(g, (8, 4, 2), budget, whole=True)):
+        opts.append(Opt("UPCAST", g.arg[0], k))
+        budget //= k
+  elif vr.arg[1] == "global":  # matmul-like: a tile of (rows x 2 vectors) accumulators, the broadcast loads reused
     budget = regs * 3 // 4
     # rows first: the axes the vector operand doesn't move with (each copy reuses its vector loads), then the others
     # (an attention projection's heads: only the broadcasts are reused, the vector loads of every head differ)

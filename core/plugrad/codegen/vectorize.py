@@ -3,7 +3,9 @@
 Renderers with vector types (`vector_lanes` > 0) run `vectorize` between codegen/opt.py and the linearizer. Every
 node that depends on the lane range L (k lanes) becomes a value of dtype T.vec(k), or k scalars where that is better:
 - a LOAD whose address is base + lane (checked symbolically, lane by lane) is one LOAD of dtype T.vec(k) from
-  INDEX(buf, base): k contiguous elements; one whose address is the same for every lane stays a scalar LOAD;
+  INDEX(buf, base): k contiguous elements; one whose address is the same for every lane stays a scalar LOAD; one
+  whose address is base + lane % g (g = 2 or 4: a group dot's factor that doesn't move with the lanes, when the
+  lanes run along an output axis) is one LOAD of T.vec(g) repeated across the lanes (x86: a vpbroadcastd);
   other loads (and loads whose gate depends on L) are done lane by lane;
 - ALU ops the renderer has for vectors (`vector_ops`, not bool/index/16-bit float) become vector ops with scalar
   sources broadcast (VECTORIZE of one value k times); other ops run lane by lane on GEPs of their sources;
@@ -171,14 +173,16 @@ class _Expander:
     return r
 
   def _pattern(self, idx: UOp) -> tuple[str, UOp]:
-    if (guess := lane_pattern(idx, self.lane)) == "gather" or (guess == "contiguous" and idx.dtype != dtypes.index):
+    if (guess := lane_pattern(idx, self.lane)) == "gather" or (guess != "broadcast" and idx.dtype != dtypes.index):
       return "gather", self.at(idx, 0)  # sampled: no need to prove
     d = graph_rewrite(idx - self.lane if guess == "contiguous" else idx, pm_opt_symbolic, name="lane stride")
-    if self.lane not in d.toposort(): return guess, self.at(idx, 0)  # idx is (something without the lane) + lane, or without it
+    if self.lane not in d.toposort():  # idx is (something without the lane) + lane, or without it
+      return ("contiguous" if guess == "contiguous" else "broadcast"), self.at(idx, 0)
     base = self.at(idx, 0)  # e.g. (16*r+lane)//32: lane by lane
     diffs = [graph_rewrite(self.at(idx, i) - base, pm_opt_symbolic, name="lane stride") for i in range(1, self.k)]
     if all(d.op is Ops.CONST and d.arg == 0 for d in diffs): return "broadcast", base
     if all(d.op is Ops.CONST and d.arg == i for i, d in enumerate(diffs, 1)): return "contiguous", base
+    if guess.startswith("tile") and all(d.op is Ops.CONST and d.arg == i % int(guess[4:]) for i, d in enumerate(diffs, 1)): return guess, base
     return "gather", base
 
   def uniform_gate(self, ix: UOp) -> tuple[UOp, ...] | None:
@@ -193,6 +197,10 @@ class _Expander:
       kind, base = self.pattern(ix.src[1])
       if kind == "broadcast": return UOp(Ops.LOAD, n.dtype, (ix.replace(src=(ix.src[0], base, *gate)),))
       if kind == "contiguous" and self.vec_dtype_ok(n.dtype): return UOp(Ops.LOAD, n.dtype.vec(self.k), (ix.replace(src=(ix.src[0], base, *gate)),))
+      if kind.startswith("tile") and self.vec_dtype_ok(n.dtype):   # one load of the group, repeated across the lanes
+        g = int(kind[4:])
+        v = UOp(Ops.LOAD, n.dtype.vec(g), (ix.replace(src=(ix.src[0], base, *gate)),))
+        return UOp(Ops.VECTORIZE, n.dtype.vec(self.k), tuple(UOp(Ops.GEP, n.dtype, (v,), (i % g,)) for i in range(self.k)))
     return tuple(self.at(n, i) for i in range(self.k))
 
   def reduce(self, n: UOp) -> UOp | Lanes:

@@ -28,7 +28,8 @@ from plugrad.schedule.kernelize import is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 
-from .quant import activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, has_dot2, prefers_dot4, repack, vector_lanes
+from .quant import (activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, has_dot2, prefers_dot4, repack,
+                    rows_linear, vector_lanes)
 
 sint = int | UOp
 
@@ -135,6 +136,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, dense: UOp | None = No
   static = all(isinstance(s, int) for s in x.shape)
   if _one_token(x) and static and (bw := blockwise_of(w.uop)) is not None and (lanes := vector_lanes(x.device)) >= 4:
     if activation_bits() == 8 and prefers_dot4(bw, dot4_bound(x.device)): return dot4_linear(x, bw, w.shape[0], lanes, b)
+    if bw.rows is not None and has_dot2(x.device): return rows_linear(x, bw, w.shape[0], b)
     if has_dot2(x.device) and getenv("DOT2", 1): return dot2_linear(x, bw, w.shape[0], lanes, b)
     if x.shape[:-1] == (1,) * (x.ndim - 1): return blockwise_linear(x, bw, w.shape[0], lanes, b)
   if _one_token(x) or is_buffer_view(w.uop): return x.linear(w.transpose(), b)

@@ -13,6 +13,8 @@ against x first and the scale applied once per sub-block and lane, sum_(b,l) d*(
 sum of x over a sub-block's chunks, instead of every element dequantized (a multiply and an add per weight) before
 its FMA. The sub-block is split into C chunks of L = the device's vector lanes, so the lanes run along l and the short
 chunk loop unrolls (at least 8 wide: at most 4 chunks; SmolLM2 Q4_1 gate/up on AVX2: 72 -> 43 us a call).
+`dot2_linear` does the same in int16 integer products; `rows_linear` over weights stored with output rows in the
+vector lanes (`RowLanes`: Q4_0-Q8_0 where the renderer has dot2) scales a sub-block once for a vector of rows.
 """
 from __future__ import annotations
 
@@ -107,17 +109,32 @@ def _sub_scales(d: Tensor, codes: np.ndarray | Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
+class RowLanes:
+  """A block-affine weight (out, in) with sub-blocks of S laid out for decode products with L output rows in a vector's
+  lanes (`rows_linear`): q (out/L, in/S, S/2, L, 2) int32 codes (an expression of the stored bytes: code pair p of
+  sub-block b of rows g*L..g*L+L-1 side by side, 2L codes one contiguous run with one shift), d and m (out/L, in/S, L)
+  float32 scales and mins (the file's float16 converted at load: a vector load, not L conversions; the constant added
+  to every code is `Blockwise.off`). One pmaddwd / vpdpwssd then multiplies a pair of codes of L rows with a pair of x broadcast to them, and
+  a sub-block's int32 sums are scaled once for L rows."""
+  q: UOp
+  d: UOp
+  m: UOp | None = None
+
+
+@dataclass(frozen=True)
 class Blockwise:
   """The parts of a block-affine weight (see the module docstring), over its sub-blocks in row-major order: q (n, S)
   integer codes (an int32 expression of the repacked bytes, int8 for Q8_0; every code fits in int16), d (n, 1) float32
   scales (expressions over float16 and byte buffers), m (n, 1) mins or None, `off` a constant added to every code,
-  `codes` the codes' (least, greatest) values by the type's definition. Kept as UOps (live lazy Tensors would make
+  `codes` the codes' (least, greatest) values by the type's definition, `rows` the same parts over the output-rows-in-lanes
+  layout when the weight is stored that way (then q, d and m are views of it). Kept as UOps (live lazy Tensors would make
   every realize walk their graphs)."""
   q: UOp
   d: UOp
   off: float = 0.0
   m: UOp | None = None
   codes: tuple[int, int] = (-32768, 32767)
+  rows: RowLanes | None = None
 
   @staticmethod
   def of(q: Tensor, d: Tensor, off: float = 0.0, m: Tensor | None = None) -> Blockwise:
@@ -136,9 +153,45 @@ _CODES = {"Q4_0": (0, 15), "Q4_1": (0, 15), "Q5_0": (0, 31), "Q5_1": (0, 31), "Q
           "Q4_K": (0, 15), "Q5_K": (0, 31), "Q6_K": (0, 63)}
 
 
-def _repack_blocks(raw: np.ndarray, qtype: str) -> Blockwise:
-  """`_repack_parts` with the type's code range."""
-  return dataclasses.replace(_repack_parts(raw, qtype), codes=_CODES[qtype])
+def _repack_blocks(raw: np.ndarray, qtype: str, out: int = 0, lanes: int = 0) -> Blockwise:
+  """`_repack_parts` with the type's code range; for a weight of `out` rows of the types `_row_lanes` lays out, with
+  `lanes` > 0 dividing `out`, stored output rows in lanes instead."""
+  if lanes and out and out % lanes == 0 and qtype in _ROW_LANE_TYPES: bw = _row_lanes(raw, qtype, out, lanes)
+  else: bw = _repack_parts(raw, qtype)
+  return dataclasses.replace(bw, codes=_CODES[qtype])
+
+
+_ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+def _row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> Blockwise:
+  """The blocks `raw` (uint8 (out*B, block bytes), sub-blocks of 32) of a weight with `out` rows stored output rows in
+  lanes (`RowLanes`): per group of L rows and block, the 16 code pairs of L rows; 4-bit codes: pair j in the low
+  nibbles of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes;
+  Q8_0: one int8 a code. `Blockwise.q/d/m` are views of it in the usual (sub-block, 32) order (dense dequantization,
+  the prefill): the same values, bit for bit."""
+  n, S = raw.shape[0], 32
+  B, G = n // out, out // L
+  def lay(a: np.ndarray) -> np.ndarray: return a.reshape(G, L, B, *a.shape[1:]).swapaxes(1, 2)   # (G, B, L, ...)
+  def f32(col: int) -> Tensor:   # the float16 field at byte `col` of each block, as float32 (out/L, B, L)
+    return Tensor(np.ascontiguousarray(lay(np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16)[:, 0].astype(np.float32))))
+  o = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "Q8_0": 2}[qtype]
+  if qtype == "Q8_0": codes = np.ascontiguousarray(raw[:, 2:]).view(np.int8)
+  else:
+    codes = np.concatenate([raw[:, o:o + 16] & 15, raw[:, o:o + 16] >> 4], axis=1)
+    if qtype in ("Q5_0", "Q5_1"): codes = codes | (np.unpackbits(raw[:, o - 4:o], axis=1, bitorder="little") << 4)
+  pairs = lay(codes).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
+  if qtype == "Q8_0": q = Tensor(np.ascontiguousarray(pairs))
+  else:
+    q = _fields(((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1), 1, 4, 2)
+    if qtype in ("Q5_0", "Q5_1"):
+      b5 = (pairs >> 4).reshape(G * B, 8, 2, 2 * L) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1, 1)
+      q = q | (_fields(b5.sum(1, dtype=np.uint8).reshape(G * B, -1), 1, 1, 8) << 4)
+  rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, f32(0).uop, f32(2).uop if qtype in ("Q4_1", "Q5_1") else None)
+  std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n, S)
+  def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n, 1)
+  off = {"Q4_0": -8.0, "Q5_0": -16.0}.get(qtype, 0.0)
+  return Blockwise(std_q.uop, std(rl.d).uop, off, None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
 def _repack_parts(raw: np.ndarray, qtype: str) -> Blockwise:
@@ -189,7 +242,8 @@ def repack(u: UOp) -> UOp:
   if (found := _blocks_of(u)) is None or (qtype := _REPACKABLE.get(found[1:])) is None: return u
   b, elems, tsize = found
   with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
-    bw = _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype)
+    bw = _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype, int(u.shape[0]) if len(u.shape) == 2 else 0,
+                        row_lanes(u.device))
     out = bw.dense().reshape(u.shape).uop
   out._cached()["blockwise"] = bw
   return out
@@ -203,6 +257,14 @@ def blockwise_of(w: UOp) -> Blockwise | None:
 def vector_lanes(device: str | tuple[str, ...]) -> int:
   """The explicit SIMD lanes of `device`'s renderer (0: none, or several devices)."""
   return 0 if isinstance(device, tuple) else getattr(Device[device].renderer, "vector_lanes", 0)
+
+
+def row_lanes(device: str | tuple[str, ...]) -> int:
+  """The output rows a weight on `device` keeps in a vector's lanes (`RowLanes`, `rows_linear`): the renderer's lanes
+  where it has `dot2` and the decode products use it (not DOT2=0, not ACT_BITS=8's `dot4_linear`, which reads the
+  sub-block layout), unless ROW_LANES=0; else 0 (the sub-block layout)."""
+  if not has_dot2(device) or not getenv("DOT2", 1) or not getenv("ROW_LANES", 1) or activation_bits() == 8: return 0
+  return vector_lanes(device)
 
 
 def has_dot2(device: str | tuple[str, ...]) -> bool:
@@ -276,6 +338,32 @@ def dot2_linear(x: Tensor, bw: Blockwise, out_features: int, lanes: int, b: Tens
   y = (Tensor(bw.d).reshape(1, out_features, B, 1) * dx.reshape(R, 1, B, 1)) * t.cast(dtypes.float32)
   if bw.m is not None: y = y + Tensor(bw.m).reshape(1, out_features, B, 1) * x.reshape(R, 1, B, C, P, 2).cast(dtypes.float32).sum((3, 5)).contiguous()
   y = y.sum((2, 3)).reshape(*x.shape[:-1], out_features)
+  return y + b if b is not None else y
+
+
+def rows_linear(x: Tensor, bw: Blockwise, out_features: int, b: Tensor | None = None) -> Tensor:
+  """x @ w.T (+ b) for x (..., 1, in) of a weight stored output rows in lanes (`bw.rows`, `RowLanes`), with
+  `dot2_linear`'s numerics: x quantized to int16 per sub-block, sum_b d*dx*(sum_(p,j) (q + off)*xq) + m*xs with a
+  sub-block's products summed in int32 (pairs p, j of a pair) for L rows at once and scaled once (xs: x summed over
+  the sub-block). A renderer with `dot2` does one pair of L rows in one instruction against a pair of x broadcast to
+  the lanes (SmolLM2's Q4_1 gate/up, 1536x576, on an AVX-512 box: 4 rows 82 -> 23 us, 1 row 34 -> 14 us against
+  `dot2_linear`'s lanes along the sub-block)."""
+  if (rl := bw.rows) is None: raise ValueError("rows_linear needs a weight stored output rows in lanes (Blockwise.rows)")
+  G, B, P, L, _ = rl.q.shape
+  S, K, R = 2 * P, B * 2 * P, math.prod(x.shape[:-1])
+  if x.shape[-1] != K or G * L != out_features:
+    raise ValueError(f"rows_linear: x's last dim {x.shape[-1]} and {out_features} outputs don't fit the weight's {G * L}x{K}")
+  x = x.contiguous()   # read by three kernels (scales, codes, sums): not recomputed by each (a SwiGLU's exp)
+  xq, dx = quantize16(x.reshape(R, K), S)
+  q = Tensor(rl.q).cast(dtypes.int32)
+  if bw.off: q = q + int(bw.off)
+  # the pairs as 2 halves of P/2 (the halves' loop unrolls: a 4-bit code's shift is a constant, and the loop over a
+  # half steps through the codes 2L bytes a trip, a stream the renderer prefetches)
+  t = (q.reshape(1, G, B, 2, P // 2, L, 2) * xq.reshape(R, 1, B, 2, P // 2, 1, 2).cast(dtypes.int32)).sum((3, 4, 6))   # (R, G, B, L) int32
+  y = (Tensor(rl.d).reshape(1, G, B, L) * dx.reshape(R, 1, B, 1)) * t.cast(dtypes.float32)
+  if rl.m is not None:
+    y = y + Tensor(rl.m).reshape(1, G, B, L) * x.reshape(R, B, S).cast(dtypes.float32).sum(2).contiguous().reshape(R, 1, B, 1)
+  y = y.sum(2).reshape(*x.shape[:-1], out_features)
   return y + b if b is not None else y
 
 
