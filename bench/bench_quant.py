@@ -1,8 +1,10 @@
 """The LLM's one-token quantized products per GGUF type, in one process: the integer forms (`quant.dot4_linear`,
 int8 activations and byte dot products, ACT_BITS=8's, where the host has DOT4 and the codes fit; `quant.dot2_linear`,
-int16 activations and pairwise int16 multiply-adds, the default), the blockwise float form (`quant.blockwise_linear`) and the fused dequantize-then-
-multiply (`x.linear(w.T)`), each through TinyJit; with --opts, hand-picked optimizations of the integer form's main
-kernel against the heuristic's (what the SPLIT/UPCAST choices in codegen/opt.py were measured with).
+int16 activations and pairwise int16 multiply-adds, over the sub-block layout; `quant.rows_linear`, the same
+numerics over weights stored output rows in lanes, the default for Q4_0-Q8_0 where the host has dot2), the blockwise
+float form (`quant.blockwise_linear`) and the fused dequantize-then-multiply (`x.linear(w.T)`), each through TinyJit;
+with --opts, hand-picked optimizations of the integer form's main kernel against the heuristic's (what the
+SPLIT/UPCAST choices in codegen/opt.py were measured with: `rows_linear`'s where the weight is stored that way).
 
 Run: .venv/bin/python bench/bench_quant.py [--types Q5_0,Q6_K] [--shape 4864x896] [--rows 1] [--calls 30]
      .venv/bin/python bench/bench_quant.py --types Q4_K --shape 896x4864 --opts "VECTOR:2:8,UPCAST:0:4,UNROLL:3:2,SPLIT:1:2"
@@ -11,13 +13,15 @@ prints them). Figures are medians (and minimums) of --calls calls, microseconds;
 output of the `gguf` package's float64 dequantization times x.
 """
 import argparse
+import os
 import time
 
 import gguf
 import numpy as np
 
 from plugrad import Tensor, TinyJit
-from plugrad.apps.llm.quant import _REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4, repack, vector_lanes
+from plugrad.apps.llm.quant import (_REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4, repack,
+                                   rows_linear, vector_lanes)
 from plugrad.codegen import get_program
 from plugrad.codegen.opt import Opt, heuristic_opts, ranges_of
 from plugrad.device import Device
@@ -46,13 +50,18 @@ def timed(f, calls: int) -> tuple[float, float]:
 
 
 def forms(qtype: str, rows: int, cols: int, batch: int, calls: int, rng: np.random.Generator) -> None:
-  w, ref = weight(qtype, rows, cols, rng)
+  seed = int(rng.integers(1 << 31))   # the same blocks twice: in the sub-block layout, and output rows in lanes ("rows")
+  os.environ["ROW_LANES"] = "0"
+  w, ref = weight(qtype, rows, cols, np.random.default_rng(seed))
+  del os.environ["ROW_LANES"]
+  wr, _ = weight(qtype, rows, cols, np.random.default_rng(seed))
   bw, lanes = blockwise_of(w.uop), vector_lanes(w.device)
   x = Tensor(rng.standard_normal((batch, 1, cols)).astype(np.float32)).realize()
   want = x.numpy()[:, 0].astype(np.float64) @ ref.T
   fns = {"dot2": lambda x: dot2_linear(x, bw, rows, lanes).realize(), "dense": lambda x: x.linear(w.transpose()).realize()}
   if fits_dot4(bw, dot4_bound(w.device)): fns = {"dot4": lambda x: dot4_linear(x, bw, rows, lanes).realize(), **fns}
   if batch == 1: fns["blockwise"] = lambda x: blockwise_linear(x, bw, rows, lanes).realize()
+  if (bwr := blockwise_of(wr.uop)).rows is not None: fns["rows"] = lambda x: rows_linear(x, bwr, rows).realize()
   for name, fn in fns.items():
     jit = TinyJit(fn)
     for _ in range(3): y = jit(x)
@@ -64,7 +73,9 @@ def forms(qtype: str, rows: int, cols: int, batch: int, calls: int, rng: np.rand
 def opts_sweep(qtype: str, rows: int, cols: int, batch: int, calls: int, variants: list[str], rng: np.random.Generator) -> None:
   w, _ = weight(qtype, rows, cols, rng)
   x = Tensor(rng.standard_normal((batch, 1, cols)).astype(np.float32)).realize()
-  *pre, it = dot2_linear(x, blockwise_of(w.uop), rows, vector_lanes(w.device)).schedule()
+  bw = blockwise_of(w.uop)
+  y = rows_linear(x, bw, rows) if bw.rows is not None else dot2_linear(x, bw, rows, vector_lanes(w.device))
+  *pre, it = y.schedule()
   for p in pre: lower_item(p).run()
   dev = Device[Device.DEFAULT]
   base = heuristic_opts(it.ast, dev.renderer)
