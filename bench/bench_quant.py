@@ -52,8 +52,8 @@ def timed(f, calls: int) -> tuple[float, float]:
 def forms(qtype: str, rows: int, cols: int, batch: int, calls: int, rng: np.random.Generator) -> None:
   seed = int(rng.integers(1 << 31))   # the same blocks twice: in the sub-block layout, and output rows in lanes ("rows")
   os.environ["ROW_LANES"] = "0"
-  w, ref = weight(qtype, rows, cols, np.random.default_rng(seed))
-  del os.environ["ROW_LANES"]
+  try: w, ref = weight(qtype, rows, cols, np.random.default_rng(seed))
+  finally: del os.environ["ROW_LANES"]
   wr, _ = weight(qtype, rows, cols, np.random.default_rng(seed))
   bw, lanes = blockwise_of(w.uop), vector_lanes(w.device)
   x = Tensor(rng.standard_normal((batch, 1, cols)).astype(np.float32)).realize()

@@ -77,11 +77,30 @@ def _nibble_pairs(codes: np.ndarray) -> Tensor:
   return _fields(p[0::2] | (p[1::2] << 4), 1, 4, 2).reshape(-1, 32)[:len(codes)]
 
 
+def _pack_bits(bits: np.ndarray) -> np.ndarray:
+  """Bits (n, 8, w) (0 or 1) -> bytes (n, w): bit j of byte i is bits[:, j, i]."""
+  return (bits << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)).sum(1, dtype=np.uint8)
+
+
 def _bit_planes(bits: np.ndarray) -> Tensor:
   """Bits (n, 32) (0 or 1) -> the int32 expression of them over rows of 32 bytes, each holding 8 neighbouring blocks:
   bit i of block 8t + j in bit j of byte i of row t (Q5's 5th bits: one bit a weight, a run of lanes one shift)."""
-  p = _padded(bits, 8).reshape(-1, 8, 32)
-  return _fields((p << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)).sum(1, dtype=np.uint8), 1, 1, 8).reshape(-1, 32)[:len(bits)]
+  return _fields(_pack_bits(_padded(bits, 8).reshape(-1, 8, 32)), 1, 1, 8).reshape(-1, 32)[:len(bits)]
+
+
+# Q4_0-Q8_0: the byte where a block's codes start, and the constant added to every code
+_CODES_AT = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "Q8_0": 2}
+_CODE_OFF = {"Q4_0": -8.0, "Q5_0": -16.0}
+
+
+def _block_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
+  """The codes (n, 32) of Q4_0-Q8_0 blocks `raw` (uint8 (n, block bytes)) in element order: element i < 16 in byte
+  i's low nibble, 16 + i in its high one, Q5's fifth bit i in bit i of the 4 bytes before (uint8); Q8_0's int8."""
+  o = _CODES_AT[qtype]
+  if qtype == "Q8_0": return np.ascontiguousarray(raw[:, o:]).view(np.int8)
+  codes = np.concatenate([raw[:, o:o + 16] & 15, raw[:, o:o + 16] >> 4], axis=1)
+  if qtype in ("Q5_0", "Q5_1"): codes = codes | (np.unpackbits(raw[:, o - 4:o], axis=1, bitorder="little") << 4)
+  return codes
 
 
 def _f16_col(raw: np.ndarray, col: int) -> Tensor:
@@ -175,23 +194,16 @@ def _row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> Blockwise:
   def lay(a: np.ndarray) -> np.ndarray: return a.reshape(G, L, B, *a.shape[1:]).swapaxes(1, 2)   # (G, B, L, ...)
   def f32(col: int) -> Tensor:   # the float16 field at byte `col` of each block, as float32 (out/L, B, L)
     return Tensor(np.ascontiguousarray(lay(np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16)[:, 0].astype(np.float32))))
-  o = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "Q8_0": 2}[qtype]
-  if qtype == "Q8_0": codes = np.ascontiguousarray(raw[:, 2:]).view(np.int8)
-  else:
-    codes = np.concatenate([raw[:, o:o + 16] & 15, raw[:, o:o + 16] >> 4], axis=1)
-    if qtype in ("Q5_0", "Q5_1"): codes = codes | (np.unpackbits(raw[:, o - 4:o], axis=1, bitorder="little") << 4)
-  pairs = lay(codes).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
+  pairs = lay(_block_codes(raw, qtype)).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
   if qtype == "Q8_0": q = Tensor(np.ascontiguousarray(pairs))
   else:
     q = _fields(((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1), 1, 4, 2)
     if qtype in ("Q5_0", "Q5_1"):
-      b5 = (pairs >> 4).reshape(G * B, 8, 2, 2 * L) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1, 1)
-      q = q | (_fields(b5.sum(1, dtype=np.uint8).reshape(G * B, -1), 1, 1, 8) << 4)
+      q = q | (_fields(_pack_bits((pairs >> 4).reshape(G * B, 8, 4 * L)), 1, 1, 8) << 4)
   rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, f32(0).uop, f32(2).uop if qtype in ("Q4_1", "Q5_1") else None)
   std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n, S)
   def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n, 1)
-  off = {"Q4_0": -8.0, "Q5_0": -16.0}.get(qtype, 0.0)
-  return Blockwise(std_q.uop, std(rl.d).uop, off, None if rl.m is None else std(rl.m).uop, rows=rl)
+  return Blockwise(std_q.uop, std(rl.d).uop, _CODE_OFF.get(qtype, 0.0), None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
 def _repack_parts(raw: np.ndarray, qtype: str) -> Blockwise:
@@ -203,12 +215,12 @@ def _repack_parts(raw: np.ndarray, qtype: str) -> Blockwise:
   n = raw.shape[0]
   f16 = functools.partial(_f16_col, raw)
   if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):   # element i < 16 in byte i's low nibble, 16 + i in its high one
-    o = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[qtype]
-    q = _nibble_pairs(np.concatenate([raw[:, o:o + 16] & 15, raw[:, o:o + 16] >> 4], axis=1))
-    if qtype in ("Q5_0", "Q5_1"): q = q | (_bit_planes(np.unpackbits(raw[:, o - 4:o], axis=1, bitorder="little")) << 4)
+    codes = _block_codes(raw, qtype)
+    q = _nibble_pairs(codes & 15)
+    if qtype in ("Q5_0", "Q5_1"): q = q | (_bit_planes(codes >> 4) << 4)
     if qtype in ("Q4_1", "Q5_1"): return Blockwise.of(q, f16(0), m=f16(2))
-    return Blockwise.of(q, f16(0), -8.0 if qtype == "Q4_0" else -16.0)
-  if qtype == "Q8_0": return Blockwise.of(Tensor(np.ascontiguousarray(raw[:, 2:]).view(np.int8)), f16(0))
+    return Blockwise.of(q, f16(0), _CODE_OFF[qtype])
+  if qtype == "Q8_0": return Blockwise.of(Tensor(_block_codes(raw, qtype)), f16(0))
   if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
     sc = Tensor(np.ascontiguousarray(raw[:, :16]))   # the 4-bit scale and min of a sub-block in one byte
     dl, ml = _sub_scales(f16(80), sc & 15), _sub_scales(-f16(82), sc >> 4)   # -(d*m) is (-d)*m exactly
