@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-python test-emulate test-mock-amd test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
+.PHONY: setup test test-python test-emulate test-mock-amd test-avx2 test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
 
 # the amd plugin's bindings are checked in make test (tests/amd/test_amd_autogen.py: struct layouts against a gcc-compiled
 # probe of the headers, and a regeneration of the quick targets diffed against the committed files), so the header
@@ -56,6 +56,14 @@ test: setup lint
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	$(MAKE) --no-print-directory test-emulate
 	$(MAKE) --no-print-directory test-mock-amd
+	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then $(MAKE) --no-print-directory test-avx2; fi
+
+# the CPU tests whose kernels follow the host's instruction sets, compiled as for an AVX2 box (CPU_MARCH=x86-64-v3: no
+# AVX-512, no VNNI) on an AVX-512 host, so that the AVX2 code (8-lane vectors, pmaddubsw byte dots) runs there too;
+# make test runs it where the host has AVX-512 (on an AVX2 host the suite itself is that run); about 1-2 min
+AVX2_TESTS := tests/llm/test_repack.py tests/codegen tests/plugins/test_cpu_dot2.py tests/autograd/test_conv_grad.py
+test-avx2: setup
+	CPU_MARCH=x86-64-v3 $(PY) -m pytest -n 2 -q $(AVX2_TESTS)
 
 # the same subset on the PYTHON device emulating GPUs (workgroups, warps in lockstep, shared memory, barriers): every
 # GPU path of codegen runs in CI; about 40 s (CUDA) and 70 s (AMD) with 2 workers

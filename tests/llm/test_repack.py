@@ -73,18 +73,27 @@ def test_repack_odd_block_counts(qtype, nblocks):
 # the repacked layout's bits a weight: the file's (scales kept as float16, the sub-block scales of Q3_K-Q5_K as bytes:
 # 1/8 bit more than the file's 6-bit packing), Q6_K's codes a byte each (its decode product is compute-bound on 6 bits)
 REPACKED_BITS = {q: GEOMETRY[q][1] * 8 / GEOMETRY[q][0] + (0.125 if q in ("Q3_K", "Q4_K", "Q5_K") else 0) for q in QTYPES} | {"Q6_K": 8.5625}
+# output rows in vector lanes (Q4_0-Q8_0 on a dot2 host, rows a multiple of the lanes) store the float16 scales and
+# mins as float32: 16 bits more a block for each
+ROW_LANES_BITS = {q: REPACKED_BITS[q] + 16 * len(F16_FIELDS[q]) / GEOMETRY[q][0] for q in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")}
 
 
+@pytest.mark.parametrize("rows", [8, 16])
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_repacked_weight_bytes(qtype):
+def test_repacked_weight_bytes(qtype, rows, cpu_host):
   """The buffers a repacked weight reads hold its file's bytes, give or take the K types' sub-block scale bytes
-  (float32 scales had cost Q4_K 6 bits a weight against the file's 4.5, and qwen2's decode ~40 MB a token)."""
+  (float32 scales had cost Q4_K 6 bits a weight against the file's 4.5, and qwen2's decode ~40 MB a token) and the
+  rows-in-lanes layout's float32 scales, which a host takes where its lanes divide the rows: 8 and 16 rows on AVX2
+  (8 lanes), 16 on AVX-512 (16 lanes)."""
   elems, tsize = GEOMETRY[qtype]
-  rows, row_blocks = 8, 4
+  row_blocks = 4
   blocks = np.random.default_rng(0).integers(0, 256, (rows * row_blocks, tsize), dtype=np.uint8)
-  u = packed(blocks, qtype, rows).uop
-  bases = {buffer_of(n) for n in u.toposort() if is_buffer_view(n)}
-  assert sum(math.prod(b.shape) * b.dtype.itemsize for b in bases) * 8 / (rows * row_blocks * elems) == REPACKED_BITS[qtype]
+  w = packed(blocks, qtype, rows)
+  lanes = {"avx2": 8, "avx512": 16}[cpu_host]
+  assert row_lanes("CPU") == lanes and (blockwise_of(w.uop).rows is not None) is (qtype in ROW_LANES_BITS and rows % lanes == 0)
+  bases = {buffer_of(n) for n in w.uop.toposort() if is_buffer_view(n)}
+  want = ROW_LANES_BITS[qtype] if blockwise_of(w.uop).rows is not None else REPACKED_BITS[qtype]
+  assert sum(math.prod(b.shape) * b.dtype.itemsize for b in bases) * 8 / (rows * row_blocks * elems) == want
 
 
 def finite_blocks(qtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -169,24 +178,41 @@ def test_dot4_products_are_w_times_int8_x(qtype):
       np.testing.assert_allclose(got, want[:len(xs)], rtol=1e-5, atol=1e-6 * scale, err_msg=f"{lanes} lanes, {len(xs)} rows")
   exact = x.astype(np.float64) @ ref.T + b
   assert np.abs(want - exact).max() > 1e-4 * np.abs(exact).max()   # (the oracle differs from the exact product)
-  dev = canonicalize(Device.DEFAULT)
-  if not fits_dot4(bw, dot4_bound(dev)): return
-  srcs = [get_runner(dev, it.ast).spec.src for it in dot4_linear(Tensor(x[:1]), bw, rows, vector_lanes(dev)).schedule() if it.ast.op is Ops.SINK]
-  assert any("pg_dot4_" in s for s in srcs)
 
 
-def test_act_bits_chooses_the_product(monkeypatch):
-  """ACT_BITS=8 routes a one-token product of a sub-block-32 weight through `dot4_linear` (where the device has byte
-  dot products), the default 16 through `dot2_linear`; another value is refused with its name."""
+@pytest.mark.parametrize("qtype", DOT4_TYPES)
+def test_dot4_kernel_multiplies_bytes(qtype, cpu_host):
+  """`dot4_linear`'s kernel multiplies with WMMA "DOT4" (pg_dot4) where the host's byte dot product holds the
+  weight's unsigned codes: every sub-block-32 type on AVX-512 VNNI (codes up to 255), all but Q8_0 (its codes, offset
+  by 128, reach 255) on AVX2, whose pmaddubsw saturates past 127."""
+  w, _, rng = quantized_weight(qtype, 12, 256, 4)   # 12 rows: the sub-block layout on both (the one ACT_BITS=8 loads)
+  bw = blockwise_of(w.uop)
+  fits = fits_dot4(bw, dot4_bound("CPU"))
+  assert fits is (qtype != "Q8_0" or cpu_host == "avx512")
+  x = Tensor(rng.standard_normal((1, 1, 256)).astype(np.float32))
+  srcs = [get_runner("CPU", it.ast).spec.src for it in dot4_linear(x, bw, 12, vector_lanes("CPU")).schedule() if it.ast.op is Ops.SINK]
+  assert any("pg_dot4_" in s for s in srcs) is fits
+
+
+def test_act_bits_chooses_the_product(monkeypatch, cpu_host):
+  """ACT_BITS=8 routes a one-token product of a sub-block-32 weight through `dot4_linear` (the byte dot products both
+  host kinds have: VNNI's vpdpbusd on AVX-512, pmaddubsw on AVX2), the default 16 through the int16 products (DOT2:
+  `rows_linear` where the weight is stored rows in lanes, which an AVX2 host's 8 lanes do for 8 rows, `dot2_linear`
+  elsewhere); another value is refused with its name. ACT_BITS is read at load too (the layout), so each setting
+  gets its own weight, as the app loads it."""
   rows, cols = 8, 256
+  dev = "CPU"
+  def kernels(w: Tensor) -> str:
+    return " ".join(get_runner(dev, it.ast).spec.src for it in linear(x, w).schedule() if it.ast.op is Ops.SINK)
   w, ref, rng = quantized_weight("Q4_0", rows, cols, 3)
   x = Tensor(rng.standard_normal((1, 1, cols)).astype(np.float32))
-  dev = canonicalize(Device.DEFAULT)
-  def kernels(): return " ".join(get_runner(dev, it.ast).spec.src for it in linear(x, w).schedule() if it.ast.op is Ops.SINK)
-  assert activation_bits() == 16
-  if has_dot2(dev): assert "pg_dot2_" in kernels() and "pg_dot4_" not in kernels()
+  assert activation_bits() == 16 and dot4_bound(dev) == {"avx2": 127, "avx512": 255}[cpu_host]
+  assert (blockwise_of(w.uop).rows is not None) is (cpu_host == "avx2")
+  assert "pg_dot2_" in kernels(w) and "pg_dot4_" not in kernels(w)
   monkeypatch.setenv("ACT_BITS", "8")
-  if prefers_dot4(blockwise_of(w.uop), dot4_bound(dev)): assert "pg_dot4_" in kernels()
+  w, ref, _ = quantized_weight("Q4_0", rows, cols, 3)
+  assert blockwise_of(w.uop).rows is None and prefers_dot4(blockwise_of(w.uop), dot4_bound(dev))
+  assert "pg_dot4_" in kernels(w)
   np.testing.assert_allclose(linear(x, w).numpy()[0, 0], int8_activations(x.numpy(), 32)[0, 0] @ ref.T, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 16)
   monkeypatch.setenv("ACT_BITS", "4")
   with pytest.raises(ValueError, match="ACT_BITS must be 8 or 16"): linear(x, w)
@@ -209,14 +235,14 @@ def test_dot2_products_of_zero_and_non_finite_activations(qtype):
     assert not np.isfinite(dot2_linear(Tensor(x), bw, rows, 8).numpy()).any(), bad
 
 
-def test_decode_matvec_scales_once_per_sub_block():
+def test_decode_matvec_scales_once_per_sub_block(cpu_host):
   """Regression (decode on an AVX2 host at 0.78x llama.cpp): the one-token product of a Q4_1 weight multiplied every
   code by its scale and added its min before the FMA, 4 float operations per weight; per sub-block it is one FMA per
   weight plus the scale once per lane and sub-block (ProgramSpec.flops over the weight count, at most 2 + 1/chunks
   + 0.1: 2.35 with AVX2's 8 lanes, 2.6 with AVX-512's 16) on a device with SIMD lanes. With pairwise int16
   multiply-adds (`dot2`), `linear` multiplies the codes in int16 lanes: a WMMA "DOT2" per 2 * lanes weights and at most 4
   float vector ops per sub-block (the scales, once per sub-block and lane)."""
-  if vector_lanes(dev := canonicalize(Device.DEFAULT)) < 4: pytest.skip("the blockwise product is for devices with SIMD lanes")
+  dev = "CPU"
   rows, cols = 64, 4 * 256
   w = packed(finite_blocks("Q4_1", rows * cols // 32, np.random.default_rng(5)), "Q4_1", rows)
   x = Tensor(np.ones((1, 1, cols), np.float32))
@@ -224,7 +250,7 @@ def test_decode_matvec_scales_once_per_sub_block():
   flops = [get_runner(dev, it.ast).spec.flops for it in y.schedule() if it.ast.op is Ops.SINK]
   chunks = 32 // math.gcd(32, max(vector_lanes(dev), 8))   # a sub-block's chunks of lanes (2 on AVX-512, 4 on AVX2)
   assert max(flops) <= (2 + 1 / chunks + 0.1) * rows * cols, (flops, rows * cols)   # the scale once a lane and sub-block
-  if not has_dot2(dev): return
+  assert has_dot2(dev)
   specs = [get_runner(dev, it.ast).spec for it in linear(x, w).schedule() if it.ast.op is Ops.SINK]
   main = max(specs, key=lambda s: s.flops)
   dots = sum(u.op is Ops.WMMA and u.arg == "DOT2" for u in main.uops)
@@ -329,18 +355,10 @@ def test_loading_releases_the_file_mapping(tiny_gguf):
   assert m.embed([1]).shape == (1, m.cfg.dim)
 
 
-def _pinned(lanes: int = 8, regs: int = 16):
-  """The CPU renderer as on an AVX2 host (the heuristic's choices depend on the host's lanes and registers)."""
-  import copy
-  ren = copy.copy(Device["CPU"].renderer)
-  ren.vector_lanes, ren.vector_regs = lanes, regs
-  return ren
-
-
 @pytest.mark.parametrize("qtype,rows,cols,split", [("Q4_K", 64, 512, True), ("Q5_K", 64, 512, True), ("Q5_0", 64, 512, True)])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch):
-  """The integer decode product's kernel on an AVX2-shaped host: DOT2 in the source, the weight stream prefetched (a
+def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch, cpu_host):
+  """The integer decode product's kernel on either host kind: DOT2 in the source, the weight stream prefetched (a
   Q4_K sub-block pair reads the same bytes: the address moves every other trip, and the stream was missed), the
   enclosing reduce SPLIT by 2 where both copies read the same code bytes (one load, constant shifts: Q4_K/Q5_K, and
   Q5_0 since its blocks pair up in 32 bytes), and a batched step's 4 rows upcast whole so that the cores split the outputs
@@ -350,11 +368,12 @@ def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch):
   monkeypatch.setenv("ROW_LANES", "0")   # Q5_0 in the sub-block layout (on a dot2 host it is stored rows in lanes)
   w, ref, rng = quantized_weight(qtype, rows, cols, 11)
   x = rng.standard_normal((batch, 1, cols)).astype(np.float32)
-  y = dot2_linear(Tensor(x), blockwise_of(w.uop), rows, 8)
+  lanes, ren = vector_lanes("CPU"), Device["CPU"].renderer
+  y = dot2_linear(Tensor(x), blockwise_of(w.uop), rows, lanes)
   ast = y.schedule()[-1].ast
-  opts, rngs = heuristic_opts(ast, _pinned()), ranges_of(ast)
-  src = get_program(ast, _pinned()).src
-  assert "pg_dot2_pg_int8(" in src and "__builtin_prefetch" in src
+  opts, rngs = heuristic_opts(ast, ren), ranges_of(ast)
+  src = get_program(ast, ren).src
+  assert f"pg_dot2_pg_int{lanes}(" in src and "__builtin_prefetch" in src
   assert any(o.kind == "SPLIT" and o.amount == 2 and rngs[o.rid].src[0].arg == cols // 32 for o in opts) is split, opts
   if batch == 4: assert any(o.kind == "UPCAST" and o.amount == 4 and rngs[o.rid].src[0].arg == 4 for o in opts), opts
   want = x[:, 0].astype(np.float64) @ ref.T
@@ -362,14 +381,12 @@ def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch):
 
 
 ROW_LANE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
-needs_rows = pytest.mark.skipif(not row_lanes("CPU"), reason="the CPU renderer has no dot2: weights keep the sub-block layout")
 
 
-@needs_rows
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("qtype", ROW_LANE_TYPES)
 @pytest.mark.parametrize("batch", [1, 4])
-def test_rows_linear_matches_float64(qtype, batch):
+def test_rows_linear_matches_float64(qtype, batch, cpu_host):
   """Weights stored output rows in lanes (`RowLanes`) on a dot2 host: still bit-identical to gguf's dequantize (the
   sub-block views), and the decode product over the layout (`rows_linear`, what `linear` takes for one token a row)
   agrees with float64 as closely as `dot2_linear` over the sub-block layout does."""
@@ -384,11 +401,12 @@ def test_rows_linear_matches_float64(qtype, batch):
   np.testing.assert_array_equal(w.numpy(), ref.astype(np.float32))   # (last: realizing w drops its parts)
 
 
-@needs_rows
-@pytest.mark.parametrize("rows", [40, 24])
-def test_rows_not_a_multiple_of_the_lanes_keep_the_sub_block_layout(rows):
-  """A weight whose row count the lanes don't divide keeps the sub-block layout, and its product is still right."""
+@pytest.mark.parametrize("rows", [48, 40, 20])
+def test_rows_not_a_multiple_of_the_lanes_keep_the_sub_block_layout(rows, cpu_host):
+  """A weight whose row count the lanes don't divide keeps the sub-block layout (20 rows on AVX2's 8 lanes, 40 and 20
+  on AVX-512's 16), and its product is still right either way."""
   w, ref, rng = quantized_weight("Q4_1", rows, 256, 5)
+  assert row_lanes("CPU") == {"avx2": 8, "avx512": 16}[cpu_host]
   assert (blockwise_of(w.uop).rows is None) is (rows % row_lanes("CPU") != 0)
   x = rng.standard_normal((2, 1, 256)).astype(np.float32)
   np.testing.assert_allclose(linear(Tensor(x), w).numpy()[:, 0], x[:, 0].astype(np.float64) @ ref.T, rtol=1e-4,
@@ -403,9 +421,8 @@ def test_row_lanes_off(env, monkeypatch):
   assert blockwise_of(w.uop).rows is None and row_lanes("CPU") == 0
 
 
-@needs_rows
 @pytest.mark.parametrize("batch", [1, 4])
-def test_rows_kernel(batch):
+def test_rows_kernel(batch, cpu_host):
   """The rows-in-lanes decode product's kernel on this host: WMMA DOT2 against x's pair loaded once and broadcast
   (codegen's "tile2" load, no lane-by-lane gather), the vector along the outputs, a batched step's 4 rows of x upcast
   whole (each unpacked code vector multiplied with all of them), the code stream prefetched."""

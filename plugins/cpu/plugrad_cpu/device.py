@@ -13,6 +13,7 @@ import hashlib
 import math
 import os
 import pathlib
+import re
 import subprocess
 import tempfile
 import time
@@ -70,27 +71,65 @@ def _exp2f_src() -> str:
 
 EXP2F_SRC = _exp2f_src()
 
+# compiler macros naming the instruction sets the renderer and its preludes read, by their /proc/cpuinfo flag names
+MACRO_FLAGS = {"__AVX512F__": "avx512f", "__AVX512VL__": "avx512vl", "__AVX512VNNI__": "avx512_vnni", "__AVXVNNI__": "avx_vnni",
+               "__AVX2__": "avx2", "__AVX__": "avx", "__FMA__": "fma", "__F16C__": "f16c", "__SSSE3__": "ssse3", "__ARM_NEON": "asimd"}
+
+def cpu_march() -> str:
+  """The -march CPU kernels are compiled for: `CPU_MARCH` (e.g. x86-64-v3, an AVX2 box's code and capabilities on an
+  AVX-512 host), default native."""
+  march = os.environ.get("CPU_MARCH", "").strip() or "native"
+  if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", march):
+    raise ValueError(f"CPU_MARCH must be a compiler -march name such as x86-64-v3 or native, got {march!r}")
+  return march
+
 @functools.cache
-def cpu_flags() -> frozenset[str]:
+def host_flags() -> frozenset[str]:
   """The host CPU's feature flags from /proc/cpuinfo (x86 "flags", ARM "Features"); empty where it can't be read."""
   try: info = open("/proc/cpuinfo").read()
   except OSError: info = ""
   return frozenset(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith(("flags", "Features"))), []))
 
-def simd_shape() -> tuple[int, int]:
-  """(float32 lanes of one vector register, vector registers) of the host, from /proc/cpuinfo: AVX-512 (16, 32),
+@functools.cache
+def march_flags(march: str, cc: str) -> frozenset[str]:
+  """The MACRO_FLAGS instruction sets `cc -march=<march>` enables, from its predefined macros; a ValueError naming the
+  target when the compiler rejects it."""
+  p = subprocess.run([*cc.split(), f"-march={march}", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True)
+  if p.returncode != 0:
+    raise ValueError(f"CPU_MARCH={march}: {cc} rejects -march={march}: {(p.stderr.strip().splitlines() or ['?'])[0]}")
+  macros = {ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("#define ")}
+  return frozenset(flag for macro, flag in MACRO_FLAGS.items() if macro in macros)
+
+def cpu_flags() -> frozenset[str]:
+  """The feature flags kernels may use: the host's, or with CPU_MARCH those the compiler enables for that target. A
+  target needing instructions the host lacks is a ValueError (its kernels would die of SIGILL)."""
+  if (march := cpu_march()) == "native": return host_flags()
+  target = march_flags(march, find_cc() or "cc")
+  if host_flags() and (missing := sorted(f for f in target if f not in host_flags())):
+    raise ValueError(f"CPU_MARCH={march} needs {', '.join(missing)}, which this CPU lacks (its kernels would crash)")
+  return target
+
+def simd_shape(flags: frozenset[str] | None = None) -> tuple[int, int]:
+  """(float32 lanes of one vector register, vector registers) for `flags` (default: cpu_flags()): AVX-512 (16, 32),
   AVX2 (8, 16), NEON/SSE (4, 32/16). VECTOR_LANES overrides the lanes (0 turns explicit SIMD off)."""
-  flags = cpu_flags()
+  flags = cpu_flags() if flags is None else flags
   lanes, regs = (16, 32) if "avx512f" in flags else (8, 16) if "avx2" in flags else (4, 32) if "asimd" in flags else (4, 16)
   return getenv("VECTOR_LANES", lanes), regs
 
-def dot4_max() -> int:
-  """`Renderer.dot4` for the host: the largest unsigned code WMMA "DOT4" multiplies exactly in one instruction: 255
-  with VNNI (vpdpbusd: AVX-512 VNNI with VL, or AVX-VNNI), 127 with pmaddubsw alone (its int16 pair sums saturate
-  beyond that; AVX2/SSSE3), 0 elsewhere (no DOT4: the portable form is slower than DOT2's). DOT4=0 turns it off."""
-  flags = cpu_flags()
+def dot4_max(flags: frozenset[str] | None = None) -> int:
+  """`Renderer.dot4` for `flags` (default: cpu_flags()): the largest unsigned code WMMA "DOT4" multiplies exactly in
+  one instruction: 255 with VNNI (vpdpbusd: AVX-512 VNNI with VL, or AVX-VNNI), 127 with pmaddubsw alone (its int16
+  pair sums saturate beyond that; AVX2/SSSE3), 0 elsewhere (no DOT4: the portable form is slower than DOT2's). DOT4=0
+  turns it off."""
+  flags = cpu_flags() if flags is None else flags
   best = 255 if {"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags else 127 if flags & {"avx2", "ssse3"} else 0
   return best if getenv("DOT4", 1) else 0
+
+def simd_caps(flags: frozenset[str] | None = None) -> dict[str, int]:
+  """The ClangRenderer capability data that follows from a CPU's feature flags (default: cpu_flags(), the host or
+  CPU_MARCH's target): vector_lanes, vector_regs, dot4. Tests of the heuristics set it for a named host kind."""
+  lanes, regs = simd_shape(flags)
+  return {"vector_lanes": lanes, "vector_regs": regs, "dot4": dot4_max(flags)}
 
 def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int, int]:
   """(L1 data, L2, L3) cache bytes of the host's first core, from Linux's sysfs cache description (0 for a level it
@@ -366,14 +405,16 @@ class ClangRenderer(CStyleRenderer):
     return str(int(x.vmax))
 
 class ClangCompiler(Compiler):
-  """C source -> shared object with clang or gcc (CC overrides): -O2 -march=native -fPIC -shared, no fast-math."""
+  """C source -> shared object with clang or gcc (CC overrides): -O2 -march=native (CPU_MARCH) -fPIC -shared, no
+  fast-math."""
   FLAGS = ("-O2", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno")
 
   def __init__(self, cc: str | None = None) -> None:
     self.cc = cc or find_cc()
     if self.cc is None: raise RuntimeError("no C compiler found: install clang or gcc, or set CC")
+    self.flags = tuple(f"-march={cpu_march()}" if f == "-march=native" else f for f in self.FLAGS)
     ver = subprocess.run([*self.cc.split(), "--version"], capture_output=True, text=True).stdout.splitlines()
-    super().__init__(f"cc={self.cc} version={ver[0] if ver else '?'} flags={' '.join(self.FLAGS)}")
+    super().__init__(f"cc={self.cc} version={ver[0] if ver else '?'} flags={' '.join(self.flags)}")
 
   def supports_type(self, ctype: str) -> bool:
     """Whether this compiler has arithmetic on `ctype` (e.g. _Float16); the answer is cached on disk per compiler."""
@@ -392,7 +433,7 @@ class ClangCompiler(Compiler):
   def compile(self, src: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="plugrad-cc-") as d:
       out = os.path.join(d, "kernel.so")
-      p = subprocess.run([*self.cc.split(), *self.FLAGS, "-x", "c", "-", "-o", out], input=src, capture_output=True, text=True)
+      p = subprocess.run([*self.cc.split(), *self.flags, "-x", "c", "-", "-o", out], input=src, capture_output=True, text=True)
       if p.returncode != 0: raise CompileError(f"{self.cc} failed with exit code {p.returncode}", p.stderr, src)
       with open(out, "rb") as f: return f.read()
 
@@ -487,8 +528,7 @@ class CPUDevice(Compiled):
     if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
       self.renderer.vectorizes_reductions = True
     if isinstance(self.renderer, ClangRenderer):
-      self.renderer.vector_lanes, self.renderer.vector_regs = simd_shape()
-      self.renderer.dot4 = dot4_max()
+      for k, v in simd_caps().items(): setattr(self.renderer, k, v)
       self.renderer.cache_bytes = cache_sizes()
     if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
       self.renderer.emulated = type(self.renderer).emulated | frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
