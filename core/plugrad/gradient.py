@@ -137,18 +137,12 @@ NO_GRADIENT = GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR,
 LEAVES = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.CONST, Ops.DEVICE, Ops.UNIQUE, Ops.BIND, Ops.DEFINE_VAR, Ops.PARAM})
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp, UOp]:
-  """Gradients of `root` (seeded with `root_grad`) with respect to each node in `targets` that `root` depends on.
-  A multi-device target's gradient is assembled from those of its per-device nodes (the graph uses those)."""
-  multis = [t for t in targets if t.op is Ops.MULTI]
-  targets = list(dict.fromkeys([s for t in targets for s in (t.src if t.op is Ops.MULTI else (t,))]))
-  tset = set(targets)
-  topo = list(root.toposort(gate=lambda u: u.op not in NO_GRADIENT))
-  on_path: dict[UOp, bool] = {}
-  for n in topo: on_path[n] = n in tset or (n.op not in NO_GRADIENT and any(on_path.get(s, False) for s in n.src))
+def _backward(topo: list[UOp], root: UOp, root_grad: UOp, on_path: dict[UOp, bool], stops: frozenset[UOp] = frozenset()) -> dict[UOp, UOp]:
+  """Reverse-mode sweep over `topo` (root last): each node's gradient, the sum over its consumers' rules. A node in
+  `stops` keeps its gradient and passes none on (it is treated as a leaf)."""
   grads: dict[UOp, UOp] = {root: root_grad}
   for n in reversed(topo):
-    if (g := grads.get(n)) is None or not on_path[n] or not n.src: continue
+    if (g := grads.get(n)) is None or not on_path[n] or not n.src or n in stops: continue
     if n.op in NO_GRADIENT or n.op in LEAVES: continue
     src_grads = pm_gradient.apply(n, g)
     if src_grads is None: raise RuntimeError(f"no gradient rule for {n.op} (dtype {n.dtype}, shape {n.shape})")
@@ -156,7 +150,45 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp,
       if sg is None or not on_path.get(s, False): continue
       if sg.shape != s.shape: raise RuntimeError(f"gradient rule for {n.op} gave shape {sg.shape} for a source of shape {s.shape}")
       grads[s] = sg if s not in grads else grads[s] + sg
+  return grads
+
+
+def _above(parts: tuple[UOp, ...], nodes: frozenset[UOp]) -> bool:
+  """Whether any of `nodes` (other than `parts` themselves) is computed from one of `parts`."""
+  return any(p is not n and p in n.toposort() for n in nodes for p in parts)
+
+
+def _own_grads(topo: list[UOp], root: UOp, root_grad: UOp, on_path: dict[UOp, bool], multis: list[UOp],
+               grads: dict[UOp, UOp]) -> dict[UOp, UOp | None]:
+  """The gradient of each multi-device target's per-device parts counting only that part's own uses: where one part
+  is made from another (`x.to(devices)` copies the replica on the first device to the others), the full sweep's
+  `grads` of the first also holds the copy's gradient, so a sweep that stops at the parts gives theirs. One sweep
+  serves every target whose parts nothing else stopped at is computed from; the others get one each."""
+  chained = [m for m in multis if _above(m.src, frozenset(m.src))]
+  stops = frozenset(s for m in chained for s in m.src)
+  alone = [m for m in chained if _above(m.src, stops - set(m.src))]
+  shared = _backward(topo, root, root_grad, on_path, stops - {s for m in alone for s in m.src}) if len(alone) < len(chained) else {}
+  own: dict[UOp, UOp | None] = dict(grads)
+  for m in chained:
+    swept = _backward(topo, root, root_grad, on_path, frozenset(m.src)) if m in alone else shared
+    own.update({s: swept[s] for s in m.src if s in swept})
+    own.update({s: None for s in m.src if s not in swept})
+  return own
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp, UOp]:
+  """Gradients of `root` (seeded with `root_grad`) with respect to each node in `targets` that `root` depends on.
+  A multi-device target's gradient is assembled from those of its per-device parts (the graph uses those), each part
+  counted for its own uses (`_own_grads`): a replicated tensor's gradient is then the sum of every use once."""
+  multis = [t for t in targets if t.op is Ops.MULTI]
+  targets = list(dict.fromkeys([s for t in targets for s in (t.src if t.op is Ops.MULTI else (t,))]))
+  tset = set(targets)
+  topo = list(root.toposort(gate=lambda u: u.op not in NO_GRADIENT))
+  on_path: dict[UOp, bool] = {}
+  for n in topo: on_path[n] = n in tset or (n.op not in NO_GRADIENT and any(on_path.get(s, False) for s in n.src))
+  grads = _backward(topo, root, root_grad, on_path)
   out = {t: grads[t] for t in targets if t in grads}
+  own = _own_grads(topo, root, root_grad, on_path, multis, grads)
   for m in multis:
-    if any(s in out for s in m.src): out[m] = target_grad(m, [out.get(s) for s in m.src])
+    if any(own.get(s) is not None for s in m.src): out[m] = target_grad(m, [own.get(s) for s in m.src])
   return out
