@@ -125,6 +125,13 @@ def dot4_max(flags: frozenset[str] | None = None) -> int:
   best = 255 if {"avx512_vnni", "avx512vl"} <= flags or "avx_vnni" in flags else 127 if flags & {"avx2", "ssse3"} else 0
   return best if getenv("DOT4", 1) else 0
 
+# the feature flags (as /proc/cpuinfo names them) of the two x86 kinds of host plugrad is tuned and tested on; tests of
+# host-dependent choices set the record of each (tests/conftest.py: cpu_host)
+HOST_KINDS = {
+  "avx2": frozenset({"sse2", "ssse3", "avx", "avx2", "fma", "f16c"}),   # Zen 2/3, Haswell..Skylake client: no AVX-512, no VNNI
+  "avx512": frozenset({"sse2", "ssse3", "avx", "avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avx512_vnni"}),  # Zen 4, Ice Lake
+}
+
 def simd_caps(flags: frozenset[str] | None = None) -> dict[str, int]:
   """The ClangRenderer capability data that follows from a CPU's feature flags (default: cpu_flags(), the host or
   CPU_MARCH's target): vector_lanes, vector_regs, dot4. Tests of the heuristics set it for a named host kind."""

@@ -1,0 +1,66 @@
+"""CPU_MARCH: the -march CPU kernels compile for, and the capability record (vector lanes and registers, byte dot
+products) that follows from the instruction sets the compiler enables for it, checked against the host's; and
+`simd_caps` for named flag sets (what the `cpu_host` fixture applies)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import plugrad_cpu.device as cpu
+
+X86 = "avx2" in cpu.host_flags()
+needs_x86 = pytest.mark.skipif(not X86, reason="x86-64 -march targets need an x86 host with AVX2")
+
+
+def test_simd_caps_of_each_host_kind():
+  assert cpu.simd_caps(cpu.HOST_KINDS["avx2"]) == {"vector_lanes": 8, "vector_regs": 16, "dot4": 127}
+  assert cpu.simd_caps(cpu.HOST_KINDS["avx512"]) == {"vector_lanes": 16, "vector_regs": 32, "dot4": 255}
+  assert cpu.simd_caps(frozenset({"asimd"})) == {"vector_lanes": 4, "vector_regs": 32, "dot4": 0}
+  assert cpu.simd_caps(frozenset({"avx2", "avx_vnni"}))["dot4"] == 255   # AVX-VNNI without AVX-512
+
+
+@needs_x86
+def test_march_flags_follow_the_compiler(monkeypatch):
+  monkeypatch.setenv("CPU_MARCH", "x86-64-v3")
+  flags = cpu.cpu_flags()
+  assert {"avx2", "fma", "f16c"} <= flags and not flags & {"avx512f", "avx512_vnni", "avx_vnni"}
+  assert cpu.simd_caps() == cpu.simd_caps(cpu.HOST_KINDS["avx2"])
+  cc = cpu.ClangCompiler()
+  assert "-march=x86-64-v3" in cc.flags and "-march=x86-64-v3" in cc.cachekey
+  monkeypatch.delenv("CPU_MARCH")
+  assert cpu.cpu_flags() == cpu.host_flags() and cpu.ClangCompiler().cachekey != cc.cachekey
+
+
+@needs_x86
+def test_a_target_the_host_cannot_run_is_refused(monkeypatch):
+  monkeypatch.setattr(cpu, "host_flags", lambda: cpu.HOST_KINDS["avx2"])
+  monkeypatch.setenv("CPU_MARCH", "x86-64-v4")
+  with pytest.raises(ValueError, match=r"CPU_MARCH=x86-64-v4 needs avx512f.*which this CPU lacks"): cpu.cpu_flags()
+
+
+@pytest.mark.parametrize("march,why", [("no-such-cpu", "rejects -march=no-such-cpu"), ("a b", "must be a compiler -march name"),
+                                       ("-O0", "must be a compiler -march name")])
+def test_bad_targets_are_refused_with_their_name(march, why, monkeypatch):
+  monkeypatch.setenv("CPU_MARCH", march)
+  with pytest.raises(ValueError, match=why): cpu.cpu_flags()
+
+
+@needs_x86
+def test_an_avx2_device_runs_avx2_code():
+  """A process with CPU_MARCH=x86-64-v3: the device's record is AVX2's and a quantized product through its byte and
+  pair dot products gives numpy's value (its kernels hold no AVX-512 instruction: they'd still run here, but the
+  compiler was told the host lacks them)."""
+  code = ("import numpy as np; from plugrad import Tensor, Device; r = Device['CPU'].renderer\n"
+          "a = np.arange(64, dtype=np.float32).reshape(8, 8) / 7\n"
+          "print(r.vector_lanes, r.vector_regs, r.dot4, float(np.abs((Tensor(a) @ Tensor(a)).numpy() - a @ a).max()))")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "CPU_MARCH": "x86-64-v3"})
+  assert p.returncode == 0, p.stderr
+  lanes, regs, dot4, err = p.stdout.split()
+  assert (lanes, regs, dot4) == ("8", "16", "127") and float(err) < 1e-4
+
+
+def test_opening_the_device_with_a_bad_target_says_why():
+  p = subprocess.run([sys.executable, "-c", "from plugrad import Tensor; Tensor([1.0]).realize()"], capture_output=True, text=True,
+                     timeout=120, env={**os.environ, "CPU_MARCH": "no-such-cpu", "DEV": "CPU"})
+  assert p.returncode != 0 and "CPU_MARCH=no-such-cpu" in p.stderr and "rejects -march=no-such-cpu" in p.stderr
