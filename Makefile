@@ -75,9 +75,10 @@ test-emulate: setup
 # by the RDNA3 emulator (plugrad_amd/mock/rdna3); about 2 min with 2 workers on the loaded box (docs/amd.md)
 test-mock-amd: setup
 	DEV=MOCK+AMD $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
-# tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s)
+# tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s) and the
+# llama training's 20-step data-parallel curve on two emulated AMD GPUs (~8 min; make test runs its first 2 steps)
 test-long: setup
-	PLUGRAD_LONG_TESTS=1 $(PY) -m pytest -q tests/llm/test_tensor_parallel.py
+	PLUGRAD_LONG_TESTS=1 $(PY) -m pytest -q tests/llm/test_tensor_parallel.py tests/examples/test_train_llama_parallel.py -k "not layouts"
 
 test-python: setup
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"

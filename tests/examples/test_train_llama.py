@@ -48,7 +48,8 @@ def test_checkpoint_reloads_the_trained_weights(run):
   out, hist = run
   sd = safe_load(str(out / "ckpt_final.safetensors"))
   params = tl.params_of(hist["model"])
-  assert set(sd) == set(params) and len(sd) == 3 + 9
+  assert {k for k in sd if not k.startswith("opt.")} == set(params) and len(params) == 3 + 7
+  assert {k for k in sd if k.startswith("opt.m.")} == {f"opt.m.{k}" for k in params} and "opt.0.b1_t" in sd
   for k, t in params.items(): np.testing.assert_array_equal(sd[k].numpy(), t.numpy())
   assert json.loads((out / "history.json").read_text())["loss"] == hist["loss"]
 
@@ -65,7 +66,14 @@ def test_schedule_and_corpus():
   lrs = [tl.lr_at(i, 100, 1e-3, 10, 1e-4) for i in range(100)]
   assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-4)
   assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # cosine decay is monotone
-  data = tl.load_corpus(4096)
-  assert len(data) == 4096 and data.dtype == np.uint8
+  corpus = tl.load_corpus(1 << 16)
+  assert len(corpus.data) == 1 << 16 and corpus.data.dtype == np.uint8 and corpus.ends[-1] == 1 << 16 and len(corpus.starts) > 1
+  assert (corpus.starts < corpus.ends).all() and (corpus.starts[1:] == corpus.ends[:-1]).all()
+  x, y = tl.batch_at(corpus, 3, 5, 64, seed=1)
+  x2, _ = tl.batch_at(corpus, 3, 5, 64, seed=1)
+  assert x.shape == y.shape == (5, 64) and (x == x2).all()   # a batch is a function of the seed and the step
+  ok = y != tl.PAD
+  assert (x[:, 1:][ok[:, :-1] & ok[:, 1:]] == y[:, :-1][ok[:, :-1] & ok[:, 1:]]).all()   # y is x shifted by one byte
+  assert (ok[:, :-1] >= ok[:, 1:]).all()   # padding only at the end of a row
   with pytest.raises(FileNotFoundError, match="doesn't exist"): tl.load_corpus(10, root="/nonexistent/dir")
   assert tl.param_count(tl.PRESETS["10m"]) == pytest.approx(10.8e6, rel=0.05)
