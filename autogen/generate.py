@@ -12,6 +12,12 @@ files into one module), `slow` (skipped by --skip-slow); per manifest: `include_
 `#include <drm/drm.h>` finds libdrm's copy) and `tarball` (headers extracted from a source tarball at generation
 time, named `tar:<path inside the tarball>`). Function-like macros whose body is a plain expression over their
 arguments become Python functions; the others stay as comments.
+Kernel-internal headers: `prelude` (C text included first: kernel type names and macros the header assumes; a name
+picks the manifest's `preludes` entry). Targets with
+`"kinds": "defines"` don't go through clang: the object- and function-like `#define`s named by `names`/`prefixes`/`suffixes` and
+the members of the `enums` listed are read from the text (C integer suffixes and integer casts dropped, names defined
+earlier in the same target allowed, `assume` supplies values the header takes from elsewhere, e.g. PAGE_SIZE), for
+constants that live in .c files or in headers that can't be compiled on their own.
 Post-processing: the stub library becomes `plugrad_nv.libload.LazyLibrary(label, names)` (loaded by name on the first
 call), `#define a b` function aliases (cuMemAlloc -> cuMemAlloc_v2) become assignments, versioned exports
 (__nvJitLinkCreate_13_0) get their public names, and machine-specific lines (include paths) are dropped.
@@ -120,9 +126,9 @@ def postprocess(text: str, name: str, lib: dict | None, header: str) -> str:
   return head + text + ("\n# function aliases from #define and versioned exports\n" + "\n".join(extra) + "\n" if extra else "")
 
 
-def check_output(path: str, expect: list[str]) -> None:
+def check_output(path: str, expect: list[str], min_size: int = 1000) -> None:
   src = Path(path).read_text() if os.path.exists(path) else ""
-  if len(src) < 1000: raise GenerateError(f"{path}: clang2py produced {len(src)} bytes (header failed to parse?)")
+  if len(src) < min_size or not src: raise GenerateError(f"{path}: clang2py produced {len(src)} bytes (header failed to parse?)")
   spec = importlib.util.spec_from_file_location(f"_autogen_check_{Path(path).stem}", path)
   mod = importlib.util.module_from_spec(spec)
   try: spec.loader.exec_module(mod)
@@ -172,6 +178,7 @@ def generate(target: str, out_dir: Path, skip_slow: bool = False) -> list[Path]:
     os.mkdir(farm := os.path.join(work, "include_links"))
     link_args = link_farm(man.get("include_links", {}), farm)
     for name, t in targets.items():
+      if isinstance(t.get("prelude"), str): t = {**t, "prelude": man["preludes"][t["prelude"]]}  # a named prelude of the manifest
       written.append(generate_one(name, t, out_dir, dirs, extracted, link_args))
   init = out_dir / "__init__.py"
   init.write_text(f'"""Generated ctypes bindings ({", ".join(man["targets"])}); regenerate with `make autogen`."""\n')
@@ -181,10 +188,11 @@ def generate(target: str, out_dir: Path, skip_slow: bool = False) -> list[Path]:
 def generate_one(name: str, t: dict, out_dir: Path, dirs: list[str], extracted: dict[str, str], link_args: list[str]) -> Path:
   """Run clang2py for one manifest target, post-process and check its output; the written file."""
   headers = [extracted[h[4:]] if h.startswith("tar:") else find_header(h, dirs) for h in t.get("headers", [t.get("header")])]
+  if t.get("kinds") == "defines": return write_defines(name, t, headers, out_dir)
   header = headers[0] if len(headers) == 1 else headers
   with tempfile.TemporaryDirectory() as d:
     raw = os.path.join(d, f"{name}.py")
-    run_clang2py(header, raw, t.get("kinds", "cdefstum"), link_args + t.get("clang_args", []))
+    run_clang2py(header, raw, t.get("kinds", "cdefstum"), link_args + t.get("clang_args", []) + kernel_header_args(t, d))
     if not os.path.exists(raw) or os.path.getsize(raw) < 1000: raise GenerateError(f"clang2py produced no usable output for {header}")
     text = postprocess(Path(raw).read_text(), name, t.get("library"), ", ".join(os.path.basename(h) for h in headers))
   out = out_dir / f"{name}.py"
@@ -192,6 +200,91 @@ def generate_one(name: str, t: dict, out_dir: Path, dirs: list[str], extracted: 
   check_output(str(out), t["expect"])
   names = ", ".join(os.path.basename(h) for h in headers)
   print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} from {names} ({len(text)} bytes)")
+  return out
+
+
+def kernel_header_args(t: dict, work: str) -> list[str]:
+  """clang flags for a target's `prelude`: -include of a file holding it."""
+  if not (pre := t.get("prelude")): return []
+  Path(path := os.path.join(work, "prelude.h")).write_text("\n".join(pre) + "\n" if isinstance(pre, list) else pre)
+  return ["-include", path]
+
+
+C_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)(?:\(([\w, ]*)\))?[ \t]+(.+)$", re.M)
+C_ENUM = re.compile(r"\benum\s+(\w+)\s*\{(.*?)\}", re.S)
+C_INT = re.compile(r"\b(0[xX][0-9a-fA-F]+|\d+)(?:[uU][lL]{0,2}|[lL]{1,2}[uU]?)\b")
+C_CAST = re.compile(r"\(\s*(?:u?int(?:8|16|32|64)_t|u(?:8|16|32|64)|unsigned(?:\s+long)*(?:\s+int)?|long(?:\s+long)?)\s*\)")
+
+
+def c_source(text: str) -> str:
+  """Header text without comments and with continued lines joined."""
+  text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+  text = re.sub(r"//[^\n]*", "", text)
+  return text.replace("\\\n", " ")
+
+
+def c_expression(body: str, known: set[str], args: list[str]) -> str | None:
+  """A C integer expression as Python, or None when it isn't one (division, conditionals, logic, unknown names)."""
+  import ast
+  expr = re.sub(r"\s+", " ", C_CAST.sub("", C_INT.sub(r"\1", body.strip())))
+  if not expr or any(tok in expr for tok in ("/", "?", "&&", "||", "\"", "'", "sizeof", "->", ".")) or re.search(r"!(?!=)", expr): return None
+  try: tree = ast.parse(expr, mode="eval")
+  except SyntaxError: return None
+  for n in ast.walk(tree):
+    if isinstance(n, ast.Name) and n.id not in known and n.id not in args: return None
+    if isinstance(n, (ast.Compare, ast.BoolOp, ast.IfExp, ast.Attribute, ast.Subscript)): return None
+    if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in known): return None
+  return expr
+
+
+def extract_defines(texts: list[str], t: dict) -> list[str]:
+  """Python lines for the target's #defines (by `names`/`prefixes`) and `enums`, in source order."""
+  names, prefixes, suffixes, enums = set(t.get("names", [])), tuple(t.get("prefixes", [])), tuple(t.get("suffixes", [])), set(t.get("enums", []))
+  env: dict = {"__builtins__": {}, **t.get("assume", {})}  # the namespace checked expressions are evaluated in
+  known, lines = set(t.get("assume", {})), [f"{k} = {v}  # assumed" for k, v in t.get("assume", {}).items()]
+  found_enums: set[str] = set()
+  def value(name: str, expr: str) -> None:
+    v = eval(expr, env)  # an integer expression over earlier constants, checked by c_expression
+    env[name] = v
+    known.add(name)
+    lines.append(f"{name} = {v:#x}" if v >= 0 else f"{name} = {v}")
+  for text in map(c_source, texts):
+    for m in C_ENUM.finditer(text):
+      if m.group(1) not in enums: continue
+      found_enums.add(m.group(1))
+      nxt = 0
+      for item in filter(None, (i.strip() for i in m.group(2).split(","))):
+        member, _, e = item.partition("=")
+        member = member.strip()
+        expr = c_expression(e, known, []) if e.strip() else str(nxt)
+        if expr is None: raise GenerateError(f"enum {m.group(1)}: member {member} = {e.strip()!r} is no integer expression")
+        value(member, expr)
+        nxt = env[member] + 1
+    for m in C_DEFINE.finditer(text):
+      name, params, body = m.group(1), m.group(2), m.group(3)
+      if name not in names and not (prefixes and name.startswith(prefixes)) and not (suffixes and name.endswith(suffixes)) or name in known: continue
+      args = [a.strip() for a in params.split(",") if a.strip()] if params is not None else []
+      if (expr := c_expression(body, known, args)) is None:
+        if name in names: raise GenerateError(f"#define {name} {body.strip()!r} is no integer expression")
+        continue
+      if params is None: value(name, expr)
+      else:
+        lines.append(f"def {name}({', '.join(args)}):\n  return {expr}")
+        env[name] = eval(f"lambda {', '.join(args)}: {expr}", env)
+        known.add(name)
+  if (missing := sorted(names - known) + sorted(enums - found_enums)): raise GenerateError(f"{missing} not found")
+  return lines
+
+
+def write_defines(name: str, t: dict, headers: list[str], out_dir: Path) -> Path:
+  """A `"kinds": "defines"` target: the constants as Python, checked like clang2py's output."""
+  lines = extract_defines([Path(h).read_text(errors="replace") for h in headers], t)
+  srcs = ", ".join(os.path.basename(h) for h in headers)
+  text = f"# Generated by autogen/generate.py from {srcs} (#define and enum extraction); do not edit.\n" + "\n".join(lines) + "\n"
+  out = out_dir / f"{name}.py"
+  out.write_text(text)
+  check_output(str(out), t["expect"], min_size=0)
+  print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} from {srcs} ({len(lines)} names)")
   return out
 
 
