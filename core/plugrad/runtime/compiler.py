@@ -1,37 +1,43 @@
 """Compiler base: source -> binary, with an on-disk cache keyed by compiler identity and source.
 
 The cache lives under $PLUGRAD_CACHE_DIR/compile (default ~/.cache/plugrad/compile); entries are written atomically
-(temp file + rename) so concurrent processes never see a torn binary. Each entry is a header (magic, payload length,
-sha256 of the payload) and the binary; an entry is verified before it is returned, and one that fails (truncated,
-overwritten, a different format) is deleted and rebuilt with a CompileCacheWarning, so a damaged cache never reaches a
-loader (a truncated shared object would SIGBUS at dlopen). DISABLE_COMPILER_CACHE=1 bypasses it.
+(temp file + rename) so concurrent processes never see a torn binary. Each entry is a header (magic, the entry's key,
+payload length, sha256 of key and payload) and the binary. An entry is verified before it is returned: it must be a
+regular file of the size its header says, hold the key it is filed under (an entry copied over another kernel's is
+rejected, not run), and match its hash. One that fails (truncated, overwritten, another kernel's, a different format, a
+FIFO or a link to a device) is deleted and rebuilt with a CompileCacheWarning, so a damaged cache never reaches a loader
+(a truncated shared object would SIGBUS at dlopen). DISABLE_COMPILER_CACHE=1 bypasses it.
 """
 from __future__ import annotations
+import errno
 import hashlib
 import os
+import stat
 import struct
 import warnings
 from pathlib import Path
 from plugrad.helpers import cache_dir, getenv
 
-ENTRY_MAGIC = b"PGCC\x01\x00\x00\x00"
-_ENTRY_HEAD = struct.Struct("<8sQ32s")  # magic, payload length, sha256(payload)
+ENTRY_MAGIC = b"PGCC\x02\x00\x00\x00"
+_ENTRY_HEAD = struct.Struct("<8s32sQ32s")  # magic, key, payload length, sha256(key + payload)
 
 class CompileCacheWarning(UserWarning):
   """A compile cache entry failed verification; it was deleted and the kernel compiled again."""
 
-def pack_entry(lib: bytes) -> bytes:
-  """A cache entry: header (magic, length, sha256) + the binary."""
-  return _ENTRY_HEAD.pack(ENTRY_MAGIC, len(lib), hashlib.sha256(lib).digest()) + lib
+def pack_entry(lib: bytes, key: bytes) -> bytes:
+  """A cache entry bound to `key` (32 bytes, the digest it is filed under): header (magic, key, length, sha256) + binary."""
+  if len(key) != 32: raise ValueError(f"a compile cache key is 32 bytes, got {len(key)}")
+  return _ENTRY_HEAD.pack(ENTRY_MAGIC, key, len(lib), hashlib.sha256(key + lib).digest()) + lib
 
-def unpack_entry(raw: bytes) -> bytes:
-  """The binary of a cache entry; ValueError saying what is wrong when it does not verify."""
+def unpack_entry(raw: bytes, key: bytes) -> bytes:
+  """The binary of a cache entry filed under `key`; ValueError saying what is wrong when it does not verify."""
   if len(raw) < _ENTRY_HEAD.size: raise ValueError(f"{len(raw)} bytes, shorter than the {_ENTRY_HEAD.size}-byte entry header")
-  magic, n, digest = _ENTRY_HEAD.unpack_from(raw)
-  if magic != ENTRY_MAGIC: raise ValueError(f"bad magic {magic!r} (not a plugrad compile cache entry)")
+  magic, have_key, n, digest = _ENTRY_HEAD.unpack_from(raw)
+  if magic != ENTRY_MAGIC: raise ValueError(f"bad magic {magic!r} (not a plugrad compile cache entry of this version)")
   if (have := len(raw) - _ENTRY_HEAD.size) != n: raise ValueError(f"payload is {have} bytes, the header says {n} (truncated?)")
   lib = raw[_ENTRY_HEAD.size:]
-  if hashlib.sha256(lib).digest() != digest: raise ValueError("payload does not match its sha256 (corrupted)")
+  if hashlib.sha256(have_key + lib).digest() != digest: raise ValueError("payload does not match its sha256 (corrupted)")
+  if have_key != key: raise ValueError(f"it belongs to another kernel (key {have_key.hex()[:16]}..., filed under {key.hex()[:16]}...)")
   return lib
 
 class CompileError(RuntimeError):
@@ -65,23 +71,27 @@ class Compiler:
     """Human-readable form of a compiled binary, for DEBUG output; optional."""
     raise NotImplementedError(f"{type(self).__name__} cannot disassemble")
 
-  def cache_path(self, src: str) -> Path:
-    """Where the binary for `src` is cached: sha256 over identity and source."""
+  def cache_key(self, src: str) -> bytes:
+    """The 32-byte key of `src`'s entry: sha256 over the compiler's identity and the source."""
     assert self.cachekey is not None, "compiler has no cachekey"
-    key = hashlib.sha256(self.cachekey.encode() + b"\0" + src.encode()).hexdigest()
+    return hashlib.sha256(self.cachekey.encode() + b"\0" + src.encode()).digest()
+
+  def cache_path(self, src: str) -> Path:
+    """Where the binary for `src` is cached: the hex of its key."""
+    key = self.cache_key(src).hex()
     return cache_dir() / "compile" / key[:2] / f"{key}.pgc"
 
   def compile_cached(self, src: str) -> bytes:
     """compile(src), reusing a previous result from the disk cache when identity and source match and the entry verifies."""
     if not isinstance(src, str): raise TypeError(f"kernel source must be str, got {type(src).__name__}")
     if self.cachekey is None or getenv("DISABLE_COMPILER_CACHE", False): return self._compile_reporting(src)
-    path = self.cache_path(src)
-    if (lib := _read_entry(path)) is not None:
+    key, path = self.cache_key(src), self.cache_path(src)
+    if (lib := _read_entry(path, key)) is not None:
       self.hits += 1
       return lib
     self.misses += 1
     lib = self._compile_reporting(src)
-    _atomic_write(path, pack_entry(lib))
+    _atomic_write(path, pack_entry(lib, key))
     return lib
 
   def _compile_reporting(self, src: str) -> bytes:
@@ -98,14 +108,34 @@ class Compiler:
       except OSError: pass
       raise
 
-def _read_entry(path: Path) -> bytes | None:
-  """The verified binary cached at `path`, or None (missing; or damaged, then it is deleted with a warning)."""
-  try: raw = path.read_bytes()
-  except OSError: return None
-  try: return unpack_entry(raw)
+MAX_ENTRY_BYTES = 1 << 30  # no compiler output is this large; a bigger "entry" is not ours
+
+def _read_raw(path: Path) -> bytes | None:
+  """The bytes of the entry file at `path`; None if missing; ValueError if it is not a regular file of sane size.
+
+  Opened without following a final symlink and without blocking (a FIFO would block open and read forever), then
+  checked with fstat before a byte is read (a link to /dev/zero would read until MemoryError)."""
+  flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+  try: fd = os.open(path, flags)
+  except FileNotFoundError: return None
+  except OSError as e:
+    if e.errno == errno.ELOOP: raise ValueError("it is a symbolic link, not a regular file") from None
+    return None  # unreadable (permissions): compile without the cache
+  try:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode): raise ValueError("it is not a regular file")
+    if st.st_size > MAX_ENTRY_BYTES: raise ValueError(f"{st.st_size} bytes, larger than any compiled kernel")
+    with os.fdopen(fd, "rb", closefd=False) as f: return f.read(st.st_size + 1)  # +1: a file that grew fails the length check
+  finally: os.close(fd)
+
+def _read_entry(path: Path, key: bytes) -> bytes | None:
+  """The verified binary cached at `path` for `key`, or None (missing; or damaged, then it is deleted with a warning)."""
+  try:
+    raw = _read_raw(path)
+    return None if raw is None else unpack_entry(raw, key)
   except ValueError as e:
     warnings.warn(f"plugrad: compile cache entry {path} is damaged ({e}); deleted, compiling again", CompileCacheWarning, stacklevel=4)
-    try: path.unlink()
+    try: path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
     except OSError: pass
     return None
 
