@@ -113,3 +113,16 @@ def test_entry_that_is_not_a_regular_file_is_rebuilt(tmp_path, kind):
   if kind != "dangling": assert any("not a regular file" in str(x.message) for x in w), [str(x.message) for x in w]
   assert path.is_file() and not path.is_symlink()
   assert c.compile_cached("k") == b"echo|k" and c.hits == 1
+
+
+def test_older_format_is_replaced_without_a_warning(tmp_path):
+  import hashlib
+  import struct
+  import warnings
+  c, path = _hostile_entry(tmp_path, "none")
+  old_lib = b"stale"
+  path.write_bytes(struct.pack("<8sQ32s", b"PGCC\x01\x00\x00\x00", len(old_lib), hashlib.sha256(old_lib).digest()) + old_lib)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert c.compile_cached("k") == b"echo|k" and c.misses == 1
+  assert c.compile_cached("k") == b"echo|k" and c.hits == 1

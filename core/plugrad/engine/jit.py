@@ -5,6 +5,15 @@ copy it executes (ExecItems). From call 3 on, the function is not called at all:
 new inputs' buffers swapped in and the new values of bound Variables, and the returned tensors are the same
 objects as the capture's (their buffers hold the new results). JIT=0 turns capturing off.
 
+Arguments that are not Tensors (or bound Variables) can't change a replay: their values were baked into the captured
+kernels. So a capture is keyed on them: numbers, strings, None, dtypes, enums and tuples/lists/dicts of these by value
+(floats bit-exactly: -0.0 and 0.0 differ), any other object (a model, a function) by identity, and the positions and
+keyword names of the tensor arguments. A call with another key gets its own capture (run, capture, replay); the
+MAX_CAPTURES most recently used are kept, and dropping one warns once (JitWarning), since a value that changes on every
+call never replays: pass it as a Tensor or a bound Variable. A numpy array argument is a JitError (it is neither a value
+nor safely an identity: pass a Tensor). A tensor input whose shape, dtype or device differs from the capture's is a
+JitError, as in tinygrad (tinygrad bakes non-tensor arguments silently; plugrad does not).
+
 Inputs may be multi-device tensors (each device's buffer is an input slot), and captured kernels and copies may read
 views of input buffers (the same view of the new input is swapped in).
 
@@ -14,10 +23,17 @@ JIT_BATCH=0 turns batching off.
 """
 from __future__ import annotations
 
+import enum
 import functools
+import numbers
+import warnings
+from collections import OrderedDict
 from typing import Any, Callable, Generic, TypeVar
 
+import numpy as np
+
 from plugrad.device import Device
+from plugrad.dtype import DType
 from plugrad.engine.realize import CAPTURING, ExecItem, GlobalCounters, buffer_for
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import buffer_of, rebind_view
@@ -30,6 +46,35 @@ R = TypeVar("R")
 
 class JitError(RuntimeError):
   """A jitted function was called in a way its capture can't serve."""
+
+
+class JitWarning(UserWarning):
+  """A TinyJit dropped a capture: its non-tensor arguments took more than MAX_CAPTURES values."""
+
+
+MAX_CAPTURES = 16  # captures kept per TinyJit (least recently used dropped first)
+
+
+def _unbind(u: UOp) -> UOp:
+  return u.substitute({n: n.src[0] for n in u.toposort() if n.op is Ops.BIND})
+
+
+def _arg_key(x: Any, keep: list) -> Any:
+  """What a capture is keyed on for one argument (see the module docstring); objects keyed by identity go in `keep`, so
+  their ids can't be reused while the capture lives."""
+  if isinstance(x, Tensor): return Tensor
+  if isinstance(x, UOp): return ("uop", _unbind(x))
+  if x is None or isinstance(x, (bool, str, bytes, DType, enum.Enum)): return (type(x), x)
+  if isinstance(x, np.ndarray): raise JitError("a numpy array argument can't be keyed by a TinyJit capture; pass a Tensor")
+  if isinstance(x, numbers.Number):
+    if isinstance(x, numbers.Integral): return (type(x), int(x))
+    if isinstance(x, numbers.Real): return (type(x), float(x).hex())
+    return (type(x), complex(x).real.hex(), complex(x).imag.hex())
+  if isinstance(x, (tuple, list)): return (type(x), tuple(_arg_key(v, keep) for v in x))
+  if isinstance(x, dict): return (type(x), tuple((_arg_key(k, keep), _arg_key(v, keep)) for k, v in x.items()))
+  if isinstance(x, slice): return (slice, _arg_key((x.start, x.stop, x.step), keep))
+  keep.append(x)
+  return ("id", id(x))
 
 
 def _tensors_in(x: Any) -> list:
@@ -60,51 +105,35 @@ def _input_buffers(inputs: list) -> list:
   return [buffer_for(buffer_of(u)).base for t in inputs for u in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
 
 
-class TinyJit(Generic[R]):
-  """Decorate a function of Tensors (or call TinyJit(fn)); see the module docstring."""
+class _Capture:
+  """One capture of a TinyJit: the call count for its key, the recorded kernels, input slots and outputs."""
 
-  def __init__(self, fn: Callable[..., R]):
-    if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
-    self.fn, self.cnt = fn, 0
+  def __init__(self, keep: list) -> None:
+    self.keep, self.cnt = keep, 0
     self.captured: list[ExecItem] = []
     self._views: dict[tuple[int, int], tuple] = {}
     self.input_slots: list[tuple[int, int, int]] = []
     self.signature: list[tuple] = []
     self.ret: Any = None
     self.plan: list[tuple[Any, list[ExecItem], list[tuple[int, int]]]] = []  # (batch runner or None, items, input slots)
-    functools.update_wrapper(self, fn)
 
-  def __get__(self, obj, objtype=None):  # a jitted method binds like a function
-    return self if obj is None else functools.partial(self.__call__, obj)
-
-  def reset(self) -> None:
-    """Forget the capture: the next call runs normally again."""
-    self.cnt, self.captured, self.input_slots, self.signature, self.ret, self.plan, self._views = 0, [], [], [], None, [], {}
-
-  def __call__(self, *args, **kwargs) -> R:
-    all_args = list(args) + list(kwargs.values())
-    inputs = _tensors_in(all_args)
-    if not getenv("JIT", 1): return self.fn(*args, **kwargs)
-    Tensor.realize_all(*inputs)
-    var_vals = _bound_vars(all_args, inputs)
+  def call(self, fn: Callable, inputs: list, args: tuple, kwargs: dict, var_vals: dict[str, int]) -> Any:
     if self.cnt == 0:
-      ret = self.fn(*args, **kwargs)
+      ret = fn(*args, **kwargs)
       Tensor.realize_all(*_tensors_in(ret))
       self.cnt = 1
       return ret
-    if self.cnt == 1: return self._capture(inputs, args, kwargs)
-    return self._replay(inputs, var_vals)
+    if self.cnt == 1: return self._capture(fn, inputs, args, kwargs)
+    return self._replay(fn, inputs, var_vals)
 
   def _signature(self, inputs: list) -> list[tuple]:
     """(shape, dtype, device) per input, with bound variables in shapes replaced by the variables themselves."""
-    def unbind(s):
-      return s if not isinstance(s, UOp) else s.substitute({n: n.src[0] for n in s.toposort() if n.op is Ops.BIND})
-    return [(tuple(unbind(s) for s in t.shape), t.dtype, t.device) for t in inputs]
+    return [(tuple(_unbind(s) if isinstance(s, UOp) else s for s in t.shape), t.dtype, t.device) for t in inputs]
 
-  def _capture(self, inputs: list, args: tuple, kwargs: dict) -> R:
+  def _capture(self, fn: Callable, inputs: list, args: tuple, kwargs: dict) -> Any:
     CAPTURING.append([])
     try:
-      ret = self.fn(*args, **kwargs)
+      ret = fn(*args, **kwargs)
       Tensor.realize_all(*_tensors_in(ret))
     finally: items = CAPTURING.pop()
     in_bufs = _input_buffers(inputs)
@@ -134,10 +163,8 @@ class TinyJit(Generic[R]):
       start += len(its)
     return plan
 
-  def _replay(self, inputs: list, var_vals: dict[str, int]) -> R:
+  def _replay(self, fn: Callable, inputs: list, var_vals: dict[str, int]) -> Any:
     sig = self._signature(inputs)
-    if len(sig) != len(self.signature):
-      raise JitError(f"jitted function got {len(sig)} tensor inputs, but was captured with {len(self.signature)}")
     for i, (now, was) in enumerate(zip(sig, self.signature)):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     st = capture.now() if capture.PROFILE else 0
@@ -154,5 +181,57 @@ class TinyJit(Generic[R]):
       for ei in self.captured: ei.run(var_vals if ei.runner is not None and ei.runner.spec.vars else None)
     if var_vals:  # outputs with symbolic shapes take this call's sizes
       for t in _tensors_in(self.ret): t.uop = rebind_view(t.uop, var_vals)
-    if st: profile.jit_replay(getattr(self.fn, "__name__", "fn"), bufs[0].device if bufs else "JIT", st)
+    if st: profile.jit_replay(getattr(fn, "__name__", "fn"), bufs[0].device if bufs else "JIT", st)
     return self.ret
+
+
+def _delegate(name: str) -> property:
+  """A TinyJit attribute that reads (and sets) the most recently used capture's."""
+  return property(lambda self: getattr(self._last, name), lambda self, v: setattr(self._last, name, v))
+
+
+class TinyJit(Generic[R]):
+  """Decorate a function of Tensors (or call TinyJit(fn)); see the module docstring. `cnt`, `captured`, `plan`, `ret`,
+  `signature` and `input_slots` are those of the most recently used capture."""
+
+  cnt, captured, plan, ret, signature, input_slots = map(_delegate, ("cnt", "captured", "plan", "ret", "signature", "input_slots"))
+
+  def __init__(self, fn: Callable[..., R]):
+    if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
+    self.fn = fn
+    self.reset()
+    functools.update_wrapper(self, fn)
+
+  def __get__(self, obj, objtype=None):  # a jitted method binds like a function
+    return self if obj is None else functools.partial(self.__call__, obj)
+
+  def reset(self) -> None:
+    """Forget every capture: the next call runs normally again."""
+    self._captures: OrderedDict[Any, _Capture] = OrderedDict()
+    self._last, self._warned = _Capture([]), False
+
+  def __call__(self, *args, **kwargs) -> R:
+    all_args = list(args) + list(kwargs.values())
+    inputs = _tensors_in(all_args)
+    if not getenv("JIT", 1): return self.fn(*args, **kwargs)
+    Tensor.realize_all(*inputs)
+    var_vals = _bound_vars(all_args, inputs)
+    self._last = self._capture_for(args, kwargs)
+    return self._last.call(self.fn, inputs, args, kwargs, var_vals)
+
+  def _capture_for(self, args: tuple, kwargs: dict) -> _Capture:
+    """The capture keyed on this call's non-tensor arguments (a new one, dropping the least recently used past MAX_CAPTURES)."""
+    keep: list = []
+    key = (_arg_key(args, keep), tuple((k, _arg_key(v, keep)) for k, v in kwargs.items()))
+    if (c := self._captures.get(key)) is not None:
+      self._captures.move_to_end(key)
+      return c
+    if len(self._captures) >= MAX_CAPTURES:
+      self._captures.popitem(last=False)
+      if not self._warned:
+        self._warned = True
+        warnings.warn(f"TinyJit({getattr(self.fn, '__name__', 'fn')}): non-tensor arguments took more than {MAX_CAPTURES} values, "
+                      "so captures are dropped and calls rarely replay; pass values that change as Tensors or bound Variables",
+                      JitWarning, stacklevel=3)
+    c = self._captures[key] = _Capture(keep)
+    return c

@@ -4,9 +4,10 @@ The cache lives under $PLUGRAD_CACHE_DIR/compile (default ~/.cache/plugrad/compi
 (temp file + rename) so concurrent processes never see a torn binary. Each entry is a header (magic, the entry's key,
 payload length, sha256 of key and payload) and the binary. An entry is verified before it is returned: it must be a
 regular file of the size its header says, hold the key it is filed under (an entry copied over another kernel's is
-rejected, not run), and match its hash. One that fails (truncated, overwritten, another kernel's, a different format, a
+rejected, not run), and match its hash. One that fails (truncated, overwritten, another kernel's, not ours, a
 FIFO or a link to a device) is deleted and rebuilt with a CompileCacheWarning, so a damaged cache never reaches a loader
-(a truncated shared object would SIGBUS at dlopen). DISABLE_COMPILER_CACHE=1 bypasses it.
+(a truncated shared object would SIGBUS at dlopen). An entry of an older format is replaced silently.
+DISABLE_COMPILER_CACHE=1 bypasses the cache.
 """
 from __future__ import annotations
 import errno
@@ -24,6 +25,9 @@ _ENTRY_HEAD = struct.Struct("<8s32sQ32s")  # magic, key, payload length, sha256(
 class CompileCacheWarning(UserWarning):
   """A compile cache entry failed verification; it was deleted and the kernel compiled again."""
 
+class OlderEntryFormat(ValueError):
+  """A cache entry written by an older plugrad (its own magic, another version): replaced without a warning."""
+
 def pack_entry(lib: bytes, key: bytes) -> bytes:
   """A cache entry bound to `key` (32 bytes, the digest it is filed under): header (magic, key, length, sha256) + binary."""
   if len(key) != 32: raise ValueError(f"a compile cache key is 32 bytes, got {len(key)}")
@@ -31,6 +35,7 @@ def pack_entry(lib: bytes, key: bytes) -> bytes:
 
 def unpack_entry(raw: bytes, key: bytes) -> bytes:
   """The binary of a cache entry filed under `key`; ValueError saying what is wrong when it does not verify."""
+  if len(raw) >= 8 and raw[:4] == ENTRY_MAGIC[:4] and raw[4:8] < ENTRY_MAGIC[4:8]: raise OlderEntryFormat(f"entry format {raw[4:8]!r}, this is {ENTRY_MAGIC[4:8]!r}")
   if len(raw) < _ENTRY_HEAD.size: raise ValueError(f"{len(raw)} bytes, shorter than the {_ENTRY_HEAD.size}-byte entry header")
   magic, have_key, n, digest = _ENTRY_HEAD.unpack_from(raw)
   if magic != ENTRY_MAGIC: raise ValueError(f"bad magic {magic!r} (not a plugrad compile cache entry of this version)")
@@ -133,6 +138,7 @@ def _read_entry(path: Path, key: bytes) -> bytes | None:
   try:
     raw = _read_raw(path)
     return None if raw is None else unpack_entry(raw, key)
+  except OlderEntryFormat: return None  # rewritten in the current format by the caller
   except ValueError as e:
     warnings.warn(f"plugrad: compile cache entry {path} is damaged ({e}); deleted, compiling again", CompileCacheWarning, stacklevel=4)
     try: path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
