@@ -103,6 +103,13 @@ def cases(dev: str) -> list[tuple[str, Callable[[], list]]]:
   case("cumsum")(lambda: [e(64, 256).cumsum(1)])
   case("elementwise")(lambda: [(e(4096) * 2 + e(4096)).exp().sqrt(), (e(33, 65) > 0).where(e(33, 65), 0.0)])
   case("elementwise_ints")(lambda: [(e(4096, dtype=dtypes.int32) * 3 + 7) % 5, e(1024, dtype=dtypes.uint8).cast(dtypes.float32)])
+  for dt in ("fp8e4m3", "fp8e5m2"):
+    d = getattr(dtypes, dt)
+    case(f"elementwise_{dt}")(lambda d=d: [(e(1000, dtype=d) * e(1000, dtype=d) + 1).cast(dtypes.float32), (e(1000) * 3).cast(d),
+                                           e(256, dtype=d).cast(dtypes.bfloat16), e(256, dtype=d).max(0)])
+  case("elementwise_f64")(lambda: [(e(512, dtype=dtypes.float64).sin() + e(512, dtype=dtypes.float64).exp2()).sqrt().log2()])
+  case("elementwise_f16_math")(lambda: [e(512, dtype=dtypes.float16).sin(), e(512, dtype=dtypes.bfloat16).exp2() * 2,
+                                        e(512, dtype=dtypes.bfloat16).cast(dtypes.float16)])
   case("gelu_silu")(lambda: [e(1000, 64).gelu(), e(1000, 64).silu()])
   case("pow")(lambda: [e(1024) ** e(1024), e(1024) ** 2.5])
   case("attention")(lambda: [e(1, 4, 64, 16).scaled_dot_product_attention(e(1, 4, 64, 16), e(1, 4, 64, 16), is_causal=True)])
