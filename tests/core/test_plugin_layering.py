@@ -18,6 +18,8 @@ PLUGIN_PKGS = sorted(p for p in (REPO / "plugins").glob("*/plugrad_*") if (p / "
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("plugrad_amd.device", "plugrad_amd.mock.kfd"): "the mock KFD and its RDNA3 emulator are testing support, loaded only when "
                                                   "DEV names the MOCK interface; the real runtime never imports them (DESIGN.md)",
+  ("plugrad_nv.device", "plugrad_nv.mock.libcuda"): "the mock CUDA driver and its PTX interpreter are testing support, loaded "
+                                                   "only when DEV names the MOCK interface (DESIGN.md)",
 }
 
 

@@ -2,7 +2,8 @@
 
 Registration imports nothing heavy. The probe loads libcuda by name with ctypes and asks it for devices; it never
 raises: without a usable GPU it reports why ("libcuda not found", "no CUDA device", "driver too old", ...).
-The device (plugrad_nv.device) is imported on first open.
+`DEV=MOCK+NV` selects the in-process mock CUDA driver whose PTX interpreter runs the kernels (plugrad_nv.mock),
+available wherever NVRTC is installed. The device (plugrad_nv.device) is imported on first open.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import functools
 import os
 
 from plugrad.plugins import PLUGIN_API_VERSION, Availability, DeviceSpec, hookimpl
+from plugrad_nv.libload import LazyLibrary, find_in_wheels
 
 MIN_DRIVER_VERSION = 12000  # CUDA 12.0 (cuDriverGetVersion format: 1000*major + 10*minor)
 LIBCUDA_NAMES = ("libcuda.so.1", "libcuda.so")
@@ -41,6 +43,18 @@ def probe_driver(names: tuple[str, ...] = LIBCUDA_NAMES, min_version: int = MIN_
   except (AttributeError, OSError) as e: return Availability.no(f"libcuda unusable: {e}")
 
 
+def probe_mock() -> Availability:
+  """The mock CUDA driver needs NVRTC (kernels are compiled to PTX) and the CUDA headers for half types."""
+  try:
+    if not LazyLibrary("libnvrtc", ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"), ("libnvrtc-builtins.so.*",)).available:
+      return Availability.no("NVRTC not found: pip install -e 'plugins/nv[test]' (or plugrad-nv[cu13])")
+  except Exception as e: return Availability.no(f"NVRTC probe failed: {type(e).__name__}: {e}")
+  home = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include", "cuda_fp16.h")
+  if not (find_in_wheels("../include/cuda_fp16.h") or os.path.exists(home)):
+    return Availability.no("cuda_fp16.h not found: pip install nvidia-cuda-runtime (plugins/nv[test]) or set CUDA_HOME")
+  return Availability.yes("in-process mock CUDA driver: PTX interpreter (MOCK_NV_GPUS, MOCK_NV_CC)")
+
+
 @functools.lru_cache(None)
 def probe() -> Availability:
   if (vis := os.environ.get("CUDA_VISIBLE_DEVICES", None)) in ("", "-1"): return Availability.no(f"no CUDA device (CUDA_VISIBLE_DEVICES={vis!r})")
@@ -51,4 +65,5 @@ def probe() -> Availability:
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
   return [DeviceSpec("NV", 200, PLUGIN_API_VERSION, probe, "plugrad_nv.device:NVDevice", renderers=("CUDA",),
-                     description="NVIDIA GPU: CUDA C compiled by NVRTC, run through the CUDA driver API")]
+                     description="NVIDIA GPU: CUDA C compiled by NVRTC, run through the CUDA driver API",
+                     interfaces={"CUDA": probe, "MOCK": probe_mock})]

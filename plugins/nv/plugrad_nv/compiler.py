@@ -69,13 +69,15 @@ def nvrtc_version() -> tuple[int, int]:
 
 class NVRTCCompiler(Compiler):
   """CUDA C -> cubin for `arch` (sm_90 ...). `ptx=True`: NVRTC emits PTX for compute_XX, then ptxas ($PTXAS or on PATH)
-  or nvJitLink assembles it; with neither, the PTX itself is kept for the driver to JIT at load."""
-  def __init__(self, arch: str = "sm_90", ptx: bool = False) -> None:
-    self.nvrtc, self.arch, self.ptx = nvrtc, arch, ptx
+  or nvJitLink assembles it; with neither, the PTX itself is kept for the driver to JIT at load. `keep_ptx=True`: the
+  PTX is the output, never assembled (for a driver that loads PTX only: the mock CUDA driver of DEV=MOCK+NV)."""
+  def __init__(self, arch: str = "sm_90", ptx: bool = False, keep_ptx: bool = False) -> None:
+    self.nvrtc, self.arch, self.ptx, self.keep_ptx = nvrtc, arch, ptx or keep_ptx, keep_ptx
     self.version = nvrtc_version()  # loads libnvrtc: LibraryNotFound (an OSError) names what was tried
     self.includes = cuda_include_dirs(nvrtc._libraries["libnvrtc"].path)
-    self.options = [f"--gpu-architecture={arch.replace('sm_', 'compute_') if ptx else arch}", "-DNDEBUG"] + [f"-I{d}" for d in self.includes]
-    super().__init__(f"nvrtc={self.version[0]}.{self.version[1]} arch={arch} mode={'ptx' if ptx else 'cubin'} "
+    self.options = [f"--gpu-architecture={arch.replace('sm_', 'compute_') if self.ptx else arch}", "-DNDEBUG"] + [f"-I{d}" for d in self.includes]
+    mode = "ptx-only" if keep_ptx else "ptx" if ptx else "cubin"
+    super().__init__(f"nvrtc={self.version[0]}.{self.version[1]} arch={arch} mode={mode} "
                      f"opts={' '.join(o for o in self.options if not o.startswith('-I'))} headers={bool(self.includes)}")
 
   def _check(self, rc: int, what: str) -> None:
@@ -118,6 +120,7 @@ class NVRTCCompiler(Compiler):
 
   def compile(self, src: str) -> bytes:
     if not self.ptx: return pack({"kind": "cubin", "arch": self.arch}, self.nvrtc_compile(src, ptx=False))
+    if self.keep_ptx: return pack({"kind": "ptx", "arch": self.arch}, self.nvrtc_compile(src, ptx=True) + b"\0")
     kind, binary = self.assemble(self.nvrtc_compile(src, ptx=True), src)
     return pack({"kind": kind, "arch": self.arch}, binary)
 

@@ -9,11 +9,15 @@
   buffers of copyin/copyout; NV<->NV transfers are queue copies (UVA).
 - Programs: cubin/PTX from `NVRTCCompiler`, launched with the grid (blocks per dim) and block (threads per dim) the
   caller passes: the engine takes them from `ProgramSpec.global_size/local_size`.
+- Interfaces: `NV` (or `CUDA+NV`) is libcuda; `MOCK+NV` is the same runtime on the mock CUDA driver
+  (plugrad_nv.mock.libcuda: mock GPUs whose kernels the PTX interpreter runs), imported only then. A driver whose
+  library loads no cubins (the mock) gets kernels compiled to PTX.
 `NVDevice(name, driver=...)` accepts any object with `plugrad_nv.driver.CUDADriver`'s methods (tests use a fake).
 """
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
 from typing import Any
 
@@ -24,17 +28,20 @@ from plugrad_nv.compiler import NVRTCCompiler, unpack
 from plugrad_nv.driver import CUDADriver
 from plugrad_nv.renderer import CUDARenderer
 
-_DRIVER: Any = None
+_DRIVERS: dict[str, Any] = {}
 _DRIVER_LOCK = threading.Lock()
 
 
-def get_driver() -> Any:
-  """The process-wide CUDADriver (cuInit runs once)."""
-  global _DRIVER
+def get_driver(iface: str | None = None) -> Any:
+  """The process-wide CUDADriver of an interface (cuInit runs once): libcuda for CUDA (the default), the mock CUDA
+  driver for MOCK."""
+  key = (iface or "CUDA").upper()
+  if key not in ("CUDA", "MOCK"): raise ValueError(f"NV has no interface {key} (it has CUDA, the default, and MOCK)")
   with _DRIVER_LOCK:
-    if _DRIVER is None:
-      _DRIVER = CUDADriver()
-    return _DRIVER
+    if key not in _DRIVERS:
+      lib = importlib.import_module("plugrad_nv.mock.libcuda").MockLibCuda.instance() if key == "MOCK" else None
+      _DRIVERS[key] = CUDADriver(lib)
+    return _DRIVERS[key]
 
 
 class NVSignal(Signal):
@@ -132,9 +139,10 @@ class NVProgram(HCQProgram):
 
 
 class NVDevice(HCQCompiled):
-  """An NVIDIA GPU (`NV`, `NV:1`, `NV::sm_90`, `NV::PTX`-style arch/renderer selection via the DEV grammar)."""
+  """An NVIDIA GPU (`NV`, `NV:1`, `NV::sm_90`, `NV::PTX`-style arch/renderer selection via the DEV grammar), or a
+  mock one (`MOCK+NV`, `MOCK+NV:1`)."""
   def __init__(self, device: str, driver: Any = None, compiler: Any = None) -> None:
-    self.driver = driver if driver is not None else get_driver()
+    self.driver = driver if driver is not None else get_driver(parse_device(device).iface)
     idx = parse_device(device).index
     if not 0 <= idx < (n := self.driver.device_count()): raise ValueError(f"device {device}: there are {n} CUDA device(s) (NV:0 .. NV:{n - 1})")
     self.cu_device = self.driver.device(idx)
@@ -149,7 +157,8 @@ class NVDevice(HCQCompiled):
     self._sig_next = 0
     arch = f"sm_{self.cc[0]}{self.cc[1]}"
     renderer = type("CUDARenderer", (CUDARenderer,), {"default_arch": arch})
-    if compiler is None: compiler = lambda r: NVRTCCompiler(r.arch, ptx=bool(getenv("NV_PTX", 0)))
+    keep_ptx = not getattr(self.driver, "loads_cubin", True)
+    if compiler is None: compiler = lambda r: NVRTCCompiler(r.arch, ptx=bool(getenv("NV_PTX", 0)), keep_ptx=keep_ptx)
     super().__init__(device, NVAllocator, [renderer], compiler, NVProgram,
                      NVSignal, NVQueue, NVCopyQueue, timeout_ms=getenv("NV_TIMEOUT_MS", 30000))
 

@@ -1,7 +1,9 @@
 """A thin Pythonic layer over the generated CUDA driver bindings (`plugrad_nv.autogen.cuda`).
 
 The runtime (plugrad_nv.device) talks only to this interface (handles are ints or ctypes handles, errors are
-`CUDAError`), so tests drive the same runtime code with a small fake (tests/nv/fake_driver.py) on machines without a GPU.
+`CUDAError`). `CUDADriver(lib)` calls another object with libcuda's functions and calling convention instead of the
+real library: `DEV=MOCK+NV` passes the mock CUDA driver (plugrad_nv.mock.libcuda), so everything from here up runs
+unchanged on the PTX interpreter. Tests of the runtime alone use a smaller fake of this class (tests/nv/fake_driver.py).
 """
 from __future__ import annotations
 
@@ -19,17 +21,21 @@ class CUDAError(RuntimeError):
 
 
 class CUDADriver:
-  """libcuda through the generated bindings, loaded lazily by name. Constructing it runs cuInit."""
+  """libcuda through the generated bindings, loaded lazily by name (or `lib`: an object with the same cu* functions,
+  such as the mock CUDA driver). Constructing it runs cuInit. `loads_cubin`: whether modules may be cubins (the mock
+  runs PTX only, so the device compiles to PTX for it)."""
   NOT_READY = 600
 
-  def __init__(self) -> None:
-    self.cu = cuda
-    cuda._libraries["libcuda"].load()  # LibraryNotFound (OSError) with the names tried when the driver isn't installed
-    self.check(cuda.cuInit(0), "cuInit")
-    # cuEventElapsedTime_v2 only exists in CUDA 12.8+ drivers: fall back to the original symbol
-    lib = cuda._libraries["libcuda"]
-    self._elapsed = lib.cuEventElapsedTime
-    self._elapsed.restype, self._elapsed.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_float), cuda.CUevent, cuda.CUevent]
+  def __init__(self, lib: Any = None) -> None:
+    if lib is None:
+      cuda._libraries["libcuda"].load()  # LibraryNotFound (OSError) with the names tried when the driver isn't installed
+      # cuEventElapsedTime_v2 only exists in CUDA 12.8+ drivers: fall back to the original symbol
+      self._elapsed = cuda._libraries["libcuda"].cuEventElapsedTime
+      self._elapsed.restype, self._elapsed.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_float), cuda.CUevent, cuda.CUevent]
+    else: self._elapsed = lib.cuEventElapsedTime
+    self.cu = cuda if lib is None else lib
+    self.loads_cubin = bool(getattr(self.cu, "LOADS_CUBIN", True))
+    self.check(self.cu.cuInit(0), "cuInit")
 
   def error_string(self, rc: int) -> str:
     p = ctypes.POINTER(ctypes.c_char)()
