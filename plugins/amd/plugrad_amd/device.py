@@ -266,13 +266,21 @@ class AMDAllocator(HCQAllocator):
 
   def _transfer(self, dest: HCQBuffer, src: HCQBuffer, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
     """The source GPU's SDMA writes the destination buffer, so that buffer and both timelines' signal pages are mapped
-    into both GPUs first (once per buffer / device pair)."""
+    into both GPUs first (once per buffer / device pair). GPUs behind different interfaces copy through the host."""
+    if type(src_dev) is not type(dest_dev): return host_transfer(dest, src, nbytes, src_dev, dest_dev)
     if dest_dev.gpu_id not in src_dev.mapped_peers:
       for a, b in ((src_dev, dest_dev), (dest_dev, src_dev)):
         for page in a.signal_pages: b.map_into(page)
       src_dev.mapped_peers.add(dest_dev.gpu_id)
     src_dev.map_into(dest)
     super()._transfer(dest, src, nbytes, src_dev, dest_dev)
+
+
+def host_transfer(dest: HCQBuffer, src: HCQBuffer, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
+  """Device-to-device copy through host memory (each side's own staging copies)."""
+  tmp = memoryview(bytearray(nbytes))
+  src_dev.allocator._copyout(tmp, src)
+  dest_dev.allocator._copyin(dest, tmp)
 
 
 class AMDArgsState(HCQArgsState):
@@ -308,7 +316,7 @@ class AMDProgram(HCQProgram):
     if props & ~(amd_hsa.AMD_KERNEL_CODE_PROPERTIES_ENABLE_SGPR_KERNARG_SEGMENT_PTR | (0xFFFF << 10)):
       raise NotImplementedError(f"{name}: kernel needs user SGPRs other than the kernarg pointer (properties {props:#x})")
     if self.scratch: raise NotImplementedError(f"{name}: kernel uses {self.scratch} bytes of scratch per work-item; scratch is not set up")
-    if self.lds > dev.renderer.shared_max: raise ValueError(f"{name}: {self.lds} bytes of LDS exceed {dev.renderer.shared_max}")
+    if self.lds > dev.renderer.caps.shared_max: raise ValueError(f"{name}: {self.lds} bytes of LDS exceed {dev.renderer.caps.shared_max}")
 
   def fill_kernargs(self, bufs: tuple[HCQBuffer, ...], vals: tuple[int, ...]) -> AMDArgsState:
     if any(not isinstance(b, HCQBuffer) for b in bufs):
@@ -413,17 +421,25 @@ class AMDDevice(HCQCompiled):
     if ver.major_version != kfd.KFD_IOCTL_MAJOR_VERSION: raise RuntimeError(f"KFD ioctl version {ver.major_version}.{ver.minor_version} is not 1.x")
     self.drm_fd = self.os.open(f"/dev/dri/renderD{self.props['drm_render_minor']}")
     self.os.ioctl(self.kfd_fd, "ACQUIRE_VM", drm_fd=self.drm_fd, gpu_id=self.gpu_id)
+    self.init_runtime(device)
+
+  def init_runtime(self, device: str, allocator: type[AMDAllocator] | None = None) -> None:
+    """What every interface shares once memory can be allocated and queues made (`make_rings`): signals, kernargs,
+    rings, renderer, compiler and the HCQ base."""
     self.mapped_peers: set[int] = set()
     self._sig_page: HCQBuffer | None = None
     self.signal_pages: list[HCQBuffer] = []
     self._sig_next = 0
     self._kernargs = self.alloc_gpu(1 << 20, "gtt")
     self._kernarg_next = 0
-    self.compute_ring = Ring(self, kfd.KFD_IOC_QUEUE_TYPE_COMPUTE, 4)
-    self.sdma_ring = Ring(self, kfd.KFD_IOC_QUEUE_TYPE_SDMA, 1)
+    self.compute_ring, self.sdma_ring = self.make_rings()
     renderer = type("AMDGPURenderer", (AMDGPURenderer,), {"default_arch": self.arch})
-    super().__init__(device, AMDAllocator, [renderer], lambda r: AMDGPUCompiler(r.arch), AMDProgram, AMDSignal, AMDComputeQueue, AMDCopyQueue,
-                     timeout_ms=getenv("AMD_TIMEOUT_MS", 30000))
+    super().__init__(device, allocator or AMDAllocator, [renderer], lambda r: AMDGPUCompiler(r.arch), AMDProgram, AMDSignal, AMDComputeQueue,
+                     AMDCopyQueue, timeout_ms=getenv("AMD_TIMEOUT_MS", 30000))
+
+  def make_rings(self) -> tuple[Ring, Ring]:
+    """The compute (PM4) and copy (SDMA) rings: KFD user-mode queues."""
+    return Ring(self, kfd.KFD_IOC_QUEUE_TYPE_COMPUTE, 4), Ring(self, kfd.KFD_IOC_QUEUE_TYPE_SDMA, 1)
 
   def topology(self) -> list[dict[str, int]]:
     out = []

@@ -20,22 +20,17 @@ import mmap
 import os
 import struct
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugrad_amd.autogen import amd_hsa, amdhsa_kd, kfd, pm4_nv, sdma_gfx11
-from plugrad_amd.device import GC_BASE, gc_regs
+from plugrad_amd.autogen import kfd
 from plugrad_amd.kfd import IOCTLS, KFDError
 from plugrad_amd.mock import rdna3
-from plugrad_amd.mock.dispatch import Dispatch, PageFault, execute, get_executor
+from plugrad_amd.mock.dispatch import Dispatch, PageFault, get_executor
+from plugrad_amd.mock.engines import Engines, RingFault
 
 TOPO = "/sys/devices/virtual/kfd/kfd/topology/nodes"
 GFX1100 = 110000
-
-
-class PacketError(RuntimeError):
-  """A queue held a packet the hardware would reject."""
 
 
 @dataclass
@@ -105,10 +100,11 @@ class MockKFD:
     self._backing: dict[int, mmap.mmap] = {}
     self.fds: dict[int, str] = {}
     self.queues: dict[int, Queue] = {}
-    self.regs: dict[int, dict[int, int]] = {g: {} for g in self.gpu_ids}
     self.fault: str | None = None
     self.dispatches: list[Dispatch] = []
-    self._next_fd, self._next_handle, self._clock = 1000, 1, 0
+    self.engines = {g: Engines() for g in self.gpu_ids}  # each GPU's command processor state, one dispatch log for all
+    for e in self.engines.values(): e.dispatches = self.dispatches
+    self._next_fd, self._next_handle = 1000, 1
     self._busy = threading.RLock()
     if get_executor() is None: rdna3.install()  # dispatches run clang's machine code on the RDNA3 emulator (tests may swap it)
 
@@ -261,133 +257,14 @@ class MockKFD:
       while progress and self.fault is None:
         progress = any([self._run(q) for q in list(self.queues.values())])
 
-  def clock(self) -> int:
-    """The GPU timestamp counter: 100 MHz, strictly increasing."""
-    self._clock = max(self._clock + 1, time.perf_counter_ns() // 10)
-    return self._clock
-
   def _run(self, q: Queue) -> bool:
     """Execute q's packets up to its write pointer; False when it made no progress (empty or stalled on a wait)."""
-    unit = 4 if q.qtype == kfd.KFD_IOC_QUEUE_TYPE_COMPUTE else 1
+    unit, kind = (4, "PM4") if q.qtype == kfd.KFD_IOC_QUEUE_TYPE_COMPUTE else (1, "SDMA")
     wptr = ctypes.c_uint64.from_address(q.wptr_addr).value * unit
-    mem = MockGPUMemory(self, q.gpu)
     start = q.consumed
-    while q.consumed < wptr and self.fault is None:
-      def dw(i: int) -> int: return mem.u32(q.ring + (q.consumed + 4 * i) % q.ring_size)
-      try: n = self._pm4(q, mem, dw, (wptr - q.consumed) // 4) if unit == 4 else self._sdma(q, mem, dw, (wptr - q.consumed) // 4)
-      except Exception as e:
-        kind = "PM4" if unit == 4 else "SDMA"
-        self.fault = f"{kind} queue {q.qid} at ring offset {q.consumed % q.ring_size:#x}: {type(e).__name__}: {e}"
-        return False
-      if n == 0: break  # stalled on a wait
-      q.consumed += 4 * n
-      ctypes.c_uint64.from_address(q.rptr_addr).value = q.consumed // unit
+    try: q.consumed = self.engines[q.gpu].run_ring(kind, MockGPUMemory(self, q.gpu), q.ring, q.ring_size, q.consumed, wptr)
+    except RingFault as e:
+      self.fault = f"{kind} queue {q.qid} at ring offset {e.offset:#x}: {type(e.cause).__name__}: {e.cause}"
+      return False
+    ctypes.c_uint64.from_address(q.rptr_addr).value = q.consumed // unit
     return q.consumed != start
-
-  # PM4 (nvd.h): type-3 header = 3<<30 | count-1 of body dwords <<16 | opcode<<8
-  def _pm4(self, q: Queue, mem: MockGPUMemory, dw: Any, avail: int) -> int:
-    h = dw(0)
-    if h >> 30 != 3: raise PacketError(f"PM4 header {h:#010x} is not a type-3 packet")
-    op, n = (h >> 8) & 0xFF, ((h >> 16) & 0x3FFF) + 1
-    if n + 1 > avail: raise PacketError(f"PM4 packet {op:#x} of {n + 1} dwords runs past the write pointer")
-    body = [dw(1 + i) for i in range(n)]
-    P = pm4_nv
-    def need(name: str, k: int) -> None:
-      if n != k: raise PacketError(f"{name} has {n} body dwords, expected {k}")
-    if op == P.PACKET3_NOP: pass
-    elif op == P.PACKET3_SET_SH_REG:
-      if n < 2: raise PacketError(f"SET_SH_REG with {n} body dwords")
-      for i, v in enumerate(body[1:]): self.regs[q.gpu][P.PACKET3_SET_SH_REG_START + body[0] + i] = v
-    elif op == P.PACKET3_RELEASE_MEM:
-      need("RELEASE_MEM", 7)
-      data_sel, dst_sel = body[1] >> 29, (body[1] >> 16) & 3
-      addr, data = body[2] | (body[3] << 32), body[4] | (body[5] << 32)
-      if dst_sel != 0: raise PacketError(f"RELEASE_MEM dst_sel {dst_sel}: only memory destinations are supported")
-      if data_sel == 1: mem.write(addr, struct.pack("<I", data & 0xFFFFFFFF))
-      elif data_sel == 2: mem.write(addr, struct.pack("<Q", data))
-      elif data_sel == 3: mem.write(addr, struct.pack("<Q", self.clock()))
-      elif data_sel != 0: raise PacketError(f"RELEASE_MEM data_sel {data_sel} is not supported")
-    elif op == P.PACKET3_WAIT_REG_MEM:
-      need("WAIT_REG_MEM", 6)
-      if not body[0] & P.WAIT_REG_MEM_MEM_SPACE(1): raise PacketError("WAIT_REG_MEM on a register: only memory waits are supported")
-      if not self._compare(body[0] & 7, mem.u32(body[1] | (body[2] << 32)) & body[4], body[3] & body[4]): return 0
-    elif op == P.PACKET3_ACQUIRE_MEM: need("ACQUIRE_MEM", 7)
-    elif op == P.PACKET3_DISPATCH_DIRECT:
-      need("DISPATCH_DIRECT", 4)
-      self._dispatch(q, mem, tuple(body[:3]), body[3])
-    else: raise PacketError(f"PM4 opcode {op:#x} is not supported by the mock command processor")
-    return n + 1
-
-  @staticmethod
-  def _compare(func: int, v: int, ref: int) -> bool:
-    if func == 0: return True
-    if func == 1: return v < ref
-    if func == 2: return v <= ref
-    if func == 3: return v == ref
-    if func == 4: return v != ref
-    if func == 5: return v >= ref
-    if func == 6: return v > ref
-    raise PacketError(f"wait function {func} is invalid")
-
-  def _sh(self, gpu: int, name: str) -> int:
-    regs = gc_regs("gfx1100")
-    return self.regs[gpu].get(GC_BASE["gfx11"] + getattr(regs, f"reg{name}"), 0)
-
-  def _dispatch(self, q: Queue, mem: MockGPUMemory, groups: tuple[int, ...], initiator: int) -> None:
-    if not initiator & 1: raise PacketError(f"DISPATCH_DIRECT initiator {initiator:#x} lacks COMPUTE_SHADER_EN")
-    if not initiator & (1 << 15): raise PacketError("DISPATCH_DIRECT without CS_W32_EN: gfx1100 kernels from this runtime are wave32")
-    entry = (self._sh(q.gpu, "COMPUTE_PGM_LO") << 8) | (self._sh(q.gpu, "COMPUTE_PGM_HI") << 40)
-    kd_addr, kd = self._find_descriptor(mem, entry)
-    threads = tuple(self._sh(q.gpu, f"COMPUTE_NUM_THREAD_{a}") & 0x3FF for a in "XYZ")
-    if 0 in threads or 0 in groups: raise PacketError(f"DISPATCH_DIRECT with {groups} workgroups of {threads} threads")
-    for reg, want in (("COMPUTE_PGM_RSRC1", kd.compute_pgm_rsrc1), ("COMPUTE_PGM_RSRC2", kd.compute_pgm_rsrc2)):
-      if self._sh(q.gpu, reg) != want: raise PacketError(f"{reg} = {self._sh(q.gpu, reg):#x} disagrees with the kernel descriptor's {want:#x}")
-    if kd.kernel_code_properties & amd_hsa.AMD_KERNEL_CODE_PROPERTIES_ENABLE_SGPR_KERNARG_SEGMENT_PTR:
-      kernarg = self._sh(q.gpu, "COMPUTE_USER_DATA_0") | (self._sh(q.gpu, "COMPUTE_USER_DATA_1") << 32)
-    else: kernarg = 0
-    d = Dispatch(kd_addr, kernarg, (groups[0] * threads[0], groups[1] * threads[1], groups[2] * threads[2]), threads,
-                 kd.group_segment_fixed_size, kd.private_segment_fixed_size, "gfx1100")
-    self.dispatches.append(d)
-    execute(mem, d)
-
-  def _find_descriptor(self, mem: MockGPUMemory, entry: int) -> tuple[int, Any]:
-    """The kernel descriptor whose code entry is `entry` (COMPUTE_PGM_LO/HI): descriptors are 64-byte aligned in the same
-    code object, with kernel_code_entry_byte_offset relative to themselves."""
-    a = self.find(entry, 4, "mapped")
-    if a is None or mem.gpu_id not in a.gpus: raise PageFault(entry, 4)
-    for kd_addr in range(a.va, a.va + a.size - 63, 64):
-      if kd_addr + struct.unpack("<q", ctypes.string_at(kd_addr + 16, 8))[0] == entry:
-        return kd_addr, amdhsa_kd.struct_kernel_descriptor_t.from_buffer_copy(ctypes.string_at(kd_addr, 64))
-    raise PacketError(f"no kernel descriptor points at the program address {entry:#x} (COMPUTE_PGM_LO/HI)")
-
-  # SDMA (sdma_v6_0_0_pkt_open.h): op in bits 0-7, sub_op in bits 8-15 of the header
-  def _sdma(self, q: Queue, mem: MockGPUMemory, dw: Any, avail: int) -> int:
-    S = sdma_gfx11
-    h = dw(0)
-    def f(pkt: str, dwn: str, fld: str, v: int) -> int:
-      return (v >> getattr(S, f"SDMA_PKT_{pkt}_{dwn}_{fld}_shift")) & getattr(S, f"SDMA_PKT_{pkt}_{dwn}_{fld}_mask")
-    op, sub = h & 0xFF, (h >> 8) & 0xFF
-    def need(name: str, k: int) -> None:
-      if k > avail: raise PacketError(f"SDMA {name} packet of {k} dwords runs past the write pointer")
-    if op == S.SDMA_OP_NOP: return 1
-    if op == S.SDMA_OP_COPY and sub == S.SDMA_SUBOP_COPY_LINEAR:
-      need("COPY_LINEAR", 7)
-      n = f("COPY_LINEAR", "COUNT", "count", dw(1)) + 1
-      src, dst = dw(3) | (dw(4) << 32), dw(5) | (dw(6) << 32)
-      mem.write(dst, mem.read(src, n))
-      return 7
-    if op == S.SDMA_OP_FENCE:
-      need("FENCE", 4)
-      mem.write(dw(1) | (dw(2) << 32), struct.pack("<I", dw(3)))
-      return 4
-    if op == S.SDMA_OP_TIMESTAMP and sub == S.SDMA_SUBOP_TIMESTAMP_GET_GLOBAL:
-      need("TIMESTAMP", 3)
-      mem.write(dw(1) | (dw(2) << 32), struct.pack("<Q", self.clock()))
-      return 3
-    if op == S.SDMA_OP_POLL_REGMEM:
-      need("POLL_REGMEM", 6)
-      if not f("POLL_REGMEM", "HEADER", "mem_poll", h): raise PacketError("POLL_REGMEM on a register: only memory polls are supported")
-      v = mem.u32(dw(1) | (dw(2) << 32)) & dw(4)
-      return 6 if self._compare(f("POLL_REGMEM", "HEADER", "func", h), v, dw(3) & dw(4)) else 0
-    raise PacketError(f"SDMA op {op:#x} sub_op {sub:#x} (header {h:#010x}) is not supported by the mock SDMA engine")
-
