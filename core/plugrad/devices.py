@@ -2,7 +2,9 @@
 
 Exit status is non-zero when any smoke test fails, when the device requested with DEV (or --device) is unusable, or
 when the plugin set itself cannot load (conflicting plugins, strict mode). Storage devices (DISK) are smoke-tested on a
-temporary file, never on a file named in DEV. Unavailable devices are reported, not failed.
+temporary file, never on a file named in DEV. Unavailable devices are reported, not failed. A device that can't be
+selected is one line (`one_line`: the error's first line and its did-you-mean), never a traceback; library callers get
+the exception itself (DeviceError, or ValueError for a malformed device string).
 """
 from __future__ import annotations
 import argparse
@@ -15,6 +17,14 @@ from plugrad.tensor import Tensor
 from plugrad.device import PATH_DEVICES, Buffer, Device, DeviceError, canonicalize, parse_device
 from plugrad.plugins.loader import PluginError, PluginRegistry, get_registry
 from plugrad.plugins.spec import PLUGIN_API_VERSION
+
+def one_line(e: BaseException) -> str:
+  """A device-selection error as one line for a command line: its first line, plus the did-you-mean hint if it has one
+  (the list of installed devices that follows in the message is what plugrad-devices prints anyway)."""
+  lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+  if not lines: return type(e).__name__
+  hint = next((ln for ln in lines[1:] if ln.startswith("did you mean")), None)
+  return lines[0] + (f"; {hint}" if hint else "")
 
 def _tensor_smoke(name: str) -> tuple[bool, str] | None:
   try: out = (Tensor([1, 2, 3], device=name) * 2).tolist()
@@ -85,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _default() -> str:
   try: return Device.DEFAULT
-  except (DeviceError, ValueError) as e: return f"none ({str(e).splitlines()[0]})"
+  except (DeviceError, ValueError) as e: return f"none ({one_line(e)})"
 
 def _check_requested(name: str, tmp: str) -> int:
   try:
     Device.entry(name)
     name = _smoke_name(canonicalize(name), tmp)
   except (DeviceError, ValueError) as e:
-    print(f"requested device {name}: FAIL\n{e}", file=sys.stderr)
+    print(f"requested device {name}: FAIL: {one_line(e)}", file=sys.stderr)
     return 1
   ok, msg = smoke(name)
   print(f"requested device {name}: {'PASS' if ok else 'FAIL'} ({msg})")

@@ -16,8 +16,8 @@ pieces the rules share are data or small methods: `type_map`, `code_for_op` (inf
 `kernel_prefix`, `buffer_prefix`, `restrict`, `special_ids` / `shared_prefix` / `barrier` (GPU targets),
 `render_const`, `render_bitcast`, `vector_type`. See docs/backends.md.
 
-Types the target compiler lacks (`emulated`: fp8 always on plain C, float16/bfloat16 where the compiler has no
-`_Float16`/`__bf16`) are stored as 8/16-bit patterns and computed as float, rounded to the type after every op, with
+Types the target compiler lacks (`emulated`: by default fp8, float16 and bfloat16, the types plain C can't be shown to
+have; a subclass removes those its compiler has) are stored as 8/16-bit patterns and computed as float, rounded to the type after every op, with
 IEEE/OCP round-to-nearest-even conversions in C (HALF_C, BF16_C, FP8_C).
 """
 from __future__ import annotations
@@ -187,8 +187,7 @@ class CStyleRenderer(Renderer):
   type_map: dict[DType, str] = {
     dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short", dtypes.uint16: "unsigned short",
     dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long", dtypes.uint64: "unsigned long long",
-    dtypes.float16: "_Float16", dtypes.bfloat16: "__bf16", dtypes.float32: "float", dtypes.float64: "double",
-    dtypes.fp8e4m3: "unsigned char", dtypes.fp8e5m2: "unsigned char"}
+    dtypes.float16: "_Float16", dtypes.bfloat16: "__bf16", dtypes.float32: "float", dtypes.float64: "double"}  # no fp8: C has none
   code_for_op: dict[Ops, Callable[..., str]] = {
     Ops.ADD: _binop("+"), Ops.SUB: _binop("-"), Ops.MUL: _binop("*"), Ops.FDIV: _binop("/"), Ops.IDIV: _binop("/"), Ops.MOD: _binop("%"),
     Ops.CMPLT: _binop("<"), Ops.CMPNE: _binop("!="), Ops.CMPEQ: _binop("=="), Ops.AND: _binop("&"), Ops.OR: _binop("|"),
@@ -201,8 +200,11 @@ class CStyleRenderer(Renderer):
     dtypes.float32: ("__builtin_exp2f", "__builtin_log2f", "__builtin_sinf", "__builtin_sqrtf", "__builtin_truncf", "__builtin_powf"),
     dtypes.float64: ("__builtin_exp2", "__builtin_log2", "__builtin_sin", "__builtin_sqrt", "__builtin_trunc", "__builtin_pow")}
 
-  # dtypes the target compiler lacks: stored as their bit patterns in memory, computed as float, rounded after every op
-  emulated: frozenset[DType] = frozenset()
+  # dtypes the target compiler lacks: stored as their bit patterns in memory, computed as float, rounded after every op.
+  # By default every type plain C can't be shown to have: fp8 (C has none), _Float16 and __bf16 (gcc < 13 has no __bf16,
+  # clang < 15 no _Float16 on x86). A renderer whose compiler has one natively takes it out (ClangRenderer probes its
+  # compiler; CUDARenderer has them all); a type neither emulated nor in type_map is a NotImplementedError, never bytes.
+  emulated: frozenset[DType] = frozenset({dtypes.float16, dtypes.bfloat16, dtypes.fp8e4m3, dtypes.fp8e5m2})
 
   def __init__(self, arch: str | None = None) -> None:
     super().__init__(arch)

@@ -1,9 +1,13 @@
-"""Helpers for conformance tests: run an op in plugrad and in numpy on the same inputs and compare."""
+"""Helpers for conformance tests: run an op in plugrad and in numpy on the same inputs and compare; the suite's rules
+for what a test may skip (`oracle`, `require_dtype`)."""
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pytest
 
 from plugrad.dtype import DType, dtypes
 from plugrad.tensor import Tensor
@@ -42,3 +46,18 @@ def check_op(shapes: Sequence[Sequence[int]], fn: Callable[..., Any], np_fn: Cal
   want = (np_fn or fn)(*arrs)
   got = fn(*[Tensor(a) for a in arrs])
   assert_close(got.numpy(), want, atol, rtol, dtype, check_dtype, msg=getattr(fn, "__name__", ""))
+
+
+def oracle(module: str, checks: str) -> ModuleType:
+  """The reference library `module` (ml_dtypes, einops: the [conformance] extra installs them). Missing, the test fails
+  naming the extra: the suite never skips a check for want of its oracle, so a green run means the checks ran."""
+  try: return importlib.import_module(module)
+  except ImportError:
+    pytest.fail(f"{module} is the oracle of {checks}, which the device under test claims: pip install 'plugrad[conformance]'", pytrace=False)
+
+
+def require_dtype(dt: DType) -> None:
+  """Skip the test when the device under test doesn't claim `dt`: its renderer raises NotImplementedError for it (the
+  contract of docs/backends.md). Anything else (a compile error, a wrong value) is the test's failure, not a skip."""
+  try: (Tensor([1.0, 2.0]).cast(dt) * Tensor([3.0, 0.5]).cast(dt)).cast(dtypes.float32).realize()
+  except NotImplementedError as e: pytest.skip(f"the device doesn't render {dt.name}: {str(e).splitlines()[0]}")

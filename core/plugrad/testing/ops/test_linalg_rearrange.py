@@ -1,5 +1,5 @@
 """Conformance tests for rearrange (einops patterns), qr, svd, contiguous_backward and from_blob against numpy
-references (einops itself where installed); device-generic. QR/SVD values are checked on hypothesis-generated
+references (einops itself: the [conformance] extra); device-generic. QR/SVD values are checked on hypothesis-generated
 matrices (tall, wide, batched, rank-deficient): reconstruction, orthogonality, triangularity, values vs numpy.linalg."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from plugrad.device import Device
 from plugrad.tensor import Tensor
 from plugrad.tensor_ops import TensorError
+from plugrad.testing.helpers import oracle
 
 
 # ***** rearrange *****
@@ -57,16 +58,11 @@ def test_rearrange_errors_name_the_problem(formula, sizes, match):
   with pytest.raises(TensorError, match=match): Tensor(_X).rearrange(formula, **sizes)
 
 
-try:
-  import einops  # optional oracle: the test extra installs it
-except ImportError: einops = None
-
-
-@pytest.mark.skipif(einops is None, reason="einops not installed")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_rearrange_fuzz_against_einops(data):
   """A random shape split into named axes, some grouped on the left, permuted and regrouped on the right."""
+  einops = oracle("einops", "rearrange")  # in the [conformance] extra: missing, the test fails rather than skips
   n = data.draw(st.integers(1, 5))
   atoms = [f"x{i}" for i in range(n)]
   sizes = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))

@@ -1,7 +1,8 @@
 """Conformance of the low-precision floats bfloat16, fp8e4m3 (OCP E4M3 "fn") and fp8e5m2 (OCP E5M2) on any device.
 
-Oracles: `ml_dtypes` (the formats' reference implementation; tests that need it skip without it) and the OCP 8-bit
-floating point specification's values written out by hand for the specials. Semantics checked:
+Oracles: `ml_dtypes` (the formats' reference implementation, in the [conformance] extra: without it these tests fail,
+they don't skip) and the OCP 8-bit floating point specification's values written out by hand for the specials. A test
+skips only where the device's renderer says it has no such type (NotImplementedError, `helpers.require_dtype`). Semantics checked:
 - float -> low precision rounds to nearest, ties to even (a backend that truncates bf16 or fp8 fails on the midpoints
   and just above them); subnormals; signed zero; NaN stays NaN; inf stays inf for bf16 and E5M2; E4M3 has no inf and
   saturates a magnitude past its largest finite value 448 (inf too) to +-448, as CUDA's __NV_SATFINITE conversion does;
@@ -17,15 +18,25 @@ import pytest
 
 from plugrad.dtype import DType, dtypes
 from plugrad.tensor import Tensor
+from plugrad.testing.helpers import oracle as oracle_module
+from plugrad.testing.helpers import require_dtype
 
 LOWP = [dtypes.bfloat16, dtypes.fp8e4m3, dtypes.fp8e5m2]
 IDS = ["bf16", "e4m3", "e5m2"]
 BITS = {dtypes.bfloat16: (np.uint16, dtypes.uint16), dtypes.fp8e4m3: (np.uint8, dtypes.uint8), dtypes.fp8e5m2: (np.uint8, dtypes.uint8)}
 
 
+@pytest.fixture(autouse=True)
+def claimed_dtypes(request: pytest.FixtureRequest) -> None:
+  """Each test runs where the device renders its format (`dt`, or all three; float16 too where the test uses it)."""
+  dt = getattr(getattr(request.node, "callspec", None), "params", {}).get("dt")
+  for d in [dt] if dt is not None else LOWP: require_dtype(d)
+  if "float16" in request.node.name: require_dtype(dtypes.float16)
+
+
 def ml(dt: DType):
-  """The ml_dtypes numpy type of `dt` (skips the test without ml_dtypes)."""
-  m = pytest.importorskip("ml_dtypes", reason="ml_dtypes is the oracle of the low-precision formats (plugrad[test])")
+  """The ml_dtypes numpy type of `dt` (the test fails without ml_dtypes, naming the extra that installs it)."""
+  m = oracle_module("ml_dtypes", "bfloat16 and fp8")
   return {dtypes.bfloat16: m.bfloat16, dtypes.fp8e4m3: m.float8_e4m3fn, dtypes.fp8e5m2: m.float8_e5m2}[dt]
 
 
