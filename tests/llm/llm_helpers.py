@@ -158,13 +158,16 @@ def _byte_chars() -> list[str]:
   return [table[b] for b in range(256)]
 
 
-def write_tiny_gguf(path: str, seed: int = 0) -> None:
-  """A llama-architecture GGUF with random float32 weights and a byte-level BPE vocabulary (ChatML specials, a few merges)."""
+def write_tiny_gguf(path: str, seed: int = 0, endless: bool = False) -> None:
+  """A llama-architecture GGUF with random float32 weights and a byte-level BPE vocabulary (ChatML specials, a few merges).
+  `endless`: the end-of-text tokens' embedding rows (the tied output layer's) are zero, so their logit is 0 while
+  others' are random: greedy decoding never ends a generation before max_tokens."""
   gguf = pytest.importorskip("gguf")
   specials, merges = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], ["Ġ t", "h e", "Ġt he"]
   tokens = specials + _byte_chars() + ["Ġt", "he", "Ġthe"]
   cfg = tiny_config("llama", vocab_size=len(tokens), dim=32, n_layers=2)
   w = tiny_weights(cfg, seed)
+  if endless: w["token_embd.weight"][[0, 2]] = 0.0
   wr = gguf.GGUFWriter(path, "llama")
   wr.add_block_count(cfg.n_layers)
   wr.add_context_length(256)

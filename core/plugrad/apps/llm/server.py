@@ -10,9 +10,11 @@ generations at once. Prompts are tokenized on worker threads, never on the engin
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import os
+import socket
 import time
 import uuid
 from typing import Any, AsyncIterator, Callable
@@ -297,28 +299,74 @@ class _Uvicorn(uvicorn.Server):
     self.engine.shutdown(0)
 
 
+def check_api_key(key: str) -> str:
+  """`key` when a client can send it: printable ASCII without spaces (HTTP header values are bytes whose non-ASCII
+  decoding differs between clients), else a ValueError naming the first character that isn't."""
+  if not key: raise ValueError("the API key is empty")
+  bad = next(((i, c) for i, c in enumerate(key) if not "!" <= c <= "~"), None)
+  if bad is not None:
+    raise ValueError(f"the API key has {bad[1]!r} at position {bad[0]}: a key must be printable ASCII without spaces "
+                     "(letters, digits and punctuation), which every HTTP client sends alike")
+  return key
+
+
 def resolve_api_key(key: str | None, key_file: str | None) -> str | None:
-  """The API key: --api-key, else the first line of --api-key-file, else $PLUGRAD_API_KEY, else none."""
-  if key: return key
+  """The API key: --api-key, else the first line of --api-key-file, else $PLUGRAD_API_KEY, else none; a key a client
+  couldn't send (`check_api_key`) is a ValueError."""
+  if key: return check_api_key(key)
   if key_file:
-    with open(key_file) as f: key = f.readline().strip()
+    with open(key_file, encoding="utf-8", errors="replace") as f: key = f.readline().strip()
     if not key: raise ValueError(f"the API key file {key_file} is empty")
-    return key
-  return os.environ.get("PLUGRAD_API_KEY") or None
+    try: return check_api_key(key)
+    except ValueError as e: raise ValueError(f"{e} (read from {key_file})") from None
+  if (env := os.environ.get("PLUGRAD_API_KEY")):
+    try: return check_api_key(env)
+    except ValueError as e: raise ValueError(f"{e} (read from PLUGRAD_API_KEY)") from None
+  return None
 
 
-def serve(llm: LLM, host: str = "127.0.0.1", port: int = 11434, api_key: str | None = None,
-          prefill_chunk: int = 128, request_timeout: float = HEAD_TIMEOUT, ready: Callable[[Any], None] | None = None) -> None:
+class BindError(OSError):
+  """The server's address can't be bound (in use, not this machine's, a port out of range, no permission)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+  """A TCP socket bound to (host, port), not yet listening (uvicorn listens when it starts serving, so clients that
+  come earlier are refused rather than queued). Raises BindError naming the address and the reason."""
+  if not 0 <= port <= 65535: raise BindError(f"can't serve on port {port}: a port is a number from 0 to 65535")
+  try: infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+  except (socket.gaierror, UnicodeError) as e: raise BindError(f"can't serve on {host}:{port}: unknown host ({e})") from None
+  family, stype, proto, _, addr = infos[0]
+  sock = socket.socket(family, stype, proto)
+  try:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does: a restart reuses a port in TIME_WAIT
+    sock.bind(addr)
+  except OSError as e:
+    sock.close()
+    why = "the address is already in use (another server on that port?)" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+    raise BindError(f"can't serve on {host}:{port}: {why}") from None
+  sock.set_inheritable(True)
+  return sock
+
+
+def serve(llm: LLM, host: str = "127.0.0.1", port: int = 11434, api_key: str | None = None, prefill_chunk: int = 128,
+          request_timeout: float = HEAD_TIMEOUT, ready: Callable[[Any], None] | None = None, sock: socket.socket | None = None) -> None:
+  """Serve `llm` until SIGINT/SIGTERM on `sock` (a `bind_socket`), else on (host, port) bound now (BindError if it can't be)."""
   global HEAD_TIMEOUT, BODY_TIMEOUT
+  if api_key is not None: check_api_key(api_key)
+  if sock is None: sock = bind_socket(host, port)
   HEAD_TIMEOUT, BODY_TIMEOUT = request_timeout, 3 * request_timeout
   engine = Engine(llm.backend(), llm.tok, prefill_chunk=prefill_chunk)
   app = build_app(Server(llm, engine, api_key))
-  config = uvicorn.Config(app, host=host, port=port, http=Protocol, lifespan="off", log_level="warning", access_log=False,
+  config = uvicorn.Config(app, http=Protocol, lifespan="off", log_level="warning", access_log=False,
                           timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=0.5,  # type: ignore[arg-type]  # a float works: asyncio.wait_for
                           h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                           server_header=False)
   server = _Uvicorn(config, engine)
-  print(f"serving {llm.name} on http://{host}:{port}/v1 ({engine.backend.slots} slots; OpenAI-compatible; Ctrl-C stops)", flush=True)
+  shost, sport = sock.getsockname()[:2]
+  url = f"http://[{shost}]:{sport}/v1" if ":" in shost else f"http://{shost}:{sport}/v1"
+  print(f"serving {llm.name} on {url} ({engine.backend.slots} slots; OpenAI-compatible; Ctrl-C stops)", flush=True)
   if ready is not None: ready(server)
-  try: server.run()
-  finally: engine.shutdown(0.5)
+  try: server.run(sockets=[sock])
+  finally:
+    engine.shutdown(0.5)
+    sock.close()
