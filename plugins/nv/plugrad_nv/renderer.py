@@ -115,6 +115,7 @@ class CUDARenderer(CStyleRenderer):
               dtypes.fp8e4m3: "__nv_fp8_e4m3", dtypes.fp8e5m2: "__nv_fp8_e5m2"}
   math_fns = {dtypes.float32: ("exp2f", "log2f", "sinf", "sqrtf", "truncf", "powf"), dtypes.float64: ("exp2", "log2", "sin", "sqrt", "trunc", "pow")}
   emulated = frozenset()  # CUDA has half, __nv_bfloat16 and the fp8 types natively (type_map)
+  emulated = frozenset()  # CUDA has half, __nv_bfloat16 and the fp8 types natively (type_map)
 
   def __init__(self, arch: str | None = None) -> None:
     super().__init__(arch or self.default_arch)
