@@ -21,6 +21,7 @@ from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 
+GRID_YZ_MAX, GRID_X_MAX = 65535, 2**31 - 1
 FP8 = (dtypes.fp8e4m3, dtypes.fp8e5m2)
 HALF_LIKE = (dtypes.fp8e4m3, dtypes.fp8e5m2, dtypes.bfloat16, dtypes.float16)
 MMA_IN = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
@@ -43,12 +44,6 @@ def _wmma(ctx: CUDARenderer, x: UOp) -> str:
   return f"pg_wmma_{x.arg}({ctx.r[a]}, {ctx.r[b]}, {ctx.r[c]})"
 
 
-def to_fp8(ctx: CUDARenderer, dt: DType, expr: str) -> str:
-  """A float expression converted to an fp8 type: E4M3 (no inf) through cuda_fp8.h's saturating constructor, E5M2
-  through `pg_e5m2`, which doesn't saturate (overflow is inf, as OCP E5M2 says; the constructor would give 57344)."""
-  return f"pg_e5m2({expr})" if dt == dtypes.fp8e5m2 else f"(({ctx.ctype(dt)})({expr}))"
-
-
 def _fp8_alu(ctx: CUDARenderer, x: UOp) -> str | None:
   """fp8 has no arithmetic in CUDA: compute in float, convert the result back."""
   if x.op in (Ops.CAST, Ops.BITCAST, Ops.WHERE) or not any(s.dtype in FP8 for s in x.src): return None
@@ -57,13 +52,12 @@ def _fp8_alu(ctx: CUDARenderer, x: UOp) -> str | None:
   elif x.op is Ops.NEG: v = f"(-{f[0]})"
   elif x.op is Ops.MULACC: v = f"fmaf({f[0]}, {f[1]}, {f[2]})"
   else: v = ctx.code_for_op[x.op](*f)
-  return v if x.dtype not in FP8 else to_fp8(ctx, x.dtype, v)
+  return v if x.dtype not in FP8 else f"(({ctx.ctype(x.dtype)})({v}))"
 
 
 def _cast_through_float(ctx: CUDARenderer, x: UOp) -> str | None:
   """Conversions from or to half-like types go through float (CUDA's conversions between them are ambiguous)."""
   s = x.src[0].dtype
-  if x.dtype == dtypes.fp8e5m2: return to_fp8(ctx, x.dtype, f"(float){ctx.r[x.src[0]]}")
   if (s in HALF_LIKE and x.dtype != dtypes.float32) or (x.dtype in HALF_LIKE and s != dtypes.float32):
     return f"(({ctx.ctype(x.dtype)})(float){ctx.r[x.src[0]]})"
   return None
@@ -105,16 +99,21 @@ class CUDARenderer(CStyleRenderer):
   """CUDA C for NVRTC. `arch` is the target (sm_90 by default)."""
   name, device, suffix = "CUDA", "NV", "CUDA"
   string_rewrite = pm_cuda
+  supports_float4 = False
   restrict = "__restrict__"
   special_ids = {"gidx": "blockIdx", "lidx": "threadIdx"}
   shared_prefix = "__shared__ __align__(16) "
   barrier = "__syncthreads();"
-  caps = CUDA.caps()  # launch limits, shared memory and mma.sync shapes: core's codegen/targets.py record (sm_80+)
+  # launch limits and memory as codegen reads them (the values of core's codegen/targets.py CUDA record, sm_80+)
+  has_local, has_shared = True, True
+  global_max, local_max, local_max_threads = (GRID_X_MAX, GRID_YZ_MAX, GRID_YZ_MAX), (1024, 1024, 64), 1024
+  shared_max, warp_size = 48 * 1024, 32
+  tensor_cores = list(CUDA.tensor_cores)  # mma.sync shapes and lane layouts as data (codegen/tc.py)
+  upcast_max = 16       # outputs/accumulators per thread for codegen/opt.py (register blocking)
   default_arch = "sm_90"  # NVDevice makes a subclass with the GPU's own arch
   type_map = {**CStyleRenderer.type_map, dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16",
               dtypes.fp8e4m3: "__nv_fp8_e4m3", dtypes.fp8e5m2: "__nv_fp8_e5m2"}
   math_fns = {dtypes.float32: ("exp2f", "log2f", "sinf", "sqrtf", "truncf", "powf"), dtypes.float64: ("exp2", "log2", "sin", "sqrt", "trunc", "pow")}
-  emulated = frozenset()  # CUDA has half, __nv_bfloat16 and the fp8 types natively (type_map)
   emulated = frozenset()  # CUDA has half, __nv_bfloat16 and the fp8 types natively (type_map)
 
   def __init__(self, arch: str | None = None) -> None:
@@ -131,9 +130,8 @@ class CUDARenderer(CStyleRenderer):
     if dtypes.is_float(dt) and dt.count == 1 and (math.isnan(v) or math.isinf(v)):
       if dt == dtypes.float64: s = f"__longlong_as_double({'0x7ff8' if math.isnan(v) else ('0xfff0' if v < 0 else '0x7ff0')}000000000000LL)"
       else: s = f"__int_as_float({'0x7fc00000' if math.isnan(v) else ('(int)0xff800000' if v < 0 else '0x7f800000')})"
-      if dt in FP8: return to_fp8(self, dt, s)
       return s if dt in (dtypes.float32, dtypes.float64) else f"(({self.ctype(dt)}){s})"
-    if dt in FP8: return to_fp8(self, dt, f"{float(v)!r}f")
+    if dt in FP8: return f"(({self.ctype(dt)}){float(v)!r}f)"
     return super().render_const(v, dt)
 
   def vector_type(self, dt: DType) -> str:
@@ -149,8 +147,8 @@ class CUDARenderer(CStyleRenderer):
     n = 1
     for u in uops:
       if u.op is Ops.SPECIAL and str(u.arg).startswith("lidx"):
-        n *= int(u.src[0].arg) if u.src[0].op is Ops.CONST else self.caps.local_max_threads
-    return min(n, self.caps.local_max_threads)
+        n *= int(u.src[0].arg) if u.src[0].op is Ops.CONST else self.local_max_threads
+    return min(n, self.local_max_threads)
 
   def render(self, name: str, uops: list) -> str:
     self.vtypes: dict[str, tuple[str, int, int]] = {}
@@ -163,9 +161,6 @@ class CUDARenderer(CStyleRenderer):
     if dtypes.float16 in used: pre.append("#include <cuda_fp16.h>")
     if dtypes.bfloat16 in used: pre.append("#include <cuda_bf16.h>")
     if used & set(FP8): pre.append("#include <cuda_fp8.h>")
-    if dtypes.fp8e5m2 in used:
-      pre.append(_once("PG_E5M2", ["__device__ __forceinline__ __nv_fp8_e5m2 pg_e5m2(float f) { __nv_fp8_e5m2 r; "
-                                   "r.__x = __nv_cvt_float_to_fp8(f, __NV_NOSAT, __NV_E5M2); return r; }"]))
     if any(u.op is Ops.BITCAST for u in uops):
       pre.append(_once("PG_BITCAST", ["template <class D, class S> __device__ __forceinline__ D pg_bitcast(S s) "
                                       "{ D d; memcpy(&d, &s, sizeof(D)); return d; }"]))
