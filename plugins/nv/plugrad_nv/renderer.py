@@ -44,6 +44,12 @@ def _wmma(ctx: CUDARenderer, x: UOp) -> str:
   return f"pg_wmma_{x.arg}({ctx.r[a]}, {ctx.r[b]}, {ctx.r[c]})"
 
 
+def to_fp8(ctx: CUDARenderer, dt: DType, expr: str) -> str:
+  """A float expression converted to an fp8 type: E4M3 (no inf) through cuda_fp8.h's saturating constructor, E5M2
+  through `pg_e5m2`, which doesn't saturate (overflow is inf, as OCP E5M2 says; the constructor would give 57344)."""
+  return f"pg_e5m2({expr})" if dt == dtypes.fp8e5m2 else f"(({ctx.ctype(dt)})({expr}))"
+
+
 def _fp8_alu(ctx: CUDARenderer, x: UOp) -> str | None:
   """fp8 has no arithmetic in CUDA: compute in float, convert the result back."""
   if x.op in (Ops.CAST, Ops.BITCAST, Ops.WHERE) or not any(s.dtype in FP8 for s in x.src): return None
@@ -52,12 +58,13 @@ def _fp8_alu(ctx: CUDARenderer, x: UOp) -> str | None:
   elif x.op is Ops.NEG: v = f"(-{f[0]})"
   elif x.op is Ops.MULACC: v = f"fmaf({f[0]}, {f[1]}, {f[2]})"
   else: v = ctx.code_for_op[x.op](*f)
-  return v if x.dtype not in FP8 else f"(({ctx.ctype(x.dtype)})({v}))"
+  return v if x.dtype not in FP8 else to_fp8(ctx, x.dtype, v)
 
 
 def _cast_through_float(ctx: CUDARenderer, x: UOp) -> str | None:
   """Conversions from or to half-like types go through float (CUDA's conversions between them are ambiguous)."""
   s = x.src[0].dtype
+  if x.dtype == dtypes.fp8e5m2: return to_fp8(ctx, x.dtype, f"(float){ctx.r[x.src[0]]}")
   if (s in HALF_LIKE and x.dtype != dtypes.float32) or (x.dtype in HALF_LIKE and s != dtypes.float32):
     return f"(({ctx.ctype(x.dtype)})(float){ctx.r[x.src[0]]})"
   return None
@@ -114,7 +121,6 @@ class CUDARenderer(CStyleRenderer):
   type_map = {**CStyleRenderer.type_map, dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16",
               dtypes.fp8e4m3: "__nv_fp8_e4m3", dtypes.fp8e5m2: "__nv_fp8_e5m2"}
   math_fns = {dtypes.float32: ("exp2f", "log2f", "sinf", "sqrtf", "truncf", "powf"), dtypes.float64: ("exp2", "log2", "sin", "sqrt", "trunc", "pow")}
-  emulated = frozenset()  # CUDA has half, __nv_bfloat16 and the fp8 types natively (type_map)
 
   def __init__(self, arch: str | None = None) -> None:
     super().__init__(arch or self.default_arch)
@@ -130,8 +136,9 @@ class CUDARenderer(CStyleRenderer):
     if dtypes.is_float(dt) and dt.count == 1 and (math.isnan(v) or math.isinf(v)):
       if dt == dtypes.float64: s = f"__longlong_as_double({'0x7ff8' if math.isnan(v) else ('0xfff0' if v < 0 else '0x7ff0')}000000000000LL)"
       else: s = f"__int_as_float({'0x7fc00000' if math.isnan(v) else ('(int)0xff800000' if v < 0 else '0x7f800000')})"
+      if dt in FP8: return to_fp8(self, dt, s)
       return s if dt in (dtypes.float32, dtypes.float64) else f"(({self.ctype(dt)}){s})"
-    if dt in FP8: return f"(({self.ctype(dt)}){float(v)!r}f)"
+    if dt in FP8: return to_fp8(self, dt, f"{float(v)!r}f")
     return super().render_const(v, dt)
 
   def vector_type(self, dt: DType) -> str:
@@ -161,6 +168,9 @@ class CUDARenderer(CStyleRenderer):
     if dtypes.float16 in used: pre.append("#include <cuda_fp16.h>")
     if dtypes.bfloat16 in used: pre.append("#include <cuda_bf16.h>")
     if used & set(FP8): pre.append("#include <cuda_fp8.h>")
+    if dtypes.fp8e5m2 in used:
+      pre.append(_once("PG_E5M2", ["__device__ __forceinline__ __nv_fp8_e5m2 pg_e5m2(float f) { __nv_fp8_e5m2 r; "
+                                   "r.__x = __nv_cvt_float_to_fp8(f, __NV_NOSAT, __NV_E5M2); return r; }"]))
     if any(u.op is Ops.BITCAST for u in uops):
       pre.append(_once("PG_BITCAST", ["template <class D, class S> __device__ __forceinline__ D pg_bitcast(S s) "
                                       "{ D d; memcpy(&d, &s, sizeof(D)); return d; }"]))

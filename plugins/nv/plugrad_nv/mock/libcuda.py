@@ -25,6 +25,7 @@ import re
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -100,6 +101,16 @@ class Stream:
     self.ops: deque[tuple] = deque()
 
 
+@dataclass(frozen=True)
+class Launch:
+  """A kernel that ran: its name, grid, block, the GPU and the PTX it was loaded from."""
+  name: str
+  grid: tuple[int, int, int]
+  block: tuple[int, int, int]
+  device: int
+  ptx: str
+
+
 class Event:
   def __init__(self) -> None:
     self.t: float | None = None
@@ -134,7 +145,7 @@ class MockLibCuda:
     self.functions: dict[int, tuple[int, str]] = {}
     self.host_allocs: set[int] = set()
     self._strings: dict[int, ctypes.Array] = {}
-    self.launches = 0
+    self.history: deque[Launch] = deque(maxlen=4096)  # the latest kernels run, for tests and debugging
 
   @classmethod
   def instance(cls) -> MockLibCuda:
@@ -461,7 +472,7 @@ class MockLibCuda:
           ctypes.memmove(dst, src, n)
       elif op[0] == "launch":
         _, mod, name, grid, block, params, shared = op
-        self.launches += 1
+        self.history.append(Launch(name, grid, block, mod.device, mod.prog.source))
         mod.launch(name, grid, block, params, shared)
     except AccessFault as e: self._fault(ILLEGAL_ADDRESS, f"stream operation {op[0]}: {e}")
     except KernelFault as e: self._fault(FAULT_CODES.get(e.kind, LAUNCH_FAILED), str(e))

@@ -313,7 +313,7 @@ class Lanes:
     buf, idx = self._window(space, lanes, aa, np.dtype(dt).itemsize * nvec)
     v = buf.view(dt)
     idx = idx // np.dtype(dt).itemsize
-    return v[idx] if nvec == 1 else v[idx[:, None] + np.arange(nvec)]
+    return v[idx] if nvec == 1 else v[idx[:, None] + np.arange(nvec, dtype=np.uint64)]
 
   def _window(self, space: str, lanes: np.ndarray, aa: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(byte buffer, byte index per lane) of a shared/local access, checked against the block's/lane's window."""
@@ -354,7 +354,7 @@ class Lanes:
     view = buf.view(dt)
     idx = idx // np.dtype(dt).itemsize
     if nvec == 1: view[idx] = v
-    else: view[idx[:, None] + np.arange(nvec)] = v
+    else: view[idx[:, None] + np.arange(nvec, dtype=np.uint64)] = v
 
   def atomic(self, space: str, m: Any, a: Any, dt: np.dtype, t: str, op: str, b: Any, c: Any) -> np.ndarray:
     a = np.broadcast_to(np.asarray(a, dtype=np.uint64), self.shape)

@@ -82,7 +82,9 @@ def read(cx: FnCompiler, ins: P.Instr, op: Any, ptype: str) -> Callable[[Any], A
     conv = bitconv(np.dtype(np.uint64) if name in ("%clock64", "%globaltimer") else np.dtype(np.uint32), want, False)
     if conv is None: return lambda st: st.L.sreg(name)
     return lambda st: conv(st.L.sreg(name))
-  if kind[0] == "sym": return _symbol_address(ins, kind[1], want)
+  if kind[0] == "sym":
+    if kind[1].space == "shared": cx.cf.shared.add(kind[1].index)
+    return _symbol_address(ins, kind[1], want)
   raise err(ins, f"{op.name} ({kind[0]}) can't be used as a value")
 
 
