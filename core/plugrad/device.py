@@ -31,7 +31,8 @@ DEV_GRAMMAR = "[IFACE+]DEVICE[:index][:RENDERER[:ARCH]]"
 PATH_DEVICES = frozenset({"DISK"})
 """Devices whose argument is a file path: everything after 'DISK:' is the path, so ':' in paths is fine."""
 
-_DEV_RE = re.compile(r"(?:(?P<iface>[A-Za-z][A-Za-z0-9_]*)\+)?(?P<device>[A-Za-z][A-Za-z0-9_]*)"
+# an interface may itself be layered: MOCK+PCI+AMD is the PCI interface on a mock (iface "MOCK+PCI")
+_DEV_RE = re.compile(r"(?:(?P<iface>[A-Za-z][A-Za-z0-9_]*(?:\+[A-Za-z][A-Za-z0-9_]*)*)\+)?(?P<device>[A-Za-z][A-Za-z0-9_]*)"
                      r"(?::(?P<index>\d*)(?::(?P<renderer>[A-Za-z0-9_]*)(?::(?P<arch>[A-Za-z0-9_.+-]+))?)?)?")
 
 @dataclass(frozen=True)
