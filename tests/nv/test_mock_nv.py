@@ -173,7 +173,8 @@ SM80_SCRIPT = textwrap.dedent("""
   e = np.exp(x - x.max(-1, keepdims=True))
   np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
   xb = x.astype(ml_dtypes.bfloat16)
-  np.testing.assert_allclose(Tensor(x).cast(dtypes.bfloat16).sum(axis=1, dtype=dtypes.float32).numpy(), xb.astype(np.float32).sum(1), rtol=1e-3, atol=1e-2)
+  got = Tensor(x).cast(dtypes.bfloat16).sum(axis=1, dtype=dtypes.float32).numpy()
+  np.testing.assert_allclose(got, xb.astype(np.float32).sum(1), rtol=1e-3, atol=1e-2)
   print("ok")
 """)
 

@@ -25,7 +25,7 @@ from plugrad.device import BufferOptions, parse_device
 from plugrad.helpers import getenv
 from plugrad.runtime.hcq import HCQAllocator, HCQArgsState, HCQBuffer, HCQCompiled, HCQProgram, HWQueue, Signal
 from plugrad_nv.compiler import NVRTCCompiler, unpack
-from plugrad_nv.driver import CUDADriver
+from plugrad_nv.driver import CUDADriver, CUDAError
 from plugrad_nv.renderer import CUDARenderer
 
 _DRIVERS: dict[str, Any] = {}
@@ -67,22 +67,35 @@ class NVQueue(HWQueue):
   def _submit(self, dev: NVDevice, encoded: Any, var_vals: dict[str, int]) -> None:  # type: ignore[override]
     drv, stream = dev.driver, getattr(dev, self.stream_attr)
     dev.make_current()
-    for c in self.resolved(var_vals):
-      if c.op == "signal":
-        sig, v = c.args
-        drv.event_record(sig.event, stream)
-        sig.recorded = True
-        drv.write_value64(stream, sig.dev_addr, v)
-      elif c.op == "wait": drv.wait_value64(stream, c.args[0].dev_addr, c.args[1])
-      elif c.op == "timestamp":
-        drv.event_record(c.args[0].event, stream)
-        c.args[0].recorded = True
-      elif c.op == "memory_barrier": pass  # stream order makes earlier writes visible
-      elif c.op == "exec":
-        prg, st, gsz, lsz = c.args
-        drv.launch(prg.fn, gsz, lsz, stream, st.params)
-      elif c.op == "copy": drv.memcpy_async(c.args[0], c.args[1], c.args[2], stream)
-      else: raise ValueError(f"NV queue: unknown command {c.op}")
+    cmds = self.resolved(var_vals)
+    for i, c in enumerate(cmds):
+      try: self._replay(drv, stream, c)
+      except CUDAError:
+        # the driver refused a command (a launch over the limits, ...): still write this submission's signal values so
+        # the timeline moves on (later work and synchronize must not hang on it), then report the error
+        for later in cmds[i + 1:]:
+          if later.op == "signal":
+            try: drv.write_value64(stream, later.args[0].dev_addr, later.args[1])
+            except CUDAError: pass
+        raise
+
+  @staticmethod
+  def _replay(drv: Any, stream: Any, c: Any) -> None:
+    if c.op == "signal":
+      sig, v = c.args
+      drv.event_record(sig.event, stream)
+      sig.recorded = True
+      drv.write_value64(stream, sig.dev_addr, v)
+    elif c.op == "wait": drv.wait_value64(stream, c.args[0].dev_addr, c.args[1])
+    elif c.op == "timestamp":
+      drv.event_record(c.args[0].event, stream)
+      c.args[0].recorded = True
+    elif c.op == "memory_barrier": pass  # stream order makes earlier writes visible
+    elif c.op == "exec":
+      prg, st, gsz, lsz = c.args
+      drv.launch(prg.fn, gsz, lsz, stream, st.params)
+    elif c.op == "copy": drv.memcpy_async(c.args[0], c.args[1], c.args[2], stream)
+    else: raise ValueError(f"NV queue: unknown command {c.op}")
 
 
 class NVCopyQueue(NVQueue):
