@@ -146,6 +146,31 @@ def test_errors_are_openai_shaped(server):
   assert "role" in str(e.value)
 
 
+def test_integers_past_the_digit_limit_are_a_400(server):
+  """Python refuses int() of more than 4300 digits with a ValueError: a body holding such a number is malformed (400),
+  wherever the number is, not a server error."""
+  for body in ('{"messages": %s, "max_tokens": %s}' % (json.dumps(MSGS), "1" * 4301),
+               '{"messages": %s, "seed": -%s}' % (json.dumps(MSGS), "9" * 10_000),
+               '{"messages": %s, "frobnicate": [%s]}' % (json.dumps(MSGS), "7" * 5000),
+               '{"prompt": "hi", "max_tokens": %s}' % ("1" * 4301)):
+    path = "/v1/completions" if '"prompt"' in body else "/v1/chat/completions"
+    st, got = raw(server, "POST", path, body)
+    assert st == 400 and is_openai_error(got, st) and "digits" in got["error"]["message"], (st, got)
+  st, got = raw(server, "POST", "/v1/chat/completions", '{"messages": %s, "max_tokens": 2, "frobnicate": %s}' % (json.dumps(MSGS), "7" * 4300))
+  assert st == 200 and got["usage"]["completion_tokens"] <= 2   # 4300 digits are still a number (an ignored field)
+
+
+def test_trailing_slashes_are_not_redirected(server):
+  """No 307 with a Location made from the client's Host header: a route with a trailing slash is an unknown route."""
+  for method, path in (("GET", "/v1/models/"), ("POST", "/v1/chat/completions/"), ("GET", "/health/"), ("GET", "/v1/models//")):
+    got = sock_request(server, f"{method} {path} HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer {KEY}\r\n"
+                               f"Content-Length: 2\r\nConnection: close\r\n\r\n{{}}".encode())
+    (st, body), = responses(got)
+    assert st == 404 and b"location:" not in got.lower() and b"evil.example" not in got, got
+    err = json.loads(body)
+    assert is_openai_error(err, st) and f"routes have no trailing slash: {path.rstrip('/')}" in err["error"]["message"]
+
+
 def test_a_megabyte_prompt_is_refused_fast(server):
   t0 = time.perf_counter()
   st, body = raw(server, "POST", "/v1/completions", json.dumps({"prompt": "x" * 1_000_000}))
@@ -257,6 +282,63 @@ def test_client_disconnect_frees_the_slot(server):
     wait_idle(server)
   st, body = raw(server, "POST", "/v1/chat/completions", json.dumps({"messages": MSGS, "max_tokens": 3, "temperature": 0}))
   assert st == 200 and body["usage"]["completion_tokens"] <= 3
+
+
+@pytest.fixture(scope="module")
+def endless_server(tmp_path_factory):
+  """A server whose greedy answers never end before max_tokens (llm_helpers.write_tiny_gguf(endless=True)), one slot."""
+  from llm_helpers import write_tiny_gguf
+  path = str(tmp_path_factory.mktemp("endless") / "endless.gguf")
+  write_tiny_gguf(path, endless=True)
+  proc, port = start_server(path, "--max_context", "4096", "--parallel", "1")
+  yield proc, port
+  stop_server(proc)
+
+
+def post_and_leave(port: int, body: dict, after: float) -> None:
+  s = socket.create_connection(("127.0.0.1", port), timeout=30)
+  data = json.dumps(body).encode()
+  s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+            str(len(data)).encode() + b"\r\n\r\n" + data)
+  time.sleep(after)
+  s.close()
+
+
+def test_non_streaming_client_that_leaves_frees_its_slot_at_once(endless_server):
+  """A non-streamed request whose client disconnects stops generating (llama-server does the same): the one slot is
+  free within a second, where its 4000 tokens take many seconds, and the request waiting behind it is answered."""
+  _, port = endless_server
+  long = {"messages": MSGS, "max_tokens": 4000, "temperature": 0}
+  t0 = time.perf_counter()
+  st, body = raw(port, "POST", "/v1/chat/completions", json.dumps({**long, "max_tokens": 1000}))
+  full_1000 = time.perf_counter() - t0
+  assert st == 200 and body["usage"]["completion_tokens"] == 1000 and body["choices"][0]["finish_reason"] == "length"
+  post_and_leave(port, long, after=0.0)   # gone at once: leaves while its prompt is read or tokenized
+  post_and_leave(port, long, after=1.0)   # gone while generating
+  got = []
+  waiter = threading.Thread(target=lambda: got.append(raw(port, "POST", "/v1/chat/completions", json.dumps({**long, "max_tokens": 3}))))
+  t0 = time.perf_counter()
+  waiter.start()
+  waiter.join(60)
+  assert got and got[0][0] == 200 and got[0][1]["usage"]["completion_tokens"] == 3
+  assert time.perf_counter() - t0 < max(2.0, full_1000), "the next request waited for the abandoned generation"
+  assert wait_idle(port)["slots_busy"] == 0
+
+
+def test_clients_that_leave_mid_body_log_nothing(endless_server):
+  """A client that disconnects before its body is complete (Content-Length or chunked) is dropped quietly: no ERROR
+  and no traceback in the server's log, and the server keeps answering."""
+  proc, port = endless_server
+  for head in (b"Content-Length: 100\r\n\r\n{\"messa", b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mes\r\n"):
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + head)
+    time.sleep(0.3)
+    s.close()
+  time.sleep(0.5)
+  assert raw(port, "GET", "/health")[0] == 200
+  stop_server(proc)
+  log = proc.stdout.read()
+  assert "Traceback" not in log and "ERROR" not in log and "ClientDisconnect" not in log, log
 
 
 def test_api_key_sources(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ try:
   from starlette.applications import Starlette
   from starlette.concurrency import run_in_threadpool
   from starlette.exceptions import HTTPException
-  from starlette.requests import Request
+  from starlette.requests import ClientDisconnect, Request
   from starlette.responses import JSONResponse, Response, StreamingResponse
   from starlette.routing import Route
   from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -41,6 +41,7 @@ BODY_TIMEOUT = 30.0      # default seconds for its body (serve(request_timeout=t
 KEEP_ALIVE = 5           # seconds an idle keep-alive connection stays open
 MAX_HEADER_BYTES = 16 << 10
 SEED_MAX = 1 << 64
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health")
 
 
 class APIError(Exception):
@@ -205,9 +206,23 @@ class Server:
     return JSONResponse({"status": "ok", "slots": len(self.engine.slots), "slots_busy": busy, "waiting": len(self.engine.waiting)})
 
 
+MAX_INT_DIGITS = 4300   # Python's own limit on int() of a decimal string (sys.get_int_max_str_digits' default)
+
+
+class ClientGone(Exception):
+  """The client closed its connection before its request was read: nobody is left to answer (handled quietly)."""
+
+
+def _parse_int(s: str) -> int:
+  if len(s.lstrip("-")) > MAX_INT_DIGITS:
+    raise APIError(400, f"malformed JSON body: a number has {len(s.lstrip('-'))} digits (at most {MAX_INT_DIGITS} are accepted)")
+  return int(s)
+
+
 async def read_json(request: Request) -> Any:
   """The request body parsed as JSON: 413 past MAX_BODY (from Content-Length before reading, or while reading a chunked
-  body), 408 when it doesn't arrive within BODY_TIMEOUT, 400 when it isn't JSON (nesting too deep included)."""
+  body), 408 when it doesn't arrive within BODY_TIMEOUT, 400 when it isn't JSON (nesting too deep and integers of more
+  than MAX_INT_DIGITS digits included); ClientGone when the client leaves before sending all of it."""
   cl = request.headers.get("content-length")
   if cl is not None and cl.isdigit() and int(cl) > MAX_BODY:
     raise APIError(413, f"request body of {cl} bytes is larger than the {MAX_BODY}-byte limit", code="request_too_large")
@@ -219,7 +234,8 @@ async def read_json(request: Request) -> Any:
     return bytes(body)
   try: body = await asyncio.wait_for(read(), BODY_TIMEOUT)
   except asyncio.TimeoutError: raise APIError(408, f"the request body didn't arrive within {BODY_TIMEOUT:g} s", code="request_timeout") from None
-  try: return json.loads(body)
+  except ClientDisconnect: raise ClientGone() from None
+  try: return json.loads(body, parse_int=_parse_int)
   except (json.JSONDecodeError, UnicodeDecodeError) as e: raise APIError(400, f"malformed JSON body: {e}") from None
   except RecursionError: raise APIError(400, "malformed JSON body: nested too deeply") from None
 
@@ -233,13 +249,21 @@ def build_app(server: Server) -> Starlette:
     assert isinstance(e, HTTPException)
     if e.status_code == 405:
       return APIError(405, f"method {request.method} is not allowed on {request.url.path}", code="method_not_allowed").response(e.headers)
-    if e.status_code == 404: return APIError(404, f"unknown route: {request.method} {request.url.path}", code="not_found").response()
+    if e.status_code == 404:
+      path = request.url.path
+      hint = f" (routes have no trailing slash: {path.rstrip('/')})" if path.endswith("/") and path.rstrip("/") in ROUTES else ""
+      return APIError(404, f"unknown route: {request.method} {path}{hint}", code="not_found").response()
     return APIError(e.status_code, str(e.detail), etype="invalid_request_error").response(e.headers)
   async def server_error(request: Request, e: Exception) -> Response:   # a bug must not kill the server, nor show a page
     return APIError(500, f"internal error: {type(e).__name__}: {e}", etype="server_error").response()
+  async def client_gone(request: Request, e: Exception) -> Response:   # nobody reads it (uvicorn drops sends after a disconnect)
+    return Response(status_code=499)
   routes = [Route("/v1/chat/completions", server.generate, methods=["POST"]), Route("/v1/completions", server.generate, methods=["POST"]),
             Route("/v1/models", server.models, methods=["GET"]), Route("/health", server.health, methods=["GET"])]
-  return Starlette(routes=routes, exception_handlers={APIError: api_error, HTTPException: http_error, Exception: server_error})
+  app = Starlette(routes=routes, exception_handlers={APIError: api_error, HTTPException: http_error, ClientGone: client_gone,
+                                                     Exception: server_error})
+  app.router.redirect_slashes = False   # its redirect would build a Location from the client's Host header: a 404 instead
+  return app
 
 
 class Protocol(H11Protocol):
