@@ -20,6 +20,8 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
                                                   "DEV names the MOCK interface; the real runtime never imports them (DESIGN.md)",
   ("plugrad_nv.device", "plugrad_nv.mock.libcuda"): "the mock CUDA driver and its PTX interpreter are testing support, loaded "
                                                    "only when DEV names the MOCK interface (DESIGN.md)",
+  ("plugrad_amd.am.runtime", "plugrad_amd.mock.pci"): "the mock PCI GPU is testing support, loaded only when DEV names the "
+                                                      "MOCK+PCI interface (DESIGN.md)",
 }
 
 

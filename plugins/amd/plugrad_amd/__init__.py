@@ -1,9 +1,12 @@
-"""plugrad-amd: AMD GPUs through the amdgpu kernel driver's /dev/kfd, kernels as LLVM IR compiled by clang-19 + lld-19.
+"""plugrad-amd: AMD GPUs through the amdgpu kernel driver's /dev/kfd or the userspace PCI driver, kernels as LLVM IR
+compiled by clang-19 + lld-19.
 
-Registration imports nothing heavy. The probe reads /dev/kfd's permissions and the KFD topology in sysfs; it never
+Registration imports nothing heavy. The KFD probe reads /dev/kfd's permissions and the KFD topology in sysfs; it never
 raises and never opens the device: without a usable GPU it says why ("no /dev/kfd: the amdgpu driver is not loaded",
-"no AMD GPU in the KFD topology", "permission denied on /dev/kfd: ..."). `DEV=MOCK+AMD` selects the in-process mock
-KFD (plugrad_amd.mock), available wherever clang-19 is. The device (plugrad_amd.device) is imported on first open.
+"no AMD GPU in the KFD topology", "permission denied on /dev/kfd: ..."). The PCI probe (`PCI+AMD`) lists the AMD GPUs
+in /sys/bus/pci/devices and says for each whether the userspace driver can take it (plugrad_amd.am.sysfs).
+`DEV=MOCK+AMD` selects the in-process mock KFD, `DEV=MOCK+PCI+AMD` the mock PCI GPU (plugrad_amd.mock), available
+wherever clang-19 is. The device (plugrad_amd.interfaces) is imported on first open.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import os
 import shutil
 
 from plugrad.plugins import PLUGIN_API_VERSION, Availability, DeviceSpec, hookimpl
+from plugrad_amd.am.sysfs import SYSFS, availability_reasons
 
 KFD_PATH = "/dev/kfd"
 TOPOLOGY = "/sys/devices/virtual/kfd/kfd/topology/nodes"
@@ -62,11 +66,28 @@ def probe_kfd(kfd: str = KFD_PATH, nodes_dir: str = TOPOLOGY) -> Availability:
   return Availability.yes(f"{len(gpus)} GPU(s): {', '.join(gfx_arch(g['gfx_target_version']) for g in gpus)}")
 
 
-def probe_mock() -> Availability:
-  """The mock KFD needs only the compiler (kernels run only once an executor is registered, see plugrad_amd.mock)."""
+def compiler_missing() -> Availability | None:
   if shutil.which("clang-19") is None: return Availability.no("clang-19 not found: apt-get install clang-19 lld-19")
   if shutil.which("ld.lld-19") is None and shutil.which("ld.lld") is None: return Availability.no("ld.lld-19 not found: apt-get install lld-19")
-  return Availability.yes("in-process mock KFD (gfx1100)")
+  return None
+
+
+def probe_mock() -> Availability:
+  """The mock KFD needs only the compiler (kernels run only once an executor is registered, see plugrad_amd.mock)."""
+  return compiler_missing() or Availability.yes("in-process mock KFD (gfx1100)")
+
+
+def probe_pci(root: str = SYSFS, dev_root: str = "/dev") -> Availability:
+  """The PCI interface: an AMD GPU the userspace driver can take (not bound to amdgpu; VFIO or root access)."""
+  ok, reasons = availability_reasons(root, dev_root)
+  if not reasons: return Availability.no(f"no AMD GPU on the PCI bus ({root} lists none)")
+  if not ok: return Availability.no("; ".join(reasons))
+  return compiler_missing() or Availability.yes("; ".join(reasons))
+
+
+def probe_mock_pci() -> Availability:
+  """The mock PCI GPU needs only the compiler; it brings itself up with synthetic firmware (plugrad_amd.mock.firmware)."""
+  return compiler_missing() or Availability.yes("in-process mock PCI GPU (Navi 31, gfx1100, synthetic firmware)")
 
 
 @functools.lru_cache(None)
@@ -75,8 +96,14 @@ def probe() -> Availability:
   except Exception as e: return Availability.no(f"KFD probe failed: {type(e).__name__}: {e}")
 
 
+@functools.lru_cache(None)
+def probe_pci_cached() -> Availability:
+  try: return probe_pci()
+  except Exception as e: return Availability.no(f"PCI probe failed: {type(e).__name__}: {e}")
+
+
 @hookimpl
 def plugrad_devices() -> list[DeviceSpec]:
-  return [DeviceSpec("AMD", 190, PLUGIN_API_VERSION, probe, "plugrad_amd.device:AMDDevice", renderers=("AMDGPU",),
-                     description="AMD GPU: LLVM IR (amdgcn) compiled by clang-19, run through /dev/kfd with PM4/SDMA queues",
-                     interfaces={"KFD": probe, "MOCK": probe_mock})]
+  return [DeviceSpec("AMD", 190, PLUGIN_API_VERSION, probe, "plugrad_amd.interfaces:open_device", renderers=("AMDGPU",),
+                     description="AMD GPU: LLVM IR (amdgcn) compiled by clang-19, PM4/SDMA queues through /dev/kfd or the userspace PCI driver",
+                     interfaces={"KFD": probe, "MOCK": probe_mock, "PCI": probe_pci_cached, "MOCK+PCI": probe_mock_pci})]
