@@ -566,16 +566,16 @@ def b_popc(cx, ins, mods, types):
 def b_clz(cx, ins, mods, types):
   t = types[0]
   n = 8 * NP[t].itemsize
+  full = np.uint64((1 << n) - 1) if n < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
   def f(a):
-    u = np.asarray(a).view(UINT[n // 8]).astype(np.uint64)
-    out = np.full(u.shape, n, dtype=np.uint32)
-    nz = u != 0
-    out[nz] = (n - 1 - np.floor(np.log2(u[nz].astype(np.float64))).astype(np.int64)).astype(np.uint32)
-    # log2 of values near 2^k may round up: fix with an exact check
-    bitpos = (n - 1 - out.astype(np.int64))
-    over = nz & (bitpos >= 0) & ((u >> np.maximum(bitpos, 0).astype(np.uint64)) == 0)
-    out[over] += 1
-    return out
+    x = np.asarray(a).view(UINT[n // 8]).astype(np.uint64)
+    out = np.zeros(x.shape, dtype=np.uint32)
+    for s in (32, 16, 8, 4, 2, 1):  # binary search for the leading one, exact in integers
+      if s >= n: continue
+      z = (x >> np.uint64(n - s)) == 0
+      out += np.where(z, np.uint32(s), np.uint32(0))
+      x = np.where(z, (x << np.uint64(s)) & full, x)
+    return np.where(np.asarray(a).view(UINT[n // 8]) == 0, np.uint32(n), out)
   return simple(cx, ins, "u32", [t], f)
 
 
