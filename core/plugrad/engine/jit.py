@@ -194,7 +194,7 @@ class TinyJit(Generic[R]):
   """Decorate a function of Tensors (or call TinyJit(fn)); see the module docstring. `cnt`, `captured`, `plan`, `ret`,
   `signature` and `input_slots` are those of the most recently used capture."""
 
-  cnt, captured, plan, ret, signature, input_slots = map(_delegate, ("cnt", "captured", "plan", "ret", "signature", "input_slots"))
+  cnt, captured, plan, ret, signature, input_slots, _views = map(_delegate, ("cnt", "captured", "plan", "ret", "signature", "input_slots", "_views"))
 
   def __init__(self, fn: Callable[..., R]):
     if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
