@@ -19,7 +19,11 @@ json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.f
 json_any = st.recursive(json_leaf, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=4), c, max_size=3)),
                         max_leaves=8)
 dtype_st = st.one_of(st.sampled_from(sorted(SAFE_DTYPES)), st.sampled_from(["F33", "", "f32", "Q4_0"]), json_any)
-shape_st = st.one_of(st.lists(st.integers(0, 6), max_size=3), st.lists(st.integers(-3, 2**63), max_size=3), json_any)
+# empty shapes with dims no tensor can have (strides past 2**63 bytes) or that fit; more dims than numpy allows
+empty_shape_st = st.lists(st.one_of(st.integers(0, 3), st.integers(2**30, 2**66)), max_size=3).flatmap(
+  lambda dims: st.permutations(dims + [0]).map(list))
+many_dims_st = st.integers(60, 70).map(lambda n: [1] * (n - 1) + [0])
+shape_st = st.one_of(st.lists(st.integers(0, 6), max_size=3), st.lists(st.integers(-3, 2**63), max_size=3), empty_shape_st, many_dims_st, json_any)
 offs_st = st.one_of(st.lists(st.integers(0, 300), min_size=2, max_size=2).map(sorted), st.lists(st.integers(-5, 2**64), max_size=3), json_any)
 
 @st.composite
@@ -35,7 +39,7 @@ def valid_layout(draw) -> tuple[dict, int]:
   header, off = {}, 0
   for name in draw(st.lists(st.text(min_size=1, max_size=6), max_size=5, unique=True)):
     dt = draw(st.sampled_from(sorted(SAFE_DTYPES)))
-    shape = draw(st.lists(st.integers(0, 5), max_size=3))
+    shape = draw(st.lists(st.integers(0, 5), max_size=3) if draw(st.integers(0, 5)) else st.one_of(empty_shape_st, many_dims_st))
     off += draw(st.integers(0, 3))
     n = int(np.prod(shape)) * SAFE_DTYPES[dt].itemsize
     header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
@@ -82,7 +86,7 @@ def test_fuzz_safetensors(data: bytes):
   res, err = bounded(lambda: safe_load(_PATH), (ValueError,), len(data))
   if err is not None:
     assert _PATH in str(err)  # every error names the file
-    event("ValueError: " + next((w for w in ("nested", "unknown dtype", "needs dtype", "invalid shape", "out of range", "overlap",
+    event("ValueError: " + next((w for w in ("nested", "unknown dtype", "needs dtype", "invalid shape", "strides", "dims,", "out of range", "overlap",
                                                 "needs", "header length", "malformed", "JSON object", "metadata", "shorter")
                                       if w in str(err)), "other"))
     return
@@ -95,5 +99,7 @@ def test_fuzz_safetensors(data: bytes):
     assert t.shape == tuple(info["shape"]) and t.dtype == SAFE_DTYPES[info["dtype"]]
     b, e = info["data_offsets"]
     assert 8 + n + e <= len(data)
-    if e > b and (arr := t.to("CPU").numpy()).dtype.itemsize == t.dtype.itemsize:  # bf16/fp8 come back as float32: no byte view
+    arr = t.to("CPU").numpy()  # every tensor that loads is usable (empty ones of any shape included)
+    assert arr.shape == t.shape
+    if e > b and arr.dtype.itemsize == t.dtype.itemsize:  # bf16/fp8 come back as float32: no byte view
       assert arr.tobytes() == data[8 + n + b:8 + n + e]

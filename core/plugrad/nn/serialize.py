@@ -7,9 +7,11 @@ anything is allocated, so a lying or truncated file is a ValueError, never a hug
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import struct
 import uuid
 from typing import Any, Callable, Union
@@ -35,8 +37,7 @@ class _Source:
       self.base, self.offset, self.size = u, off, src.shape[0]
     elif isinstance(src, (str, os.PathLike)):
       path = os.path.abspath(os.fspath(src))
-      if not os.path.isfile(path): raise FileNotFoundError(f"no such file: {path}")
-      self.size = os.path.getsize(path)
+      self.size = _regular_file_size(path)
       self.base, self.offset = new_buffer(canonicalize(f"DISK:{path}"), self.size, dtypes.uint8), 0
     else: raise TypeError(f"expected a path or a uint8 Tensor, got {type(src).__name__}")
     buf = buffer_for(self.base).ensure_allocated() if self.base.arg else None
@@ -60,6 +61,19 @@ class _Source:
     view = UOp(Ops.BUFFER_VIEW, dtype, (self.base,), (n, self.offset + start))
     return Tensor(view if tuple(shape) == (n,) else UOp(Ops.RESHAPE, dtype, (view,), tuple(shape)))
 
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+
+def _regular_file_size(path: str) -> int:
+  """The size of the regular file at `path`: FileNotFoundError if missing, IsADirectoryError for a directory, ValueError
+  for anything else that is not a regular file (a FIFO would block, a device has no size)."""
+  try: st = os.stat(path)
+  except FileNotFoundError: raise FileNotFoundError(errno.ENOENT, f"no such file: {path}", path) from None
+  if stat.S_ISDIR(st.st_mode): raise IsADirectoryError(errno.EISDIR, f"{path} is a directory, not a weight file", path)
+  if not stat.S_ISREG(st.st_mode):
+    kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "special")
+    raise ValueError(f"{path} is not a regular file ({kind}); weight files are loaded from regular files")
+  return st.st_size
+
 # ---------------------------------------------------------------------------- safetensors
 
 SAFE_DTYPES: dict[str, DType] = {"BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": dtypes.int8, "U16": dtypes.uint16, "I16": dtypes.int16,
@@ -67,6 +81,7 @@ SAFE_DTYPES: dict[str, DType] = {"BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": 
                                  "F16": dtypes.float16, "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64,
                                  "F8_E4M3": dtypes.fp8e4m3, "F8_E5M2": dtypes.fp8e5m2}
 _SAFE_NAMES = {v: k for k, v in SAFE_DTYPES.items()}
+SAFE_MAX_DIMS = 64  # numpy's (and torch's) limit on dims
 
 def _parse_safe_header(host: memoryview, size: int, where: str) -> tuple[dict, int, dict | None]:
   if size < 8: raise ValueError(f"{where}: not a safetensors file: {size} bytes, shorter than the 8-byte header length")
@@ -89,6 +104,10 @@ def _parse_safe_header(host: memoryview, size: int, where: str) -> tuple[dict, i
     shape, offs = info["shape"], info["data_offsets"]
     if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
       raise ValueError(f"{where}: tensor {name!r} has invalid shape {_short(shape)}")
+    if len(shape) > SAFE_MAX_DIMS: raise ValueError(f"{where}: tensor {name!r} has {len(shape)} dims, more than {SAFE_MAX_DIMS}")
+    if math.prod(s for s in shape if s) * SAFE_DTYPES[info["dtype"]].itemsize >= 2**63:  # even when another dim is 0
+      raise ValueError(f"{where}: tensor {name!r} has shape {_short(shape)}: its strides need more than 2**63 bytes "
+                       "(dims no tensor can have)")
     if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs) and 0 <= offs[0] <= offs[1] <= data_len):
       raise ValueError(f"{where}: tensor {name!r} data_offsets {_short(offs)} out of range of the {data_len} data bytes")
     if (want := math.prod(shape) * SAFE_DTYPES[info["dtype"]].itemsize) != offs[1] - offs[0]:
@@ -141,7 +160,8 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
   try:
     with open(tmp, "wb") as f:
       f.write(struct.pack("<Q", len(hjson)) + hjson)
-      f.truncate(total)  # the whole file at its final size: DISK maps it and never resizes a file itself
+      f.flush()
+      _reserve(f.fileno(), total, tmp)  # the whole file at its final size: DISK maps it and never resizes a file itself
     if off:
       disk = Tensor.empty(total, dtype=dtypes.uint8, device=f"DISK:{tmp}")
       writes = []
@@ -159,6 +179,16 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
     _release_disk(tmp)
     if os.path.exists(tmp): os.remove(tmp)
     raise
+
+def _reserve(fd: int, size: int, path: str) -> None:
+  """Extend the file to `size` bytes with its blocks reserved, so a full disk is an OSError (ENOSPC) here, before any
+  tensor is written, not a failure halfway (or a SIGBUS, through a mapping) later. Sparse where the filesystem can't."""
+  try: os.posix_fallocate(fd, 0, size)
+  except AttributeError: os.ftruncate(fd, size)  # no posix_fallocate on this platform
+  except OSError as e:
+    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENODEV, errno.ENOSYS):
+      raise OSError(e.errno, f"safe_save: can't reserve {size} bytes for {path}: {os.strerror(e.errno or 0)}; nothing was written") from None
+    os.ftruncate(fd, size)
 
 def _remove_stale_temps(path: str) -> None:
   """Delete temporary files a safe_save to `path` left behind when its process was killed (`path.PID.RANDOM.tmp` whose PID
