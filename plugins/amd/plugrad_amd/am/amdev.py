@@ -85,7 +85,7 @@ def gfx_arch(version: tuple[int, int, int]) -> str:
 class AMDev:
   def __init__(self, pci: PCIDevice, fw_dir: str | None = None, timeout_s: float | None = None) -> None:
     self.pci, self.mmio = pci, pci.mmio
-    self.timeout_s = timeout_s if timeout_s is not None else float(os.environ.get("AMD_PCI_TIMEOUT_S", "10"))
+    self.timeout_s = timeout_s if timeout_s is not None else pci.timeout_s or float(os.environ.get("AMD_PCI_TIMEOUT_S", "10"))
     self.vram_size = self.mmio.read32(A.mmRCC_CONFIG_MEMSIZE) * MB
     if not self.vram_size: raise BringUpError(f"{pci.bdf}: RCC_CONFIG_MEMSIZE reads 0: the GPU's firmware has not initialized its memory")
     if pci.vram.size < self.vram_size:

@@ -11,7 +11,6 @@ import ctypes
 import errno
 import fcntl
 import inspect
-import mmap
 import os
 import re
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 from plugrad_amd.am.sysfs import PCIFunction, read_text, usable
 from plugrad_amd.autogen import pci_regs, vfio
+from plugrad_amd.kfd import MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE
 
 VRAM_BAR, DOORBELL_BAR, MMIO_BAR = 0, 2, 5   # amdgpu_device_init: VRAM aperture, doorbell aperture, register BAR (CIK and later)
 PAGE = 1 << 12
@@ -73,8 +73,8 @@ class HostMemory:
     self.libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
   def map(self, size: int, fd: int = -1, offset: int = 0, addr: int = 0, lock: bool = False) -> int:
-    flags = (mmap.MAP_SHARED if fd >= 0 else mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) | (mmap.MAP_FIXED if addr else 0)
-    r = self.libc.mmap(addr or None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
+    flags = (MAP_SHARED if fd >= 0 else MAP_PRIVATE | MAP_ANONYMOUS) | (MAP_FIXED if addr else 0)
+    r = self.libc.mmap(addr or None, size, PROT_READ | PROT_WRITE, flags, fd, offset)
     if r is None or r == ctypes.c_void_p(-1).value:
       e = ctypes.get_errno()
       raise PCIError(f"mmap of {size} bytes (fd {fd}, offset {offset}) failed: {os.strerror(e)}")
@@ -98,6 +98,7 @@ class PCIDevice:
   doorbells: Bar
   mmio: Any
   fault: str | None = None
+  timeout_s: float | None = None  # how long a bring-up wait may take (None: AMD_PCI_TIMEOUT_S, default 10 s)
 
   def alloc_dma(self, size: int) -> tuple[int, list[int]]: raise NotImplementedError
   def free_dma(self, addr: int, size: int) -> None: raise NotImplementedError

@@ -97,9 +97,11 @@ class MockPlatform:
       if cls._instance is None: cls._instance = cls(int(os.environ.get("MOCK_AMD_GPUS", "2")), int(os.environ.get("MOCK_AMD_VRAM_MB", "1024")) << 20)
       return cls._instance
 
-  def __init__(self, n_gpus: int = 2, vram_bytes: int = 1 << 30, firmware_dir: str | None = None) -> None:
-    self.devices = [MockGPU(self, i, vram_bytes) for i in range(n_gpus)]
+  def __init__(self, n_gpus: int = 2, vram_bytes: int = 1 << 30, firmware_dir: str | None = None, ips: list | None = None) -> None:
+    """`ips` replaces the GPUs' discovery table (NAVI31), e.g. to show the driver a block version it doesn't know."""
+    self.devices = [MockGPU(self, i, vram_bytes, ips or NAVI31) for i in range(n_gpus)]
     self.dma: dict[int, int] = {}   # bus page -> host page
+    self.dma_generation = 0         # bumped when DMA memory is freed: cached translations to it are checked again
     self._dma_backing: dict[int, tuple[mmap.mmap, list[int]]] = {}
     self._next_bus = 1 << 44
     self.firmware_dir = firmware_dir or os.environ.get("AMD_FIRMWARE_DIR") or self._synthetic_firmware()
@@ -134,10 +136,12 @@ class MockPlatform:
   def free_dma(self, addr: int, size: int) -> None:
     _, bus = self._dma_backing.pop(addr)
     for b in bus: self.dma.pop(b, None)
+    self.dma_generation += 1
 
 
 class MockPCIDevice(PCIDevice):
   """The driver's handle on a mock GPU (the PCIDevice interface)."""
+  timeout_s = 0.5  # the mock answers at once: a wait not satisfied immediately never will be
   def __init__(self, platform: MockPlatform, gpu: MockGPU) -> None:
     self.platform, self.gpu, self.bdf, self.mmio = platform, gpu, gpu.bdf, gpu
     self.vram, self.doorbells = Bar(gpu.vram_addr, gpu.vram_size), Bar(gpu.db_addr, DOORBELL_SIZE)
@@ -154,7 +158,7 @@ class MockPCIDevice(PCIDevice):
 
 
 class MockGPU:
-  def __init__(self, platform: MockPlatform, index: int, vram_bytes: int) -> None:
+  def __init__(self, platform: MockPlatform, index: int, vram_bytes: int, ips: list = NAVI31) -> None:
     self.platform, self.index, self.bdf = platform, index, f"0000:{3 + index:02x}:00.0"
     self.vram_size = vram_bytes
     self._vram, self.vram_addr = host_buffer(vram_bytes, HUGE)
@@ -169,15 +173,16 @@ class MockGPU:
         if seg < len(self.bases[blk]) and (blk, name) not in self.addrs:
           self.names.setdefault(self.bases[blk][seg] + off, (blk, name))
           self.addrs[(blk, name)] = self.bases[blk][seg] + off
-    self.opened = False
+    self.opened, self.power_cycles = False, 0
     self.engines = Engines()
-    disc = build_discovery(NAVI31, NAVI31_GC_INFO)
+    disc = build_discovery(ips, NAVI31_GC_INFO)
     ctypes.memmove(self.vram_addr + vram_bytes - A.DISCOVERY_TMR_OFFSET, disc, len(disc))
     self.power_on()
 
   # ---- state
   def power_on(self) -> None:
     """The state after power-on or a mode-1 reset: VRAM keeps its contents, every block is back at its start."""
+    self.power_cycles += 1
     self.regs: dict[int, int] = {}
     self.banks: dict[tuple[str, tuple[int, ...]], int] = {}
     self.fault: str | None = None
@@ -185,10 +190,12 @@ class MockGPU:
     self.loaded: set[int] = set()
     self.mec_start = 0
     self.queues: dict[int, Queue] = {}
-    self.tlb: dict[int, tuple[np.ndarray, int | None]] = {}
+    self.tlb: dict[int, tuple[np.ndarray, int | None, list[int], int]] = {}  # 2 MiB region -> (hosts, contiguous base, system pages, generation)
     self.hdp_flushes = 0
     self.trace: deque[tuple[str, str, str, int]] = deque(maxlen=1 << 16)  # (r/w, block, register, value): what the driver did
     self.set("NBIO", "RCC_DEV0_EPF0_RCC_CONFIG_MEMSIZE", self.vram_size >> 20)
+    self.set("GC", "SDMA0_F32_CNTL", self.encode("GC", "SDMA0_F32_CNTL", halt=1, th1_reset=1))  # the engines start halted
+    self.set("GC", "CP_MEC_RS64_CNTL", self.encode("GC", "CP_MEC_RS64_CNTL", mec_halt=1, mec_pipe0_reset=1))
     fb_top = (FB_BASE + self.vram_size - 1) >> 24
     for blk, p in (("MMHUB", "MM"), ("GC", "GC")):
       self.set(blk, f"{p}MC_VM_FB_LOCATION_BASE", FB_BASE >> 24)
@@ -377,19 +384,25 @@ class MockGPU:
     """Host addresses of the 512 pages of the 2 MiB region holding `va` (-1: unmapped) and, when they are all mapped
     contiguously, the region's host base: the walk the L2 does, cached until the next invalidation."""
     key = va >> 21
-    if (r := self.tlb.get(key)) is not None: return r
+    if (r := self.tlb.get(key)) is not None:
+      if r[2] and r[3] != self.platform.dma_generation:  # system pages behind cached translations may have been freed
+        if (gone := [b for b in r[2] if b not in self.platform.dma]):
+          raise self.fail(f"GPU access at {va:#x} through a stale TLB entry: bus page {gone[0]:#x} was freed (the driver unmapped it "
+                          "without invalidating the TLB, GCVM_INVALIDATE_ENG17)")
+        self.tlb[key] = r = (r[0], r[1], r[2], self.platform.dma_generation)
+      return r[0], r[1]
     self.require_vm("a GPU memory access")
     base = self.get("GC", "GCVM_CONTEXT0_PAGE_TABLE_BASE_ADDR_LO32") | self.get("GC", "GCVM_CONTEXT0_PAGE_TABLE_BASE_ADDR_HI32") << 32
     if not base & A.AMDGPU_PTE_VALID: raise self.fail("GCVM context 0's page table base is not valid")
-    hosts = np.full(ENTRIES, -1, np.int64)
+    hosts, system = np.full(ENTRIES, -1, np.int64), []
     table, va0 = base & ADDR_MASK, key << 21
     for lv in range(3):
       e = int(self.table(table)[(va0 >> LEVEL_SHIFTS[lv]) % ENTRIES])
       if not e & A.AMDGPU_PTE_VALID: break
       if e & A.AMDGPU_PDE_PTE:
         if lv != 2: raise self.fail(f"a PDE_PTE page at level {lv} (only 2 MiB PDE0 pages are modelled)")
-        h = self.phys_host(e & ADDR_MASK, bool(e & A.AMDGPU_PTE_SYSTEM), HUGE)
-        hosts = h + np.arange(ENTRIES, dtype=np.int64) * PAGE
+        if e & A.AMDGPU_PTE_SYSTEM: raise self.fail("a 2 MiB page of system memory (the mock maps system memory in 4 KiB pages)")
+        hosts = self.phys_host(e & ADDR_MASK, False, HUGE) + np.arange(ENTRIES, dtype=np.int64) * PAGE
         break
       if e & A.AMDGPU_PTE_SYSTEM: raise self.fail("a page-table level in system memory (the mock walks tables in VRAM)")
       table = e & ADDR_MASK
@@ -398,8 +411,9 @@ class MockGPU:
       for i in np.flatnonzero(ents & np.uint64(A.AMDGPU_PTE_VALID)):
         e = int(ents[i])
         hosts[i] = self.phys_host(e & ADDR_MASK, bool(e & A.AMDGPU_PTE_SYSTEM))
+        if e & A.AMDGPU_PTE_SYSTEM: system.append(e & ADDR_MASK)
     contig = int(hosts[0]) if hosts[0] >= 0 and np.all(np.diff(hosts) == PAGE) else None
-    self.tlb[key] = (hosts, contig)
+    self.tlb[key] = (hosts, contig, system, self.platform.dma_generation)
     return hosts, contig
 
   def table(self, pa: int) -> np.ndarray:
