@@ -176,3 +176,33 @@ def test_large_empty_shapes_that_fit_still_load(tmp_path):
   _st_file(p, [2**40, 0])
   t = safe_load(p)["a"]
   assert t.shape == (2**40, 0) and t.to("CPU").numpy().shape == (2**40, 0)
+
+# ---------------------------------------------------------------------------- safe_save through symbolic links
+
+def _tensors(v: float) -> dict: return {"w": Tensor(np.full(8, v, np.float32))}
+
+def test_safe_save_onto_a_symlink_writes_its_target(tmp_path):
+  """safe_save onto a symlink replaced the link with a file; it now writes the target atomically, keeping its mode."""
+  (tmp_path / "models").mkdir()
+  target = tmp_path / "models" / "real.safetensors"
+  safe_save(_tensors(1.), target)
+  os.chmod(target, 0o640)
+  os.symlink("models/real.safetensors", tmp_path / "link")  # relative, as `ln -s` makes them
+  os.symlink(tmp_path / "link", tmp_path / "link2")  # a chain
+  safe_save(_tensors(2.), tmp_path / "link2")
+  assert (tmp_path / "link").is_symlink() and (tmp_path / "link2").is_symlink()
+  assert safe_load(target)["w"].numpy().tolist() == [2.] * 8
+  assert safe_load(tmp_path / "link")["w"].numpy().tolist() == [2.] * 8
+  assert (os.stat(target).st_mode & 0o777) == 0o640
+  assert sorted(os.listdir(tmp_path / "models")) == ["real.safetensors"] and sorted(os.listdir(tmp_path)) == ["link", "link2", "models"]
+
+def test_safe_save_onto_a_dangling_symlink_creates_its_target(tmp_path):
+  os.symlink(tmp_path / "new.safetensors", tmp_path / "link")
+  safe_save(_tensors(3.), tmp_path / "link")
+  assert (tmp_path / "link").is_symlink() and safe_load(tmp_path / "new.safetensors")["w"].numpy().tolist() == [3.] * 8
+
+def test_safe_save_onto_a_symlink_loop_is_an_error(tmp_path):
+  os.symlink(tmp_path / "b", tmp_path / "a")
+  os.symlink(tmp_path / "a", tmp_path / "b")
+  with pytest.raises(OSError, match="symbolic link"): safe_save(_tensors(1.), tmp_path / "a")
+  assert sorted(os.listdir(tmp_path)) == ["a", "b"] and (tmp_path / "a").is_symlink()

@@ -137,7 +137,8 @@ def safe_load(src: PathOrTensor) -> dict[str, Tensor]:
 
 def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
   """Write `tensors` as a safetensors file. The bytes are copied straight into a memory-mapped temporary file (no compute
-  kernels for realized contiguous tensors), which is then renamed over `path`, so `path` is never left half written."""
+  kernels for realized contiguous tensors), which is then renamed over `path`, so `path` is never left half written.
+  A symbolic link is written through: its target is replaced (atomically, keeping its permissions), the link stays."""
   if not isinstance(tensors, dict): raise TypeError(f"safe_save needs a dict of name -> Tensor, got {type(tensors).__name__}")
   for k, t in tensors.items():
     if not isinstance(k, str) or k == "__metadata__": raise ValueError(f"invalid tensor name {k!r}")
@@ -154,7 +155,7 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
   hjson = json.dumps(header, separators=(",", ":")).encode()
   hjson += b" " * (-(8 + len(hjson)) % 8)  # data starts 8-byte aligned
   start, total = 8 + len(hjson), 8 + len(hjson) + off
-  path = os.path.abspath(os.fspath(path))
+  path = _through_links(os.path.abspath(os.fspath(path)))
   _remove_stale_temps(path)
   tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp"
   try:
@@ -174,11 +175,21 @@ def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dic
       del disk, writes, dst
       _release_disk(tmp)
     with open(tmp, "rb+") as f: os.fsync(f.fileno())
+    try: os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))  # the file it replaces keeps its permissions
+    except FileNotFoundError: pass
     os.replace(tmp, path)
   except BaseException:
     _release_disk(tmp)
     if os.path.exists(tmp): os.remove(tmp)
     raise
+
+def _through_links(path: str) -> str:
+  """The file a save to `path` writes: a symbolic link's target (followed through chains and relative links, created
+  when missing, as open() does), so the link stays a link; a loop of links is an OSError."""
+  if not os.path.islink(path): return path
+  real = os.path.realpath(path)
+  if os.path.islink(real): raise OSError(errno.ELOOP, f"safe_save: {path} is a loop of symbolic links", path)
+  return real
 
 def _reserve(fd: int, size: int, path: str) -> None:
   """Extend the file to `size` bytes with its blocks reserved, so a full disk is an OSError (ENOSPC) here, before any
