@@ -17,9 +17,14 @@ import pytest
 
 import plugrad.engine.realize as realize
 from plugrad import Tensor, TinyJit, Variable
+from plugrad.codegen import get_program
+from plugrad.codegen.gpuopt import apply_gpu_opt
+from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.device import Device
 from plugrad.dtype import dtypes
+from plugrad.engine.realize import buffer_for, run_schedule
 from plugrad.nn.optim import SGD
+from plugrad.uop.ops import Ops
 from plugrad_nv import probe_mock
 
 pytestmark = pytest.mark.skipif(not probe_mock().ok, reason=f"MOCK+NV unavailable: {probe_mock().reason}")
@@ -154,6 +159,74 @@ def test_e5m2_overflow_is_inf(mock):
   gave 57344 where OCP E5M2 (and every other backend) gives inf."""
   got = Tensor(np.array([61440, 1e6, np.inf, -1e6, 57344, 61439], np.float32), device=D).cast(dtypes.fp8e5m2).cast(dtypes.float32).numpy()
   np.testing.assert_array_equal(got, [np.inf, np.inf, np.inf, -np.inf, 57344, 57344])
+
+
+def run_with_opts(t: Tensor, opts: list[Opt] | None) -> tuple[np.ndarray, object]:
+  """Run `t`'s last kernel on MOCK+NV with these GPU opts applied (NOOPT: nothing else), like test_gpu_codegen does
+  on the emulated GPU: (result, ProgramSpec)."""
+  dev = Device[D]
+  items = t.schedule()
+  run_schedule(items[:-1])
+  it = items[-1]
+  bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
+  ast = it.ast
+  caps = getattr(dev.renderer, "caps", dev.renderer)  # the capability record codegen reads (the renderer itself before `caps`)
+  for o in opts or []: ast = apply_gpu_opt(ast, o, caps)
+  mp = pytest.MonkeyPatch()
+  if opts: mp.setenv("NOOPT", "1")
+  try: spec = get_program(ast, dev.renderer)
+  finally: mp.undo()
+  prg = dev.load(spec.name, dev.compiler.compile_cached(spec.src))
+  glb, lcl = spec.launch_dims({})
+  prg(*[b._buf for b in bufs], global_size=glb, local_size=lcl, wait=True)
+  return bufs[0].numpy(), spec
+
+
+@pytest.mark.parametrize("n,k", [(64, 16), (37, 16)])
+def test_local_opt(mock, n: int, k: int):
+  a = RNG.random((3, n)).astype(np.float32)
+  out, spec = run_with_opts(Tensor(a, device=D).exp2(), [Opt("LOCAL", 1, k)])
+  np.testing.assert_allclose(out.reshape(3, n), np.exp2(a), rtol=2e-7)
+  assert spec.local_size == [k, 1, 1] and spec.global_size[0] == -(-n // k)
+  assert mock.history[-1].block == (k, 1, 1)
+
+
+@pytest.mark.parametrize("kind", ["GROUP", "GROUPTOP"])
+@pytest.mark.parametrize("n,k", [(256, 16), (300, 32), (100, 12)])
+def test_group_reduce_opt(mock, kind: str, n: int, k: int):
+  a = RNG.random((5, n)).astype(np.float32)
+  t = Tensor(a, device=D).sum(1)
+  rid = next(r for r in ranges_of(t.schedule()[-1].ast).values() if r.arg[1] == "reduce").arg[0]
+  out, spec = run_with_opts(t, [Opt(kind, rid, k)])
+  np.testing.assert_allclose(out, a.sum(1), rtol=1e-5)
+  assert {Ops.DEFINE_LOCAL, Ops.BARRIER} <= {u.op for u in spec.uops} and spec.local_size == [k, 1, 1]
+  assert "bar.sync" in mock.history[-1].ptx and ".shared" in mock.history[-1].ptx
+
+
+TILES = [(), (2, 1), (1, 2, 2, 1), (2, 2, 2, 2, 1), (1, 4, 1, 2, 1), (2, 2, 2, 2, 2), (1, 1, 1, 1, 2)]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)) or "plain")
+def test_tensor_core_tiles(mock, tile: tuple):
+  """Each TC tile (um, un, wm, wn, stage): um*un mma.sync per K step and warp, wm x wn warps, A/B (and C) staged in
+  shared memory with bar.sync, values against numpy."""
+  a, b = RNG.standard_normal((64, 32)).astype(np.float16), RNG.standard_normal((32, 128)).astype(np.float16)
+  out, spec = run_with_opts(Tensor(a, device=D) @ Tensor(b, device=D), [Opt("TC", -1, 0, tile)])
+  np.testing.assert_allclose(out.reshape(64, 128).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
+  um, un, wm, wn, stage = tile + (1, 1, 1, 1, 0)[len(tile):]
+  ptx = mock.history[-1].ptx
+  assert ptx.count("mma.sync.aligned.m16n8k16") >= um * un and spec.local_size == ([32] + [w for w in (wn, wm) if w > 1] + [1, 1])[:3]
+  assert ("bar.sync" in ptx) == (stage > 0)
+
+
+@pytest.mark.parametrize("shape", [(40, 72, 24), (3, 32, 16, 32)], ids=["ragged", "batch"])
+def test_tensor_core_heuristic_shapes(mock, shape):
+  """The heuristic's own tensor-core choice on shapes that aren't tile multiples (padded edges) and on a batch."""
+  if len(shape) == 3: sa, sb = (shape[0], shape[2]), (shape[2], shape[1])
+  else: sa, sb = shape[:3], (shape[0], shape[2], shape[3])
+  a, b = RNG.standard_normal(sa).astype(np.float16), RNG.standard_normal(sb).astype(np.float16)
+  got = (Tensor(a, device=D) @ Tensor(b, device=D)).numpy()
+  np.testing.assert_allclose(got.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
 
 
 SM80_SCRIPT = textwrap.dedent("""
