@@ -67,6 +67,10 @@ def report(reg: PluginRegistry, run_smoke: bool, tmp: str) -> bool:
       state = f"available ({a.reason})" if a.ok and a.reason else "available" if a.ok else f"UNAVAILABLE: {a.reason}"
       print(f"  {e.name:<8} priority {e.spec.priority:>4}  api {'.'.join(map(str, e.spec.api_version))}  "
             f"renderers: {', '.join(e.spec.renderers) or '-'}  {state}")
+      for iface, probe in e.spec.interfaces.items():  # the other interfaces (PCI+AMD, MOCK+AMD, ...) and why each is (un)usable
+        if probe is e.spec.probe: continue
+        ia = e.availability(iface)
+        print(f"  {'':<8} {iface}+{e.name}: " + (f"available ({ia.reason})" if ia.ok else f"UNAVAILABLE: {ia.reason}"))
       if run_smoke and a.ok:
         ok, msg = smoke(_smoke_name(e.name, tmp))
         print(f"  {'':<8} smoke: {'PASS' if ok else 'FAIL'} ({msg})")

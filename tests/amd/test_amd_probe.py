@@ -79,6 +79,9 @@ def test_plugrad_devices_lists_amd_cleanly():
   line = next(ln for ln in p.stdout.splitlines() if ln.strip().startswith("AMD "))
   assert ("UNAVAILABLE: " in line or "available" in line) and "Traceback" not in p.stdout + p.stderr
   if not os.path.exists("/dev/kfd"): assert "UNAVAILABLE: no /dev/kfd: the amdgpu driver is not loaded" in line
+  ifaces = {ln.split(":")[0].strip(): ln.split(":", 1)[1].strip() for ln in p.stdout.splitlines() if ln.strip().split(":")[0].endswith("+AMD")}
+  assert set(ifaces) == {"MOCK+AMD", "PCI+AMD", "MOCK+PCI+AMD"}, p.stdout  # every interface with why it is (un)available
+  if not plugrad_amd.am.sysfs.scan(): assert ifaces["PCI+AMD"] == "UNAVAILABLE: no AMD GPU on the PCI bus (/sys/bus/pci/devices lists none)"
 
 
 def test_registration_imports_nothing_heavy():
