@@ -59,6 +59,7 @@ test: setup lint
 	DEV=PYTHON $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	$(MAKE) --no-print-directory test-emulate
 	$(MAKE) --no-print-directory test-mock-amd
+	$(MAKE) --no-print-directory test-mock-pci-amd
 	$(MAKE) --no-print-directory test-mock-nv
 	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then $(MAKE) --no-print-directory test-avx2; fi
 
@@ -86,6 +87,11 @@ test-mock-nv: setup
 	DEV=MOCK+NV MOCK_NV_CC=9.0 $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 	DEV=MOCK+NV MOCK_NV_CC=8.0 $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 
+# the same subset on DEV=MOCK+PCI+AMD: the same runtime on the userspace AM driver, which brings the mock Navi 31 up from
+# its registers (PSP, firmware, SMU, GMC page tables, MEC and SDMA queues) with synthetic firmware; about as long as
+# test-mock-amd (docs/amd.md)
+test-mock-pci-amd: setup
+	DEV=MOCK+PCI+AMD $(PY) -m pytest -n 2 -q tests/ops -m "not slow" -k "$(PYTHON_SUBSET)"
 # tests too long for make test: tensor-parallel decode of the embedded SmolLM2-135M over CPU:0/CPU:1 (~80 s) and the
 # llama training's 20-step data-parallel curve on two emulated AMD GPUs (~8 min; make test runs its first 2 steps)
 test-long: setup
