@@ -155,3 +155,45 @@ def test_a_job_whose_event_loop_closed_does_not_stop_the_engine(engine):
   deadline = time.time() + 10
   while not orphan.done and time.time() < deadline: time.sleep(0.01)
   assert orphan.done and orphan.cancelled
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine(embedded_path):
+  """The embedded SmolLM2 (Q4_1: decode steps read the weights through int16 products, prefill through float32
+  matmuls, so the same position's logits differ in their last bits between the two) behind a 2-slot engine."""
+  llm = LLM.load(embedded_path, max_context=256, batch=2, name="smollm2-135m")
+  e = Engine(llm.backend(), llm.tok, prefill_chunk=32)
+  yield llm, e
+  e.shutdown()
+
+
+@pytest.mark.slow
+def test_seeded_sampling_does_not_depend_on_the_prefix_cache(smollm2_engine):
+  """docs/llm.md: the same seed gives the same answer. A seeded sampled request is computed as on a fresh server
+  whatever the slots cache: repeated (its whole prompt cached), after a request sharing its prefix, and alongside
+  another request. (On the previous engine a cache hit replaced the prompt's last prefill rows by decode steps and
+  reused keys computed in other chunks: seed 0 gave a different story cold and warm; and a request decoding alone ran
+  the batch-1 graph, whose kernels round differently from the batched step's: another story alongside a request.)"""
+  llm, e = smollm2_engine
+  story = llm.chat_prompt([{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
+  longer = llm.chat_prompt([{"role": "user", "content": "Write a short story about a robot who learns to paint."},
+                            {"role": "assistant", "content": "Once upon a time"}, {"role": "user", "content": "Go on."}])
+  other = llm.completion_prompt("zebra quantum violin")
+  async def text(ids, p): return (await collect(e, ids, p))[0]
+  async def main():
+    out = []
+    for seed in range(2):
+      p = SamplingParams(max_tokens=48, temperature=1.0, seed=seed, stop=[])
+      await text(other, greedy(2)), await text(other, greedy(2))   # both slots hold another prompt: the next runs cold
+      cold = await text(story, p)
+      warm = await text(story, p)                                  # its whole prompt is cached now
+      await text(other, greedy(2)), await text(other, greedy(2))
+      longer_cold = await text(longer, p)
+      await text(story, greedy(2))                                 # a slot caches the shared prefix
+      longer_warm = await text(longer, p)
+      together = await asyncio.gather(collect(e, story, p), collect(e, other, SamplingParams(max_tokens=30, temperature=0.8, seed=9)))
+      out.append((seed, cold, warm, longer_cold, longer_warm, together[0][0]))
+    return out
+  for seed, cold, warm, longer_cold, longer_warm, together in asyncio.run(main()):
+    assert len(cold) > 20 and warm == cold and together == cold, (seed, cold, warm, together)
+    assert longer_warm == longer_cold, (seed, longer_cold, longer_warm)

@@ -1,6 +1,7 @@
 """The serving engine: one thread owns the model and its `parallel` KV-cache slots; requests arrive tokenized (the
 HTTP layer tokenizes them on its own threads) and wait in a queue for a free slot. A request takes the free slot whose
-cached tokens share the longest prefix with its prompt (the prefix cache: only the rest is prefilled), prefills in
+cached tokens share the longest prefix with its prompt (the prefix cache: only the rest is prefilled; a seeded
+sampled request prefills all of its prompt, so that its answer doesn't depend on what the slots hold), prefills in
 chunks interleaved with batched decode steps of the running requests (one step advances every decoding slot by a
 token), samples with its own parameters and random generator, and streams text back to asyncio through its own
 queue. A cancelled request (a client that went away) frees its slot before the next step.
@@ -70,9 +71,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
   return n
 
 
+def reproducible(p: SamplingParams) -> bool:
+  """Whether a request must not reuse cached keys: a seeded sampled one, whose answer must be the same whatever the
+  slots hold (docs/llm.md). Cached keys and values were computed in other prefill chunks or by decode steps (int16
+  products of quantized weights), whose last bits differ from the prefill a fresh server runs, and sampling turns a
+  last-bit difference into another token now and then; greedy requests keep the prefix cache."""
+  return p.seed is not None and p.temperature > 0
+
+
 class Engine:
   """Schedules jobs over the slots of a batched generator (`BatchGenerator`: prefill(slot, tokens, start) -> logits,
-  decode({slot: (token, position)}) -> {slot: logits}, `slots`, `max_context`) on a thread of its own."""
+  decode({slot: (token, position)}, batched) -> {slot: logits}, `slots`, `max_context`) on a thread of its own."""
 
   def __init__(self, backend: Any, tokenizer: Any, prefill_chunk: int = 128):
     if prefill_chunk < 1: raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -150,8 +159,11 @@ class Engine:
       if job.cancelled:
         job.done = True
         continue
-      best = max(free, key=lambda s: (common_prefix(s.cached, job.ids), -s.used))
-      start = min(common_prefix(best.cached, job.ids), len(job.ids) - 1)   # the last prompt token always runs: its logits
+      if reproducible(job.params):   # computed as on a fresh server, in the least recently used slot
+        best, start = min(free, key=lambda s: s.used), 0
+      else:
+        best = max(free, key=lambda s: (common_prefix(s.cached, job.ids), -s.used))
+        start = min(common_prefix(best.cached, job.ids), len(job.ids) - 1)   # the last prompt token always runs: its logits
       best.cached, best.todo, best.job, best.next = best.cached[:start], job.ids[start:], job, None
       job.cached_tokens, job.dec, job.admitted = start, self.tok.stream(), time.monotonic()
 
@@ -166,7 +178,7 @@ class Engine:
       if not s.todo: self._sampled(s, logits)
     decoding = [s for s in self.slots if s.job is not None and s.next is not None and not s.job.cancelled]
     if decoding:
-      out = self.backend.decode({s.idx: (s.next, len(s.cached)) for s in decoding})
+      out = self.backend.decode({s.idx: (s.next, len(s.cached)) for s in decoding}, batched=any(reproducible(s.job.params) for s in decoding))
       self.steps += 1
       for s in decoding:
         s.cached.append(s.next)

@@ -347,15 +347,18 @@ class BatchGenerator:
               self.v_keys.bind(-(-(start + padded * m) // m)), self.v_slot.bind(slot))
     return out.numpy()[0]
 
-  def decode(self, steps: dict[int, tuple[int, int]]) -> dict[int, np.ndarray]:
+  def decode(self, steps: dict[int, tuple[int, int]], batched: bool = False) -> dict[int, np.ndarray]:
     """One token for each listed slot ({slot: (token, position)}), all in one batched step: {slot: logits}. A single
-    slot runs the batch-1 decode graph on its cache row instead (the batched step computes every row)."""
+    slot runs the batch-1 decode graph on its cache row instead (the batched step computes every row), unless `batched`:
+    the batched step computes a row the same way whichever other rows take part (extra keys are masked to exact zeros),
+    while the batch-1 graph's kernels round differently, so a request that must give the same answer alone and among
+    others (a seeded one) always takes the batched step."""
     if not steps: return {}
     B, m = self.slots, PREFILL_MULTIPLE
     for b, (_, p) in steps.items():
       if not 0 <= b < B: raise IndexError(f"slot {b} out of range [0, {B})")
       if not 0 <= p < self.max_context: raise ContextLengthExceeded(f"position {p} doesn't fit in max_context={self.max_context}")
-    if len(steps) == 1 and B > 1:
+    if len(steps) == 1 and B > 1 and not batched:
       (b, (tok, p)), = steps.items()
       Generator._write(self.inp1, self.model.embed([tok]))
       return {b: self.decode1_jit(self.v_start.bind(p), self.v_keys.bind(-(-(p + 1) // m)), self.v_slot.bind(b)).numpy()[0]}
