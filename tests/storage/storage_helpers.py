@@ -18,9 +18,9 @@ def random_blocks(qtype: str, n_blocks: int, seed: int = 0) -> np.ndarray:
   for off in f16s: b[:, off:off + 2] = rng.uniform(-2, 2, n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
   return b
 
-def start_tinyfs(root, preexec_fn=None):
-  """A tinyfs server process on a free loopback port: (Popen, "HOST:PORT")."""
-  p = subprocess.Popen([sys.executable, "-m", "plugrad_tinyfs.server", "--host", "127.0.0.1", "--port", "0", "--root", str(root)],
+def start_tinyfs(root, preexec_fn=None, args=()):
+  """A tinyfs server process on a free loopback port (with extra command-line `args`): (Popen, "HOST:PORT")."""
+  p = subprocess.Popen([sys.executable, "-m", "plugrad_tinyfs.server", "--host", "127.0.0.1", "--port", "0", "--root", str(root), *args],
                        stdout=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
   if not select.select([p.stdout], [], [], 20)[0]:
     p.kill()

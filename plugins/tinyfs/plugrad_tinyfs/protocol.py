@@ -13,6 +13,7 @@ after a BAD_REQUEST reply the server closes it (it cannot know where the next re
 from __future__ import annotations
 import socket
 import struct
+import time
 from plugrad_tinyfs.hashing import CHUNK_SIZE, PIECE_SIZE
 
 STORE, LOAD, INFO = b"S", b"L", b"I"
@@ -23,11 +24,15 @@ MAX_MSG = 4096  # longest error message accepted
 
 U32, U64 = struct.Struct("<I"), struct.Struct("<Q")
 
-def recv_exact(sock: socket.socket, n: int, what: str) -> bytes:
-  """Exactly n bytes from `sock`; EOFError naming `what` if the peer closes first."""
+def recv_exact(sock: socket.socket, n: int, what: str, deadline: float | None = None) -> bytes:
+  """Exactly n bytes from `sock`; EOFError naming `what` if the peer closes first; with a `deadline` (time.monotonic())
+  TimeoutError when they have not all arrived by then, however they trickle in (a per-recv timeout alone can't)."""
   buf, got = bytearray(n), 0
   view = memoryview(buf)
   while got < n:
+    if deadline is not None:
+      if (left := deadline - time.monotonic()) <= 0: raise TimeoutError(f"{what}: {got} of {n} bytes arrived before the deadline")
+      sock.settimeout(left)
     k = sock.recv_into(view[got:], n - got)
     if k == 0: raise EOFError(f"connection closed after {got} of {n} bytes of {what}")
     got += k
