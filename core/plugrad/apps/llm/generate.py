@@ -212,6 +212,25 @@ class LLM:
     self.model, self.tok, self.template, self.name = model, tokenizer, chat_template, name
     self.last_usage = {"prompt_tokens": 0, "completion_tokens": 0}
     self.finish_reason: str | None = None
+    if hasattr(tokenizer, "add_control"): tokenizer.add_control(self.template_markers())
+
+  # conversations whose rendering shows the template's own markup (turn markers, role headers); templates that refuse
+  # a system turn or want strict alternation render at least one of them
+  _PROBES = ([{"role": "system", "content": "x"}, {"role": "user", "content": "x"}, {"role": "assistant", "content": "x"},
+              {"role": "user", "content": "x"}],
+             [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "x"}])
+
+  def template_markers(self) -> set[int]:
+    """The special tokens the chat template writes around messages (rendered for short conversations): control for
+    the app whatever their type in the vocabulary, so that no message content or completion prompt produces them."""
+    special = set(self.tok.special_tokens.values())
+    out: set[int] = set()
+    for msgs in self._PROBES:
+      try: text = render_chat(self.template, msgs, add_generation_prompt=True, bos_token=self._special(self.tok.bos_id),
+                              eos_token=self._special(min(self.tok.eos_ids, default=None)), strict=True)
+      except (ValueError, TypeError): continue
+      out |= {i for i in self.tok.encode(text, parse_special=True) if i in special}
+    return out
 
   @functools.cached_property
   def gen(self) -> Generator:

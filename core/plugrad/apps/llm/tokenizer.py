@@ -125,27 +125,48 @@ class Tokenizer:
     self.special_tokens = {t: i for i, t in enumerate(tokens) if types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and t}
     self.bos_id, self.unk_id, self.add_space_prefix, self.add_bos_token = bos_id, unk_id, add_space_prefix, add_bos_token
     self.eos_ids = set(eos_ids or ()) | {i for t in _EOG_NAMES if (i := self.special_tokens.get(t)) is not None}
-    self._special_rx = {ps: self._special_regex([t for t, i in self.special_tokens.items() if ps or types[i] == USER_DEFINED])
-                        for ps in (True, False)}
-    # control tokens (roles, turn ends, BOS/EOS...): what a chat prompt's message content must not be able to produce
-    self.control_rx = self._special_regex([t for t, i in self.special_tokens.items() if types[i] != USER_DEFINED])
     self._cache: dict[str, list[int]] = {}
+    self.control_ids: frozenset[int] = frozenset()
+    self.add_control({i for i, t in enumerate(types) if t in (CONTROL, UNKNOWN)} | self.eos_ids | ({bos_id} if bos_id is not None else set()))
     self._pieces: dict[int, bytes] = {}
     self._warned = False
     if model == "gpt2":
       self.pre = self._preset(pre)
       pattern, self._digits, self._ignore_merges = PRESETS[self.pre]
       self._rx, self._digit_rx = _compile(pattern), _compile("([{N}])")
-      self._ranks: dict[tuple[str, str], int] = {}
+      self._all_ranks: dict[tuple[str, str], int] = {}
       for r, m in enumerate(merges if merges is not None else []):
         if not isinstance(m, str) or (k := m.find(" ", 1)) < 0: raise ValueError(f"merge {r} ({m!r}) is not two tokens separated by a space")
-        self._ranks.setdefault((m[:k], m[k + 1:]), r)
+        self._all_ranks.setdefault((m[:k], m[k + 1:]), r)
     else:
       self.pre = None
       sc = scores if scores is not None else [0.0] * len(tokens)
       if len(sc) != len(tokens): raise ValueError(f"scores has {len(sc)} entries for {len(tokens)} tokens")
-      self._scores = {t: -float(sc[i]) for t, i in self.vocab.items() if types[i] in (NORMAL, USER_DEFINED, UNUSED)}
+      self._all_scores = {t: -float(sc[i]) for t, i in self.vocab.items() if types[i] in (NORMAL, USER_DEFINED, UNUSED)}
       self._byte_ids = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
+    self._derive()
+
+  def add_control(self, ids: set[int] | frozenset[int]) -> None:
+    """Treat these token ids as control too: no text ever encodes to them unless `parse_special` reads special tokens
+    (and a chat prompt's message content never does, see `control_rx`), whatever their type in the vocabulary. The
+    constructor adds control and unknown tokens, the end-of-generation ids and BOS; `LLM` adds the special tokens
+    its chat template writes and any stop id (gemma's `</s>` is a user-defined token and an end of sequence)."""
+    ids = frozenset(int(i) for i in ids if 0 <= i < self.vocab_size)
+    if ids <= self.control_ids: return
+    self.control_ids = self.control_ids | ids
+    if hasattr(self, "_byte_ids") or hasattr(self, "_all_ranks"): self._derive()
+
+  def _derive(self) -> None:
+    """The regexes and merge tables that depend on `control_ids`."""
+    ctrl, types = self.control_ids, self.types
+    control_texts = {self.tokens[i] for i in ctrl}
+    self._special_rx = {True: self._special_regex(list(self.special_tokens)),
+                        False: self._special_regex([t for t, i in self.special_tokens.items() if types[i] == USER_DEFINED and i not in ctrl])}
+    # the control tokens' texts: what a chat prompt's message content must not be able to produce (fenced as text)
+    self.control_rx = self._special_regex(sorted(t for t in control_texts if t in self.special_tokens))
+    self._cache.clear()
+    if self.model == "gpt2": self._ranks = {ab: r for ab, r in self._all_ranks.items() if ab[0] + ab[1] not in control_texts}
+    else: self._scores = {t: sc for t, sc in self._all_scores.items() if self.vocab[t] not in ctrl}
 
   @staticmethod
   def _preset(pre: str | None) -> str:
@@ -201,9 +222,11 @@ class Tokenizer:
   # -------------------------------------------------------------------------- encoding
 
   def encode(self, text: str, add_bos: bool = False, parse_special: bool = True, literal: tuple[str, str] | None = None) -> list[int]:
-    """Token ids of `text`. Special tokens written in the text become their ids when `parse_special` (user-defined tokens
-    always do, as in llama.cpp); `add_bos` prepends the BOS token. `literal=(open, close)`: what lies between an `open`
-    and the next `close` marker is plain text even where it spells a special token (the markers themselves are dropped)."""
+    """Token ids of `text`. Special tokens written in the text become their ids when `parse_special`; without it only
+    user-defined tokens that aren't control (`control_ids`) do (llama.cpp parses every user-defined token: gemma's
+    `</s>` would end a generation), and no text encodes to a control id; `add_bos` prepends the BOS token.
+    `literal=(open, close)`: what lies between an `open` and the next `close` marker is plain text even where it spells
+    a special token (the markers themselves are dropped)."""
     if not isinstance(text, str): raise TypeError(f"encode() takes a str, got {type(text).__name__}")
     out: list[int] = []
     if add_bos:
@@ -256,18 +279,22 @@ class Tokenizer:
       out.extend(ids)
     return out
 
+  def _text_id(self, sym: str) -> int | None:
+    """The id of a piece of plain text: its token unless that is a control token (`control_ids`)."""
+    return None if (i := self.vocab.get(sym)) is None or i in self.control_ids else i
+
   def _bpe_word(self, word: str) -> list[int]:
-    if self._ignore_merges and (i := self.vocab.get(word)) is not None: return [i]
+    if self._ignore_merges and (i := self._text_id(word)) is not None: return [i]
     out = []
     for sym in _merge_ranked(list(word), self._ranks):
-      if (i := self.vocab.get(sym)) is not None: out.append(i)
+      if (i := self._text_id(sym)) is not None: out.append(i)
       else: out.extend(i for c in sym for i in self._unk_char(c))
     return out
 
   def _unk_char(self, c: str) -> list[int]:
     """A byte with no token: dropped with a warning, as llama.cpp and Hugging Face tokenizers do (the unknown token of
     byte-level vocabularies is often also their end-of-text token, which must not appear in a prompt)."""
-    if (i := self.vocab.get(c)) is not None: return [i]
+    if (i := self._text_id(c)) is not None: return [i]
     if not self._warned:
       warnings.warn(f"byte 0x{_U2B.get(c, 0):02x} has no token in this vocabulary: dropped from the encoding", stacklevel=4)
       self._warned = True
@@ -279,7 +306,7 @@ class Tokenizer:
     syms = _merge_heap(list(text.replace(" ", "\u2581")), lambda a, b: scores.get(a + b))
     out = []
     for s in syms:
-      if (i := self.vocab.get(s)) is not None: out.append(i); continue
+      if (i := self._text_id(s)) is not None: out.append(i); continue
       byte_ids = [self._byte_ids[b] for b in s.encode("utf-8")]  # byte fallback, else one unknown token per symbol
       if None not in byte_ids: out.extend(byte_ids)
       elif self.unk_id is not None: out.append(self.unk_id)
