@@ -139,3 +139,88 @@ def test_regenerated_bindings_match_committed():
   p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
   assert "committed bindings match" in p.stdout
+
+
+def _generate_module():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("_amd_generate", ROOT / "autogen" / "generate.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_defines_extraction():
+  """`"kinds": "defines"` targets: object- and function-like #defines and enums read from C text (suffixes and integer
+  casts dropped, continued lines joined, earlier names usable), anything else skipped or refused by name."""
+  g = _generate_module()
+  text = """
+#define A_ONE (1ULL << 3)   /* a comment */
+#define A_TWO   (A_ONE | 0x10u)
+#define A_F(x)  ((uint64_t)(x) << 48)
+#define A_G(f, m) (((f) & ~A_ONE) | \\
+                   A_F(m))
+#define A_STR "text"
+#define A_DIV (8 / 2)
+#define B_OTHER 5
+enum e { E_A, E_B = 0x10, E_C, E_D = E_B + 4 };
+"""
+  lines = g.extract_defines([text], {"prefixes": ["A_"], "names": ["B_OTHER"], "enums": ["e"]})
+  ns: dict = {}
+  exec("\n".join(lines), ns)
+  assert ns["A_ONE"] == 8 and ns["A_TWO"] == 24 and ns["A_F"](3) == 3 << 48 and ns["A_G"](0xFF, 1) == (0xFF & ~8) | (1 << 48)
+  assert ns["B_OTHER"] == 5 and (ns["E_A"], ns["E_B"], ns["E_C"], ns["E_D"]) == (0, 16, 17, 20)
+  assert "A_STR" not in ns and "A_DIV" not in ns  # not integer expressions: skipped (only listed names are required)
+  with pytest.raises(g.GenerateError, match="#define A_DIV '\\(8 / 2\\)' is no integer expression"): g.extract_defines([text], {"names": ["A_DIV"]})
+  with pytest.raises(g.GenerateError, match=r"\['NOPE', 'nope_enum'\] not found"):
+    g.extract_defines([text], {"names": ["NOPE"], "enums": ["nope_enum"]})
+  assert g.extract_defines(["#define P (PAGE_SIZE - 1)"], {"names": ["P"], "assume": {"PAGE_SIZE": 4096}})[-1] == "P = 0xfff"
+
+
+KERNEL_STRUCTS = {  # generated module -> (kernel headers, [(C type, bindings name, fields)])
+  "discovery": (["drivers/gpu/drm/amd/include/discovery.h"], [
+    ("binary_header", "struct_binary_header", ["binary_checksum", "binary_size", "table_list"]),
+    ("struct ip_discovery_header", "struct_ip_discovery_header", ["num_dies", "die_info"]),
+    ("struct ip_v4", "struct_ip_v4", ["hw_id", "num_base_address", "revision"]),
+    ("struct gc_info_v1_0", "struct_gc_info_v1_0", ["gc_num_se", "gc_wave_size", "gc_num_gl2a"])]),
+  "psp_gfx_if": (["drivers/gpu/drm/amd/amdgpu/psp_gfx_if.h"], [
+    ("struct psp_gfx_cmd_resp", "struct_psp_gfx_cmd_resp", ["cmd_id", "cmd", "resp"]),
+    ("struct psp_gfx_rb_frame", "struct_psp_gfx_rb_frame", ["cmd_buf_addr_lo", "fence_addr_hi", "fence_value"]),
+    ("struct psp_gfx_cmd_setup_tmr", "struct_psp_gfx_cmd_setup_tmr", ["buf_size", "system_phy_addr_lo"])]),
+  "amdgpu_ucode": (["drivers/gpu/drm/amd/amdgpu/amdgpu_socbb.h", "drivers/gpu/drm/amd/amdgpu/amdgpu_ucode.h"], [
+    ("struct psp_firmware_header_v2_0", "struct_psp_firmware_header_v2_0", ["psp_fw_bin_count", "psp_fw_bin"]),
+    ("struct gfx_firmware_header_v2_0", "struct_gfx_firmware_header_v2_0", ["data_offset_bytes", "ucode_start_addr_hi"]),
+    ("struct rlc_firmware_header_v2_3", "struct_rlc_firmware_header_v2_3", ["rlcp_ucode_offset_bytes", "rlcv_ucode_size_bytes"]),
+    ("struct sdma_firmware_header_v2_0", "struct_sdma_firmware_header_v2_0", ["ctl_ucode_offset", "ctl_ucode_size_bytes"]),
+    ("struct imu_firmware_header_v1_0", "struct_imu_firmware_header_v1_0", ["imu_dram_ucode_size_bytes"])]),
+  "v11_structs": (["drivers/gpu/drm/amd/include/v11_structs.h"], [
+    ("struct v11_compute_mqd", "struct_v11_compute_mqd", ["cp_mqd_base_addr_lo", "cp_hqd_pq_control", "cp_hqd_active"])]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not found")
+def test_kernel_struct_layouts_match_gcc(tmp_path: Path):
+  """The structs generated from kernel-internal headers (with the manifest's prelude) against gcc compiling the same
+  headers with the same prelude."""
+  if not os.path.exists(MANIFEST["tarball"]["path"]): pytest.skip(f"{MANIFEST['tarball']['path']} not installed (apt-get install linux-source-6.12)")
+  import importlib
+  g = _generate_module()
+  members = sorted({h for hs, _ in KERNEL_STRUCTS.values() for h in hs})
+  extracted = g.extract_tarball(MANIFEST["tarball"], members, str(tmp_path))
+  (tmp_path / "prelude.h").write_text("\n".join(MANIFEST["preludes"]["kernel"]) + "\n")
+  lines = ["#include <stdio.h>", "#include <stddef.h>", *[f'#include "{extracted[h]}"' for h in members], "int main(void) {"]
+  got = {}
+  for mod, (_, structs) in KERNEL_STRUCTS.items():
+    m = importlib.import_module(f"plugrad_amd.autogen.{mod}")
+    for c, py, fields in structs:
+      t = getattr(m, py)
+      lines.append(f'  printf("{c} size %zu\\n", sizeof({c}));')
+      lines += [f'  printf("{c}.{f} %zu\\n", offsetof({c}, {f}));' for f in fields]
+      got[f"{c} size"] = str(ctypes.sizeof(t))
+      got.update({f"{c}.{f}": str(getattr(t, f).offset) for f in fields})
+  (tmp_path / "probe.c").write_text("\n".join(lines + ["  return 0;", "}"]) + "\n")
+  p = subprocess.run(["gcc", "-include", str(tmp_path / "prelude.h"), str(tmp_path / "probe.c"), "-o", str(tmp_path / "probe")],
+                     capture_output=True, text=True)
+  assert p.returncode == 0, p.stderr[-3000:]
+  want = dict(ln.rsplit(" ", 1) for ln in subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True).stdout.splitlines())
+  assert got == want
