@@ -124,8 +124,8 @@ class Arena:
   def check(self, addrs: np.ndarray, size: int, device: int | None) -> None:
     """Every address in `addrs` (uint64) starts `size` accessible, `size`-aligned bytes; AccessFault names the first bad lane."""
     if addrs.size == 0: return
-    if size > 1 and (bad := np.flatnonzero(addrs & np.uint64(size - 1))).size:
-      i = int(bad[0])
+    if size > 1 and (addrs & np.uint64(size - 1)).any():
+      i = int(np.flatnonzero(addrs & np.uint64(size - 1))[0])
       raise AccessFault("misaligned address", i, int(addrs[i]), size, f"address {int(addrs[i]):#x} is not aligned to the {size}-byte access")
     lo, hi = int(addrs.min()), int(addrs.max())
     a = self.find(lo)

@@ -133,9 +133,10 @@ class LoadedModule:
     Tp = -(-T // 32) * 32 if f.warp_ops else T
     nblocks = grid[0] * grid[1] * grid[2]
     per = max(1, CHUNK_LANES // Tp)
+    cache: dict = {}
     with np.errstate(all="ignore"):
       for first in range(0, nblocks, per):
-        lanes = Lanes(self, f, grid, block, T, Tp, first, min(per, nblocks - first), params, saddr, S, local, dynamic_shared)
+        lanes = Lanes(self, f, grid, block, T, Tp, first, min(per, nblocks - first), params, saddr, S, local, dynamic_shared, cache)
         lanes.run()
 
 
@@ -181,7 +182,8 @@ class Frame:
 
 class Lanes:
   """A chunk of a launch: `nb` consecutive blocks starting at block `first`, as lanes."""
-  def __init__(self, mod: LoadedModule, f: CFunc, grid, block, T, Tp, first, nb, params, saddr, S, local, dynamic) -> None:
+  def __init__(self, mod: LoadedModule, f: CFunc, grid, block, T, Tp, first, nb, params, saddr, S, local, dynamic,
+               launch_cache: dict | None = None) -> None:
     self.mod, self.f, self.grid, self.block, self.T, self.Tp, self.first, self.nb = mod, f, grid, block, T, Tp, first, nb
     self.N = nb * Tp
     self.shape = (self.N,)
@@ -195,6 +197,7 @@ class Lanes:
     self.shared = np.zeros(nb * S, dtype=np.uint8) if S else np.zeros(16, dtype=np.uint8)
     self.local = np.zeros(self.N * local, dtype=np.uint8) if local else None
     self._sregs: dict[str, Any] = {}
+    self.launch_cache = {} if launch_cache is None else launch_cache  # per-thread values shared by a launch's chunks
     self._zeros: dict[np.dtype, np.ndarray] = {}
     self.steps = 0
     self.barrier_line: Any = None
@@ -221,7 +224,11 @@ class Lanes:
   def sreg(self, name: str) -> Any:
     v = self._sregs.get(name)
     if v is None:
-      v = self._sregs[name] = self._special(name)
+      per_thread = name.startswith(("%tid.", "%laneid", "%warpid", "%lanemask_"))
+      if per_thread and (v := self.launch_cache.get((name, self.N))) is not None: self._sregs[name] = v
+      else:
+        v = self._sregs[name] = self._special(name)
+        if per_thread: self.launch_cache[(name, self.N)] = v
     if name in ("%clock", "%clock64", "%clock_hi", "%globaltimer", "%globaltimer_lo", "%globaltimer_hi"):
       self._sregs.pop(name)
     return v
@@ -277,82 +284,100 @@ class Lanes:
       fr.P[id(formal)] = st.param(id(actual), max(actual.size, formal.size))
     run_function(self, fr, m, kernel=False)
 
-  # ---- memory
-  def _lanes_of(self, m: Any) -> np.ndarray: return self.lane if m is None else np.flatnonzero(m)
+  # ---- memory (`lanes`: the chunk lanes of the addresses, None for all of them in order)
+  def _lanes_of(self, m: Any) -> np.ndarray | None: return None if m is None else np.flatnonzero(m)
 
-  def _fault(self, e: AccessFault, lanes: np.ndarray, space: str) -> LaneError:
-    return LaneError(e.kind, int(lanes[e.index]), f"{space} {e}")
+  @staticmethod
+  def _lane(lanes: np.ndarray | None, i: int) -> int: return int(i if lanes is None else lanes[i])
+
+  @staticmethod
+  def _sub(lanes: np.ndarray | None, sel: np.ndarray) -> np.ndarray: return np.flatnonzero(sel) if lanes is None else lanes[sel]
+
+  def _fault(self, e: AccessFault, lanes: np.ndarray | None, space: str) -> LaneError:
+    return LaneError(e.kind, self._lane(lanes, e.index), f"{space} {e}")
 
   def _split(self, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sh = (a >= np.uint64(SHARED_WINDOW)) & (a < np.uint64(SHARED_WINDOW + WINDOW_SIZE))
     lo = (a >= np.uint64(LOCAL_WINDOW)) & (a < np.uint64(LOCAL_WINDOW + WINDOW_SIZE))
     return sh, lo
 
+  def _addresses(self, a: Any) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype != np.uint64: a = a.astype(np.uint64)
+    return np.broadcast_to(a, self.shape) if a.ndim == 0 else a
+
   def load(self, space: str, m: Any, a: Any, dt: np.dtype, nvec: int) -> np.ndarray:
-    a = np.broadcast_to(np.asarray(a, dtype=np.uint64), self.shape)
-    lanes = self._lanes_of(m)
-    aa = a if m is None else a[m]
-    vals = self._load_lanes(space, lanes, aa, dt, nvec)
-    if m is None: return vals
+    a = self._addresses(a)
+    if m is None: return self._load_lanes(space, None, a, dt, nvec)
+    vals = self._load_lanes(space, np.flatnonzero(m), a[m], dt, nvec)
     out = np.zeros((self.N,) if nvec == 1 else (self.N, nvec), dtype=dt)
     out[m] = vals
     return out
 
-  def _load_lanes(self, space: str, lanes: np.ndarray, aa: np.ndarray, dt: np.dtype, nvec: int) -> np.ndarray:
+  def _load_lanes(self, space: str, lanes: np.ndarray | None, aa: np.ndarray, dt: np.dtype, nvec: int) -> np.ndarray:
     if space == "generic":
       sh, lo = self._split(aa)
       if not (sh.any() or lo.any()): space = "global"
       else:
         out = np.zeros((len(aa),) if nvec == 1 else (len(aa), nvec), dtype=dt)
         for sel, sp, base in ((sh, "shared", SHARED_WINDOW), (lo, "local", LOCAL_WINDOW), (~(sh | lo), "global", 0)):
-          if sel.any(): out[sel] = self._load_lanes(sp, lanes[sel], aa[sel] - np.uint64(base), dt, nvec)
+          if sel.any(): out[sel] = self._load_lanes(sp, self._sub(lanes, sel), aa[sel] - np.uint64(base), dt, nvec)
         return out
     if space in ("global", "const"):
       try: return self.arena.load(aa, dt, nvec, self.device)
       except AccessFault as e: raise self._fault(e, lanes, space) from None
     buf, idx = self._window(space, lanes, aa, np.dtype(dt).itemsize * nvec)
     v = buf.view(dt)
-    idx = idx // np.dtype(dt).itemsize
+    idx = idx // np.uint64(np.dtype(dt).itemsize)
     return v[idx] if nvec == 1 else v[idx[:, None] + np.arange(nvec, dtype=np.uint64)]
 
-  def _window(self, space: str, lanes: np.ndarray, aa: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+  def _owner(self, space: str) -> np.ndarray:
+    """Byte offset of each lane's window: its block's shared memory or its own local memory."""
+    key = "_own_" + space
+    own = self.__dict__.get(key)
+    if own is None:
+      own = (self.cta * self.S if space == "shared" else self.lane * self.local_bytes).astype(np.uint64)
+      self.__dict__[key] = own
+    return own
+
+  def _window(self, space: str, lanes: np.ndarray | None, aa: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(byte buffer, byte index per lane) of a shared/local access, checked against the block's/lane's window."""
+    if space not in ("shared", "local"): raise LaneError("invalid", self._lane(lanes, 0), f"unsupported state space .{space}")
     limit = self.S if space == "shared" else self.local_bytes
     buf = self.shared if space == "shared" else self.local
-    if space not in ("shared", "local"): raise LaneError("invalid", int(lanes[0]) if len(lanes) else 0, f"unsupported state space .{space}")
-    bad = np.flatnonzero(aa + np.uint64(size) > np.uint64(limit))
-    if bad.size:
-      i = int(bad[0])
-      raise LaneError("illegal address", int(lanes[i]), f"{space} address {int(aa[i]):#x} ({size} bytes) is outside the "
+    if aa.size and int(aa.max()) + size > limit:
+      i = int(np.flatnonzero(aa + np.uint64(size) > np.uint64(limit))[0])
+      raise LaneError("illegal address", self._lane(lanes, i), f"{space} address {int(aa[i]):#x} ({size} bytes) is outside the "
                       f"{limit} bytes of {'shared memory of the block' if space == 'shared' else 'local memory of the thread'}")
-    if size > 1 and (bad := np.flatnonzero(aa & np.uint64(size - 1))).size:
-      i = int(bad[0])
-      raise LaneError("misaligned address", int(lanes[i]), f"{space} address {int(aa[i]):#x} is not aligned to the {size}-byte access")
-    owner = self.cta[lanes] * self.S if space == "shared" else lanes * self.local_bytes
-    return buf, owner.astype(np.uint64) + aa
+    if size > 1 and (aa & np.uint64(size - 1)).any():
+      i = int(np.flatnonzero(aa & np.uint64(size - 1))[0])
+      raise LaneError("misaligned address", self._lane(lanes, i), f"{space} address {int(aa[i]):#x} is not aligned to the {size}-byte access")
+    own = self._owner(space)
+    return buf, (own if lanes is None else own[lanes]) + aa
 
   def store(self, space: str, m: Any, a: Any, dt: np.dtype, nvec: int, v: Any) -> None:
-    a = np.broadcast_to(np.asarray(a, dtype=np.uint64), self.shape)
-    v = np.broadcast_to(np.asarray(v, dtype=dt), self.shape if nvec == 1 else (self.N, nvec))
-    lanes = self._lanes_of(m)
-    if m is not None: a, v = a[m], v[m]
-    self._store_lanes(space, lanes, a, dt, nvec, v)
+    a = self._addresses(a)
+    v = np.asarray(v)
+    if v.dtype != dt: v = v.astype(dt)
+    if v.ndim == 0 or (nvec > 1 and v.ndim == 1): v = np.broadcast_to(v, self.shape if nvec == 1 else (self.N, nvec))
+    if m is None: self._store_lanes(space, None, a, dt, nvec, v)
+    else: self._store_lanes(space, np.flatnonzero(m), a[m], dt, nvec, v[m])
 
-  def _store_lanes(self, space: str, lanes: np.ndarray, aa: np.ndarray, dt: np.dtype, nvec: int, v: np.ndarray) -> None:
+  def _store_lanes(self, space: str, lanes: np.ndarray | None, aa: np.ndarray, dt: np.dtype, nvec: int, v: np.ndarray) -> None:
     if space == "generic":
       sh, lo = self._split(aa)
       if not (sh.any() or lo.any()): space = "global"
       else:
         for sel, sp, base in ((sh, "shared", SHARED_WINDOW), (lo, "local", LOCAL_WINDOW), (~(sh | lo), "global", 0)):
-          if sel.any(): self._store_lanes(sp, lanes[sel], aa[sel] - np.uint64(base), dt, nvec, v[sel])
+          if sel.any(): self._store_lanes(sp, self._sub(lanes, sel), aa[sel] - np.uint64(base), dt, nvec, v[sel])
         return
     if space in ("global", "const"):
-      if space == "const": raise LaneError("illegal address", int(lanes[0]), "store to the .const space")
+      if space == "const": raise LaneError("illegal address", self._lane(lanes, 0), "store to the .const space")
       try: return self.arena.store(aa, v, dt, nvec, self.device)
       except AccessFault as e: raise self._fault(e, lanes, space) from None
     buf, idx = self._window(space, lanes, aa, np.dtype(dt).itemsize * nvec)
     view = buf.view(dt)
-    idx = idx // np.dtype(dt).itemsize
+    idx = idx // np.uint64(np.dtype(dt).itemsize)
     if nvec == 1: view[idx] = v
     else: view[idx[:, None] + np.arange(nvec, dtype=np.uint64)] = v
 
@@ -360,7 +385,7 @@ class Lanes:
     a = np.broadcast_to(np.asarray(a, dtype=np.uint64), self.shape)
     b = np.broadcast_to(np.asarray(b, dtype=dt), self.shape)
     c = np.broadcast_to(np.asarray(c, dtype=dt), self.shape) if c is not None else None
-    lanes = self._lanes_of(m)
+    lanes = self.lane if m is None else np.flatnonzero(m)
     aa = a if m is None else a[m]
     size = np.dtype(dt).itemsize
     if space == "generic":
@@ -609,10 +634,12 @@ def run_function(L: Lanes, st: Frame, mask: Any, kernel: bool) -> None:
 
 def _release(L: Lanes, fn: CFunc, waiting: dict[int, Any], groups: dict[int, Any], kernel: bool) -> None:
   """Every live lane waits at a barrier: release them, unless a block has threads that exited without arriving."""
-  W = np.zeros(L.N, dtype=bool)
-  for m in waiting.values(): W |= True if m is None else m
   dead = L.exited if L.valid is None else (L.exited & L.valid)
-  bad = (W.reshape(L.nb, L.Tp).any(axis=1)) & (dead.reshape(L.nb, L.Tp).any(axis=1))
+  if dead.any():
+    W = np.zeros(L.N, dtype=bool)
+    for m in waiting.values(): W |= True if m is None else m
+    bad = (W.reshape(L.nb, L.Tp).any(axis=1)) & (dead.reshape(L.nb, L.Tp).any(axis=1))
+  else: bad = np.zeros(1, dtype=bool)
   if bad.any():
     blk = int(np.flatnonzero(bad)[0])
     waiter = blk * L.Tp + int(np.flatnonzero(W.reshape(L.nb, L.Tp)[blk])[0])

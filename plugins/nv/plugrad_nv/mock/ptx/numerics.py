@@ -139,6 +139,16 @@ def fma_small(a: np.ndarray, b: np.ndarray, c: np.ndarray, fmt: Fmt, mode: str =
   """a*b+c for formats whose products are exact in float64 (f32, f16, bf16), rounded once to `fmt`."""
   a, b, c = (np.asarray(v, dtype=f64) for v in (a, b, c))
   p = a * b
+  if fmt is F32 and mode == "rn":  # fast path: fl64(p + c) rounds to float32 the same way unless it is a float32 midpoint
+    s = p + c
+    r = s.astype(f32).astype(f64)
+    bits = np.asarray(s).view(u64)
+    suspect = ((bits & u64(0x1FFFFFFF)) == u64(0x10000000)) | (np.abs(s) < 2.0 ** -125)
+    if not suspect.any(): return r
+    s2, e = two_sum(p, c)
+    fin = np.isfinite(s2) & np.isfinite(p) & np.isfinite(c)
+    exact = round_to(np.where(fin, s2, p + c), np.where(fin, e, 0.0), fmt, mode)
+    return np.where(suspect, exact, r)
   s, e = two_sum(p, c)
   fin = np.isfinite(s) & np.isfinite(p) & np.isfinite(c)
   return round_to(np.where(fin, s, p + c), np.where(fin, e, 0.0), fmt, mode)
