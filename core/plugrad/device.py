@@ -416,7 +416,8 @@ class _DeviceRegistry:
       if (dev := self._opened.get(canon)) is not None: return dev
       e = self.entry(canon)
       try: dev = e.spec.load_factory()(canon)
-      except (Exception, SystemExit) as ex:  # a plugin calling sys.exit() while opening must not end the program
+      except KeyboardInterrupt: raise
+      except BaseException as ex:  # a plugin calling sys.exit() (or raising any BaseException) while opening must not end the program
         raise DeviceError(f"opening device {canon} (from {e.dist.name} {e.dist.version}, factory {e.spec.factory!r}) failed: "
                           f"{type(ex).__name__}: {ex}") from ex
       if not isinstance(dev, Compiled): raise DeviceError(f"factory {e.spec.factory!r} for {canon} returned {dev!r}, not a Compiled device")

@@ -152,3 +152,79 @@ def test_factory_system_exit_is_a_device_error(use_registry):
   use_registry(fake_ep("q", "plugrad-q", "1", lambda: plugin(DeviceSpec("QUIT", 5, PLUGIN_API_VERSION, Availability.yes, quit_))))
   with pytest.raises(DeviceError, match="opening device QUIT .* failed: SystemExit: 1"): Device["QUIT"]
   assert os.environ.get("DEV") is None
+
+# ---------------------------------------------------------------------------- slow plugins, BaseException subclasses
+
+class Boom(BaseException):
+  """Not an Exception, not SystemExit or KeyboardInterrupt: escaped isolation."""
+
+def _boom(*a):
+  raise Boom("boom")
+
+def test_base_exception_subclasses_are_contained(use_registry):
+  class M:  # a plugin whose hooks raise Boom / GeneratorExit
+    from plugrad.plugins import hookimpl
+    plugrad_devices = staticmethod(hookimpl(_boom))
+  class T:
+    from plugrad.plugins import hookimpl
+    plugrad_devices = staticmethod(hookimpl(lambda: []))
+    plugrad_tensor_methods = staticmethod(hookimpl(lambda: (_ for _ in ()).throw(GeneratorExit("gen"))))
+  with pytest.warns(PluginWarning) as w:
+    reg = use_registry(fake_ep("imp", "plugrad-imp", "1", _boom), fake_ep("hook", "plugrad-hook", "1", lambda: M),
+                       fake_ep("tm", "plugrad-tm", "1", lambda: T),
+                       fake_ep("f", "plugrad-f", "1", lambda: plugin(DeviceSpec("BOOMF", 5, PLUGIN_API_VERSION, Availability.yes, _boom))))
+    from plugrad import Tensor
+    with pytest.raises(AttributeError): Tensor([1.]).no_such_method_anywhere
+  msgs = " | ".join(str(x.message) for x in w)
+  assert "plugrad-imp 1 failed to import" in msgs and "Boom: boom" in msgs
+  assert "plugrad-hook 1 failed to return its devices" in msgs
+  assert "plugrad-tm 1 failed to return its Tensor methods" in msgs and "GeneratorExit: gen" in msgs
+  assert {reg.dists[d].status for d in ("plugrad-imp", "plugrad-hook", "plugrad-tm")} == {"failed"}
+  with pytest.raises(DeviceError, match="opening device BOOMF .* failed: Boom: boom"): Device["BOOMF"]
+
+def test_keyboard_interrupt_from_a_plugin_is_not_swallowed(use_registry):
+  def ki(): raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt): use_registry(fake_ep("ki", "plugrad-ki", "1", ki))
+
+SLEEPY = {
+  "import": "import time\ntime.sleep(3600)\n",
+  "devices": """
+import time
+from plugrad.plugins import hookimpl
+@hookimpl
+def plugrad_devices():
+  time.sleep(3600)
+""",
+  "methods": """
+import time
+from plugrad.plugins import hookimpl
+@hookimpl
+def plugrad_devices(): return []
+@hookimpl
+def plugrad_tensor_methods():
+  time.sleep(3600)
+""",
+}
+SLEEPY_SCRIPT = """
+import time, warnings
+t0 = time.perf_counter()
+with warnings.catch_warnings(record=True) as w:
+  warnings.simplefilter("always")
+  from plugrad import Device, Tensor
+  print(Device.DEFAULT)
+  try: Tensor([1.]).not_a_method
+  except AttributeError: pass
+print(round(time.perf_counter() - t0), [str(x.message) for x in w if "sleepy" in str(x.message)])
+"""
+
+@pytest.mark.parametrize("where", ["import", "devices", "methods"])
+def test_a_plugin_that_sleeps_does_not_block(tmp_path, where):
+  """A plugin that slept at import or in a hook blocked plugrad (the probe timeout covered probes only)."""
+  site = write_dist(tmp_path, "plugrad-sleepy", "1.0", "plugrad_sleepy", SLEEPY[where])
+  t0 = time.perf_counter()
+  p = run_py(["-c", SLEEPY_SCRIPT], [site], PLUGRAD_PLUGIN_TIMEOUT="1", timeout=60)
+  assert time.perf_counter() - t0 < 30 and p.returncode == 0, p.stdout + p.stderr
+  dev, rest = p.stdout.strip().splitlines()
+  assert dev in ("CPU", "PYTHON")
+  what = {"import": "import", "devices": "return its devices", "methods": "return its Tensor methods"}[where]
+  assert f"plugrad-sleepy 1.0 failed to {what}" in rest and "timed out after 1 s (PLUGRAD_PLUGIN_TIMEOUT)" in rest, rest

@@ -4,7 +4,10 @@ Environment: PLUGRAD_PLUGINS_AUTOLOAD=0 loads no external plugins (core built-in
 PLUGRAD_DISABLE_PLUGINS=nv,amd skips plugins by entry-point or distribution name;
 PLUGRAD_STRICT_PLUGINS=1 turns a broken plugin from a warning into a PluginError; PLUGRAD_PROBE_TIMEOUT (seconds, default 5)
 bounds each device probe: one that takes longer reports the device unavailable ("probe timed out after 5 s").
-A plugin that raises anything at import, in a hook or in a probe (SystemExit included) is isolated the same way.
+PLUGRAD_PLUGIN_TIMEOUT (seconds, default 30) bounds a plugin's import and each of its hook calls the same way: a plugin
+that takes longer is skipped like one that raised ("timed out after 30 s"). Slow code runs on in its daemon thread
+(threads can't be killed), unwaited for. A plugin that raises anything at import, in a hook or in a probe (SystemExit
+and any other BaseException included) is isolated the same way; only KeyboardInterrupt propagates.
 Loading happens once per process, on first use of `Device` (not at `import plugrad`).
 Plugins may also add Tensor methods (hook plugrad_tensor_methods): `tensor_method` resolves them for `Tensor.__getattr__`.
 """
@@ -23,6 +26,10 @@ from plugrad.plugins import builtin, hookspecs
 from plugrad.plugins.spec import PLUGIN_API_VERSION, Availability, DeviceSpec
 
 DEFAULT_PROBE_TIMEOUT = 5.0
+DEFAULT_PLUGIN_TIMEOUT = 30.0  # imports can be slow (large autogen modules on a busy machine): more room than a probe
+
+class PluginTimeout(Exception):
+  """A plugin's import, hook or probe did not finish within its time limit."""
 
 class PluginError(RuntimeError):
   """A plugin could not be loaded (in strict mode), or plugins conflict."""
@@ -71,28 +78,50 @@ class DeviceEntry:
     if self._avail is None: self._avail = run_probe(self.spec.probe)
     return self._avail
 
-def probe_timeout() -> float:
-  """PLUGRAD_PROBE_TIMEOUT in seconds (default 5)."""
-  raw = os.environ.get("PLUGRAD_PROBE_TIMEOUT", "").strip()
-  try: t = float(raw) if raw else DEFAULT_PROBE_TIMEOUT
-  except ValueError: raise ValueError(f"PLUGRAD_PROBE_TIMEOUT must be a number of seconds, got {raw!r}") from None
-  if not t > 0: raise ValueError(f"PLUGRAD_PROBE_TIMEOUT must be > 0 seconds, got {raw!r}")
+def _seconds(name: str, default: float) -> float:
+  """Env var `name` as a positive number of seconds (default when unset); ValueError naming it otherwise."""
+  raw = os.environ.get(name, "").strip()
+  try: t = float(raw) if raw else default
+  except ValueError: raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+  if not t > 0: raise ValueError(f"{name} must be > 0 seconds, got {raw!r}")
   return t
 
-def run_probe(probe: Callable[[], Any]) -> Availability:
-  """Call `probe` in a daemon thread and wait at most probe_timeout(); a probe still running then is abandoned (it can't
-  be killed, but nothing waits for it) and its device reported unavailable."""
-  out: list[Availability] = []
-  def call() -> None:
-    try:
-      res = probe()
-      out.append(res if isinstance(res, Availability) else Availability.no(f"probe returned {res!r}, expected Availability"))
-    except BaseException as e:  # SystemExit and KeyboardInterrupt raised inside a probe thread stay in it
-      out.append(Availability.no(f"probe raised {type(e).__name__}: {e}"))
-  t, limit = threading.Thread(target=call, name="plugrad-probe", daemon=True), probe_timeout()
+def probe_timeout() -> float:
+  """PLUGRAD_PROBE_TIMEOUT in seconds (default 5)."""
+  return _seconds("PLUGRAD_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT)
+
+def plugin_timeout() -> float:
+  """PLUGRAD_PLUGIN_TIMEOUT in seconds (default 30)."""
+  return _seconds("PLUGRAD_PLUGIN_TIMEOUT", DEFAULT_PLUGIN_TIMEOUT)
+
+def call_isolated(fn: Callable[[], Any], limit: float, env: str) -> Any:
+  """fn() in a daemon thread, waited for at most `limit` seconds: its result, or what it raised (any BaseException,
+  re-raised here), or PluginTimeout naming `env`, the variable that sets the limit. A call still running is abandoned:
+  it can't be killed, but nothing waits for it and it does not keep the process alive."""
+  box: list[tuple[bool, Any]] = []
+  def run() -> None:
+    try: box.append((True, fn()))
+    except BaseException as e: box.append((False, e))  # handed to the caller, who decides
+  t = threading.Thread(target=run, name="plugrad-plugin", daemon=True)
   t.start()
   t.join(limit)
-  return out[0] if out else Availability.no(f"probe timed out after {limit:g} s (PLUGRAD_PROBE_TIMEOUT)")
+  if not box: raise PluginTimeout(f"timed out after {limit:g} s ({env})")
+  ok, v = box[0]
+  if ok: return v
+  raise v
+
+def call_plugin(fn: Callable[[], Any]) -> Any:
+  """A plugin's import or hook call, under PLUGRAD_PLUGIN_TIMEOUT (see call_isolated)."""
+  return call_isolated(fn, plugin_timeout(), "PLUGRAD_PLUGIN_TIMEOUT")
+
+def run_probe(probe: Callable[[], Any]) -> Availability:
+  """Call `probe` in a daemon thread and wait at most probe_timeout(); a probe still running then is abandoned and its
+  device reported unavailable. Anything it raises (SystemExit and KeyboardInterrupt too) makes the device unavailable."""
+  limit = probe_timeout()
+  try: res = call_isolated(probe, limit, "PLUGRAD_PROBE_TIMEOUT")
+  except PluginTimeout: return Availability.no(f"probe timed out after {limit:g} s (PLUGRAD_PROBE_TIMEOUT)")
+  except BaseException as e: return Availability.no(f"probe raised {type(e).__name__}: {e}")
+  return res if isinstance(res, Availability) else Availability.no(f"probe returned {res!r}, expected Availability")
 
 @dataclass
 class TensorMethod:
@@ -109,8 +138,9 @@ class TensorMethod:
                         + " or ".join(f"PLUGRAD_DISABLE_PLUGINS={_norm(d.name).removeprefix('plugrad-')}" for d in ds))
     if isinstance(self.target, str):
       mod, _, attr = self.target.partition(":")
-      try: self.target = getattr(importlib.import_module(mod), attr)
-      except Exception as e:
+      try: self.target = call_plugin(lambda: getattr(importlib.import_module(mod), attr))
+      except KeyboardInterrupt: raise
+      except BaseException as e:
         raise PluginError(f"Tensor.{self.name} from {self.dist.name} {self.dist.version}: can't load {self.target!r}: {type(e).__name__}: {e}") from e
     return self.target
 
@@ -179,8 +209,9 @@ class PluginRegistry:
       if disabled & {_norm(ep.name), _norm(dname), _norm(dname).removeprefix("plugrad-")}:
         dist.status = "disabled"
         continue
-      try: mod = ep.load()
-      except (Exception, SystemExit) as e:  # sys.exit() at import time must not end the program
+      try: mod = call_plugin(ep.load)
+      except KeyboardInterrupt: raise
+      except BaseException as e:  # sys.exit() (or any BaseException) at import time must not end the program
         self._fail(dist, f"import (entry point {ep.name} = {ep.value})", e)
         continue
       self._register(mod, f"{dname}:{ep.name}", dist, ep.name)
@@ -188,7 +219,8 @@ class PluginRegistry:
   def _register(self, mod: Any, plugin_name: str, dist: DistInfo, ep_name: str) -> None:
     if ep_name not in dist.entry_points: dist.entry_points.append(ep_name)
     try: self.pm.register(mod, name=plugin_name)
-    except (Exception, SystemExit) as e: return self._fail(dist, f"register (entry point {ep_name})", e)
+    except KeyboardInterrupt: raise
+    except BaseException as e: return self._fail(dist, f"register (entry point {ep_name})", e)
     self._plugin_dist[plugin_name] = dist
 
   def _fail(self, dist: DistInfo, what: str, e: BaseException) -> None:
@@ -205,7 +237,8 @@ class PluginRegistry:
     for impl in self.pm.hook.plugrad_devices.get_hookimpls():
       dist = self._plugin_dist[impl.plugin_name]
       try: specs = self._call_hook(impl)
-      except (Exception, SystemExit) as e:
+      except KeyboardInterrupt: raise
+      except BaseException as e:
         self._fail(dist, "return its devices (hook plugrad_devices)", e)
         continue
       for spec in specs:
@@ -226,7 +259,7 @@ class PluginRegistry:
 
   @staticmethod
   def _call_hook(impl: Any) -> list[DeviceSpec]:
-    specs = impl.function()
+    specs = call_plugin(impl.function)
     if not isinstance(specs, (list, tuple)) or not all(isinstance(s, DeviceSpec) for s in specs):
       raise TypeError(f"plugrad_devices() must return a list of DeviceSpec, got {specs!r}")
     return list(specs)
@@ -245,8 +278,9 @@ class PluginRegistry:
       methods: dict[str, TensorMethod] = {}
       for impl in self.pm.hook.plugrad_tensor_methods.get_hookimpls():
         dist = self._plugin_dist[impl.plugin_name]
-        try: offered = _check_methods(impl.function(), owner)
-        except (Exception, SystemExit) as e:
+        try: offered = _check_methods(call_plugin(impl.function), owner)
+        except KeyboardInterrupt: raise
+        except BaseException as e:
           self._fail(dist, "return its Tensor methods (hook plugrad_tensor_methods)", e)
           continue
         for name, target in offered.items():
