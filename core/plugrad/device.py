@@ -94,6 +94,15 @@ class BufferOptions:
 
 DEFAULT_OPTIONS = BufferOptions()
 
+MAX_BUFFER_BYTES = 2**63 - 1  # byte offsets are int64 everywhere: no device can address a larger buffer
+
+def human_bytes(n: int) -> str:
+  """n bytes as '1.5 GiB' (binary units), for error messages."""
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+    if n < 1024: return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
+  return f"{n:.1f} EiB"
+
 class Allocator:
   """Device memory. Subclasses implement `_alloc/_free/_copyin/_copyout` and optionally `_offset` and `_transfer`.
 
@@ -212,12 +221,20 @@ class Buffer:
       self._base.ensure_allocated()
       self._buf = self.allocator.offset(self._base._buf, self.nbytes, self.offset)
     else:
-      self._buf = opaque if opaque is not None else self.allocator.alloc(self.nbytes, self.options)
+      self._buf = opaque if opaque is not None else self._alloc()
       self._owned = opaque is None
       if capture.PROFILE and self._owned: capture.TRACE.mem_change(self.device, self.nbytes)  # PROFILE=1: memory in use
     return self
 
   def ensure_allocated(self) -> Buffer: return self if self._buf is not None else self.allocate()
+
+  def _alloc(self) -> Any:
+    """The allocator's handle for this buffer; a MemoryError naming device, size and buffer when there is no memory."""
+    try:
+      if self.nbytes > MAX_BUFFER_BYTES: raise MemoryError("more than any device can address")
+      return self.allocator.alloc(self.nbytes, self.options)
+    except MemoryError as e:
+      raise MemoryError(f"{self.device}: can't allocate {human_bytes(self.nbytes)} ({self.nbytes} bytes) for {self!r}: {e}") from None
 
   def deallocate(self) -> None:
     if self._buf is not None and self._owned and self._base is None:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from plugrad.device import BufferOptions, Device, canonicalize
+from plugrad.device import MAX_BUFFER_BYTES, BufferOptions, Device, canonicalize, human_bytes
 from plugrad.download import fetch
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.engine import plan
@@ -214,6 +214,14 @@ def _wrap(uop: UOp) -> Tensor:
   return _tensor(lower_multi(uop) if needs_lowering(uop) else uop)
 
 
+def _check_size(shape: tuple, dt: DType, device: str | tuple) -> None:
+  """TensorError at once for a tensor of more bytes than any device can address (it would fail only when realized)."""
+  if not all(isinstance(s, int) for s in shape) or (n := prod(shape) * dt.itemsize) <= MAX_BUFFER_BYTES: return
+  where = device if isinstance(device, str) else ", ".join(device)
+  raise TensorError(f"a tensor of shape {shape} {dt.name} is {human_bytes(n)} ({n} bytes) on {where}, more than any device can "
+                    f"address ({MAX_BUFFER_BYTES + 1} bytes)")
+
+
 def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, np.generic): data = np.asarray(data)
   if isinstance(data, (bool, int, float)):
@@ -223,8 +231,11 @@ def _from_data(data: Any, device: str, dtype: DType | None) -> UOp:
     n = os.path.getsize(data)
     return _view(new_buffer(canonicalize(f"DISK:{os.path.abspath(data)}"), n, dtypes.uint8), (n,))
   if isinstance(data, (list, tuple)):
-    want = dtype or dtypes.from_py(data)
-    if dtype is None and want == dtypes.default_int: want = _int_dtype_for(data) or want
+    try:
+      want = dtype or dtypes.from_py(data)
+      if dtype is None and want == dtypes.default_int: want = _int_dtype_for(data) or want
+    except RecursionError:  # a list nested thousands deep (or containing itself): no tensor has that many dims
+      raise TensorError("can't make a tensor from a list nested this deep: a tensor has at most 64 dims") from None
     try: arr = np.array(data, dtype=want.np if want.np is not None else np.float32)
     except ValueError as e: raise TensorError(f"can't make a tensor from a ragged or malformed nested list: {e}") from None
     except OverflowError: raise TensorError(f"value {_int_out_of(data, want)} is out of range for dtype {want}") from None
@@ -528,7 +539,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def full(shape: Sequence[sint] | int, fill_value: ConstType, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     shape = check_shape((shape,) if isinstance(shape, int) else tuple(shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-    return Tensor(_const_uop(fill_value, dt, _canon_device(device), shape, unique=True), **kw)
+    _check_size(shape, dt, dev := _canon_device(device))
+    return Tensor(_const_uop(fill_value, dt, dev, shape, unique=True), **kw)
   @staticmethod
   def zeros(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     return Tensor.full(argshape(shape), 0, dtype or dtypes.default_float, device, **kw)
@@ -539,7 +551,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def empty(*shape, dtype: DType | str | None = None, device: str | None = None, **kw) -> Tensor:
     shape = check_shape(argshape(shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-    if isinstance(dev := _canon_device(device), tuple): return Tensor(multi([_view(new_buffer(d, prod(shape), dt), shape) for d in dev], None), **kw)
+    _check_size(shape, dt, dev := _canon_device(device))
+    if isinstance(dev, tuple): return Tensor(multi([_view(new_buffer(d, prod(shape), dt), shape) for d in dev], None), **kw)
     return Tensor(_view(new_buffer(dev, prod(shape), dt), shape), **kw)
 
   @staticmethod
