@@ -10,9 +10,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 
 from plugrad.plugins import PLUGIN_API_VERSION, Availability, DeviceSpec, hookimpl
-from plugrad_nv.libload import LazyLibrary, find_in_wheels
+from plugrad_nv.libload import LazyLibrary
 
 MIN_DRIVER_VERSION = 12000  # CUDA 12.0 (cuDriverGetVersion format: 1000*major + 10*minor)
 LIBCUDA_NAMES = ("libcuda.so.1", "libcuda.so")
@@ -44,15 +45,17 @@ def probe_driver(names: tuple[str, ...] = LIBCUDA_NAMES, min_version: int = MIN_
 
 
 def probe_mock() -> Availability:
-  """The mock CUDA driver needs NVRTC (kernels are compiled to PTX) and the CUDA headers for half types."""
+  """The mock CUDA driver needs NVRTC (kernels are compiled to PTX) and cuda_fp16.h for half types."""
   try:
     if not LazyLibrary("libnvrtc", ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"), ("libnvrtc-builtins.so.*",)).available:
       return Availability.no("NVRTC not found: pip install -e 'plugins/nv[test]' (or plugrad-nv[cu13])")
   except Exception as e: return Availability.no(f"NVRTC probe failed: {type(e).__name__}: {e}")
-  home = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include", "cuda_fp16.h")
-  if not (find_in_wheels("../include/cuda_fp16.h") or os.path.exists(home)):
+  heads = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")] + \
+    [os.path.join(p or ".", "nvidia", w, "include") for p in sys.path for w in ("cu13", "cu12", "cuda_runtime")]
+  if not any(os.path.exists(os.path.join(h, "cuda_fp16.h")) for h in heads):
     return Availability.no("cuda_fp16.h not found: pip install nvidia-cuda-runtime (plugins/nv[test]) or set CUDA_HOME")
-  return Availability.yes("in-process mock CUDA driver: PTX interpreter (MOCK_NV_GPUS, MOCK_NV_CC)")
+  n, cc = os.environ.get("MOCK_NV_GPUS", "2"), os.environ.get("MOCK_NV_CC", "9.0")
+  return Availability.yes(f"in-process mock CUDA driver: {n} GPU(s), compute capability {cc}, kernels run by the PTX interpreter")
 
 
 @functools.lru_cache(None)
