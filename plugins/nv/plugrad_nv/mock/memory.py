@@ -161,7 +161,3 @@ class Arena:
 
   def host_view(self, addr: int, size: int) -> np.ndarray:
     return self.u8[addr - self.base: addr - self.base + size]
-
-  def close(self) -> None:
-    self._views.clear()
-    self.u8 = None  # type: ignore[assignment]

@@ -11,6 +11,7 @@ exact function, which is within the ISA's stated error bound of the hardware's r
 """
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
@@ -236,7 +237,6 @@ def b_fma(cx, ins, mods, types):
 
 
 def _fma64_directed(a, b, c, mode):
-  from fractions import Fraction
   out = np.asarray(N.fma64(a, b, c), dtype=f64).copy()
   a, b, c = np.broadcast_arrays(a, b, c)
   for i in np.flatnonzero(np.isfinite(out) & np.isfinite(a) & np.isfinite(b) & np.isfinite(c)):
