@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from plugrad import Device, Tensor, TinyJit
 from plugrad.engine.realize import GlobalCounters
@@ -79,3 +81,37 @@ def test_profile_path_written_at_exit(tmp_path):
   assert f"written to {path}" in r.stderr
   timed = check_schema(json.loads(path.read_text()))
   assert sum(1 for e in timed if e["ph"] == "X" and e["cat"] == "kernel") >= 1
+
+
+SYMBOLIC = """
+import numpy as np
+from plugrad import Tensor, Variable
+n = Variable("n", 1, 64).bind(13)
+a = Tensor(np.arange(64 * 32, dtype=np.float32).reshape(64, 32)).realize()
+out = (a[:n] * 2).realize()
+assert out.numpy().tolist() == (np.arange(13 * 32, dtype=np.float32).reshape(13, 32) * 2).tolist()
+print("ok")
+"""
+
+def _amd_emulator() -> bool:
+  import shutil
+  return all(shutil.which(t) for t in ("clang-19", "ld.lld-19", "llvm-objdump-19"))
+
+@pytest.mark.parametrize("dev", ["PYTHON EMULATE=CUDA", "MOCK+AMD"])
+@pytest.mark.parametrize("mode", ["PROFILE", "DEBUG"])
+def test_symbolic_kernel_under_profile_and_debug(tmp_path, dev, mode):
+  """PROFILE=1 and DEBUG=2 crashed with KeyError "no value for variable 'n'" on a symbolic-size kernel for GPU-style
+  renderers: the cost estimate is over the launch size's variable (dtype index), not the kernel's int32 parameter."""
+  if dev == "MOCK+AMD" and not _amd_emulator(): pytest.skip("clang-19/lld-19/llvm-19 not installed (make sysdeps)")
+  path = tmp_path / "p.json"
+  env = {k: v for k, v in os.environ.items() if k not in ("VIZ", "VIZ_SAVE", "PROFILE", "DEBUG", "DEV", "EMULATE")}
+  name, *extra = dev.split()
+  env.update(DEV=name, PROFILE_PATH=str(path), PLUGRAD_CACHE_DIR=str(tmp_path / "cache"), **dict(e.split("=") for e in extra))
+  env.update({"PROFILE": "1"} if mode == "PROFILE" else {"DEBUG": "2"})
+  r = subprocess.run([sys.executable, "-c", SYMBOLIC], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+  if mode == "PROFILE":
+    kernels = [e for e in check_schema(json.loads(path.read_text())) if e["ph"] == "X" and e["cat"] == "kernel"]
+    assert [e["args"]["flops"] for e in kernels if e["name"].startswith("E_")] == [13 * 32]  # one multiply per element
+  else:
+    assert re.search(r"E_s_32 .* us .* GFLOPS", r.stdout), r.stdout[-2000:]

@@ -18,7 +18,6 @@ from plugrad.engine.search import beam_opts
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import ScheduleItem
 from plugrad.uop.ops import Ops, UOp, pretty
-from plugrad.uop.symbolic import sym_infer
 from plugrad.viz import capture, profile
 
 def buffer_for(u: UOp) -> Buffer:
@@ -141,7 +140,7 @@ def _run_one(ei: ExecItem, debug: int) -> None:
   if CAPTURING: CAPTURING[-1].extend([*ei.pre, ExecItem(ei.runner, ei.bufs, ei.var_vals)] if ei.pre else [ei])
   if debug >= 2 and et is not None and ei.runner is not None:
     spec = ei.runner.spec
-    flops = sym_infer(spec.flops, {v: ei.var_vals[v.arg[0]] for v in spec.vars})
+    flops = profile.kernel_flops(spec, ei.var_vals)
     print(f"  {ei.runner.device:8s} {spec.name:30s} {et * 1e6:9.1f} us  {flops / max(et, 1e-9) / 1e9:8.2f} GFLOPS "
           f"{spec.mem_bytes / max(et, 1e-9) / 1e9:8.2f} GB/s")
 

@@ -10,13 +10,20 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from plugrad.uop.ops import Ops
 from plugrad.uop.symbolic import sym_infer
 from plugrad.viz.capture import TRACE, ProfileEvent, Trace, now
 
 
-def _flops(spec: Any, var_vals: dict[str, int]) -> int:
+def kernel_flops(spec: Any, var_vals: dict[str, int]) -> int:
+  """The kernel's estimated flops with its variables' values (by name; a variable not given takes its maximum). The
+  estimate's variables are matched by name, not identity: for GPU-style renderers it is over the launch size, whose
+  variables are the index-typed ones, while the kernel's parameters (`spec.vars`) are int32 (identity lookup raised
+  KeyError "no value for variable 'n'" under PROFILE=1 and DEBUG>=2)."""
   if isinstance(spec.flops, int): return spec.flops
-  return int(sym_infer(spec.flops, {v: var_vals.get(v.arg[0], v.vmax) for v in spec.vars}))
+  names = {n.arg[0]: var_vals.get(n.arg[0], n.vmax) for n in spec.flops.toposort() if n.op is Ops.DEFINE_VAR}
+  return int(sym_infer(spec.flops, names))
+
 
 
 def run_item(ei: Any, var_vals: dict[str, int] | None) -> float | None:
@@ -29,7 +36,7 @@ def run_item(ei: Any, var_vals: dict[str, int] | None) -> float | None:
     TRACE.event(ProfileEvent("copy", f"copy {src.device} -> {dst.device}", dst.device, st, en, dst.nbytes))
   else:
     spec, vv = ei.runner.spec, ei.var_vals if var_vals is None else var_vals
-    TRACE.event(ProfileEvent("kernel", spec.name, ei.runner.device, st, en, spec.mem_bytes, _flops(spec, vv), et))
+    TRACE.event(ProfileEvent("kernel", spec.name, ei.runner.device, st, en, spec.mem_bytes, kernel_flops(spec, vv), et))
   return et
 
 
@@ -42,12 +49,12 @@ def run_batch(batch: Callable, items: list[Any], var_vals: dict[str, int], slots
     names = [ei.runner.spec.name for ei in items]
     TRACE.event(ProfileEvent("kernel", f"batch of {len(items)}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}",
                              items[0].runner.device, st, now(), sum(ei.runner.spec.mem_bytes for ei in items),
-                             sum(_flops(ei.runner.spec, var_vals) for ei in items)))
+                             sum(kernel_flops(ei.runner.spec, var_vals) for ei in items)))
     return
   for ei, (secs, _) in zip(items, timed(var_vals, slots)):
     en = st + int(secs * 1e9)
     TRACE.event(ProfileEvent("kernel", ei.runner.spec.name, ei.runner.device, st, en, ei.runner.spec.mem_bytes,
-                             _flops(ei.runner.spec, var_vals), secs))
+                             kernel_flops(ei.runner.spec, var_vals), secs))
     st = en
 
 
