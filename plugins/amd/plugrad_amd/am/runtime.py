@@ -88,16 +88,17 @@ class AMDPCIDevice(AMDDevice):
     plat = plat or platform(dn.iface)
     gpus = plat.gpus()
     if not 0 <= dn.index < len(gpus): raise ValueError(f"device {device}: there are {len(gpus)} usable AMD GPU(s) on the PCI bus")
+    want = dn.arch or (dn.renderer.lower() if dn.renderer and dn.renderer.lower() in ARCHS else None)
     self.pci = plat.open(gpus[dn.index])
-    try: self.adev = AMDev(self.pci, getattr(plat, "firmware_dir", None))
+    try:
+      self.adev = AMDev(self.pci, getattr(plat, "firmware_dir", None))
+      if want and want != self.adev.arch: raise ValueError(f"device {device}: the GPU at {self.pci.bdf} is {self.adev.arch}, not {want}")
     except BaseException:
-      self.pci.close()
+      self.pci.close()  # the GPU is free again (a later open resets it)
       raise
     self.arch = self.adev.arch
-    want = dn.arch or (dn.renderer.lower() if dn.renderer and dn.renderer.lower() in ARCHS else None)
-    if want and want != self.arch: raise ValueError(f"device {device}: the GPU at {self.pci.bdf} is {self.arch}, not {want}")
-    self.os, self.props, self.gpu_id = PCIOS(self), {}, hash(self.pci.bdf) % (1 << 31)
-    self.family, self.wave, self.regs = "gfx11", ARCHS[self.arch]["wave"], self.adev.regs["GC"].module
+    self.os, self.props, self.gpu_id = PCIOS(self), {}, int("".join(c for c in self.pci.bdf if c.isalnum()), 16)  # the bus address
+    self.family, self.wave, self.regs = self.arch[:5], ARCHS[self.arch]["wave"], self.adev.regs["GC"].module
     self.init_runtime(device, AMDPCIAllocator)
 
   def make_rings(self) -> tuple[Ring, Ring]: return PCIRing(self, "compute"), PCIRing(self, "sdma")
