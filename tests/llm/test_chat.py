@@ -2,6 +2,7 @@
 Jinja environment (trim/lstrip blocks, tojson, raise_exception, loop controls, sandbox), the ChatML fallback, message
 validation, and `transformers`' apply_chat_template as an oracle when it is installed."""
 import datetime
+import time
 import warnings
 
 import pytest
@@ -146,3 +147,61 @@ def test_typed_control_tokens_stay_text_smollm(meta, smollm_template):
   from plugrad.apps.llm.chat import render_chat
   naive = tok.encode(render_chat(smollm_template, [{"role": "user", "content": INJECT}]))
   assert sum(tok.types[i] == 3 for i in naive) > 3
+
+# ---------------------------------------------------------------------------- limits: a template from a model file must not hang or exhaust memory
+
+HOSTILE = {
+  "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+  "exponential recursion": "{% macro f(n) %}{% if n < 60 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",
+  "endless recursion": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+  "repeated string": "{{ 'x' * 10**9 }}",
+  "repeated list": "{{ ([1, 2] * 10**9)|length }}",
+  "doubling by ~": "{% set ns = namespace(s='xy') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+  "doubling by +": "{% set ns = namespace(s='xy') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+  "huge power": "{{ 10 ** (10 ** 8) }}",
+  "huge product": "{% set ns = namespace(n=3) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}{% endfor %}{{ ns.n > 0 }}",
+  "center filter": "{{ 'x'|center(10**9) }}",
+  "center method": "{{ 'x'.center(10**9) }}",
+  "ljust method": "{{ 'x'.ljust(10**9, '-') }}",
+  "zfill method": "{{ '1'.zfill(10**9) }}",
+  "format method": "{{ '{:>999999999}'.format(1) }}",
+  "percent format": "{{ '%999999999d' % 1 }}",
+  "percent star": "{{ '%*d' % (999999999, 1) }}",
+  "format filter": "{{ '%999999999s'|format('x') }}",
+  "indent filter": "{{ 'a\nb'|indent(10**9) }}",
+  "batch filter": "{{ [1]|batch(10**9, 0)|list|length }}",
+  "join filter": "{{ ([1] * 100000)|join('x' * 100000) }}",
+  "join method": "{{ ('x' * 100000).join(['a'] * 100000) }}",
+  "replace filter": "{{ ('x' * 1000000)|replace('x', 'y' * 1000) }}",
+  "replace method": "{{ ('x' * 1000000).replace('', 'y' * 1000) }}",
+  "tojson indent": "{{ messages|tojson(indent=10**8) }}",
+  "long output": "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+  "long output by loop.cycle": "{% for i in range(100000) %}{% for j in range(100) %}{{ loop.cycle('ab', 'cd') }}{% endfor %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_templates_stop_at_their_limits(name, monkeypatch):
+  """Each of these hangs, recurses without end or allocates gigabytes without limits; with them it is a
+  TemplateLimitError (a ValueError: a 400 from the server) within a few seconds, in strict mode or not, never a
+  silent ChatML fallback."""
+  import resource
+  from plugrad.apps.llm import chat
+  from plugrad.apps.llm.chat import TemplateLimitError
+  monkeypatch.setattr(chat, "TEMPLATE_SECONDS", 0.5)
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  for strict in (False, True):
+    t0 = time.perf_counter()
+    with pytest.raises(TemplateLimitError, match="chat template exceeded its (time|size|recursion) limit"):
+      render_chat(HOSTILE[name], ONE, strict=strict)
+    assert time.perf_counter() - t0 < chat.TEMPLATE_SECONDS + 3, name
+  assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000, "the process grew by more than 200 MB"   # KB
+
+
+def test_limits_leave_ordinary_templates_alone(smollm_template):
+  long = [{"role": "user", "content": "word " * 2_000_000}]   # 10 MB of message text: the output limit is beyond the text
+  assert render_chat(smollm_template, long).count("word") == 2_000_000
+  ok = "{{ 'ab' * 1000 }}|{{ '%5d' % 7 }}|{{ '{:>4}'.format(1) }}|{{ 'x'|center(9) }}|{{ [1,2]|join(', ') }}|{{ 2 ** 100 }}"
+  assert render_chat(ok, ONE) == "ab" * 1000 + "|    7|   1|    x    |1, 2|" + str(2 ** 100)
+  rec = "{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(30) }}"
+  assert render_chat(rec, ONE) == "".join(str(n) for n in range(30, 0, -1))
