@@ -135,3 +135,18 @@ def test_sysfs_device_stops_before_writing(tmp_path: Path, memsize_mb: int, matc
   with pytest.raises(BringUpError, match=match): AMDev(pci)
   pci.close()
   assert (d / "resource5").read_bytes() == bytes(regs)
+
+
+def test_vfio_ioctl_numbers_and_a_device_that_is_no_vfio(tmp_path: Path):
+  """The VFIO ioctl numbers come from the generated vfio.h macros (_IO(';', 100 + n)); opening a "container" that is a
+  plain file fails at the first ioctl with the ioctl's name."""
+  from plugrad_amd.am.pci import VFIODevice, _vfio_ioctls
+  n = _vfio_ioctls()
+  assert (n["VFIO_GET_API_VERSION"], n["VFIO_GROUP_GET_DEVICE_FD"], n["VFIO_DEVICE_GET_REGION_INFO"], n["VFIO_IOMMU_MAP_DMA"]) == \
+    (0x3B64, 0x3B6A, 0x3B6C, 0x3B71)
+  make_fn(tmp_path, "0000:04:00.0", driver="vfio-pci", group="4")
+  (tmp_path / "dev" / "vfio").mkdir(parents=True)
+  for f in ("vfio", "4"): (tmp_path / "dev" / "vfio" / f).write_text("")
+  fn = scan(str(tmp_path / "devices"))[0]
+  with pytest.raises(PCIError, match=r"0000:04:00.0 \(1002:744c\): VFIO_GET_API_VERSION failed: Inappropriate ioctl for device"):
+    VFIODevice(fn, str(tmp_path / "dev"))

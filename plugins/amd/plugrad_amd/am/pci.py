@@ -172,10 +172,20 @@ class VFIODevice(PCIDevice):
   """A GPU bound to vfio-pci: BARs mmapped from the device fd, DMA memory mapped into the IOMMU (type 1 v2)."""
   def __init__(self, fn: PCIFunction, dev_root: str = "/dev") -> None:
     self.fn, self.bdf, self.host, self.ioctls = fn, fn.bdf, HostMemory(), _vfio_ioctls()
+    self.fds: list[int] = []
+    try: self._open(dev_root)
+    except BaseException:
+      self.close()
+      raise
+
+  def _open(self, dev_root: str) -> None:
+    fn = self.fn
     self.container = os.open(os.path.join(dev_root, "vfio", "vfio"), os.O_RDWR)
+    self.fds.append(self.container)
     if self._ioctl(self.container, "VFIO_GET_API_VERSION") != vfio.VFIO_API_VERSION: raise PCIError("the kernel's VFIO API version is unknown")
     if not self._ioctl(self.container, "VFIO_CHECK_EXTENSION", vfio.VFIO_TYPE1v2_IOMMU): raise PCIError("VFIO lacks the type-1 v2 IOMMU")
     self.group = os.open(os.path.join(dev_root, "vfio", str(fn.iommu_group)), os.O_RDWR)
+    self.fds.append(self.group)
     st = vfio.struct_vfio_group_status(argsz=ctypes.sizeof(vfio.struct_vfio_group_status))
     self._ioctl(self.group, "VFIO_GROUP_GET_STATUS", st)
     if not st.flags & vfio.VFIO_GROUP_FLAGS_VIABLE:
@@ -184,12 +194,14 @@ class VFIODevice(PCIDevice):
     self._ioctl(self.group, "VFIO_GROUP_SET_CONTAINER", ctypes.c_int(self.container))
     self._ioctl(self.container, "VFIO_SET_IOMMU", vfio.VFIO_TYPE1v2_IOMMU)
     self.dev = self._ioctl(self.group, "VFIO_GROUP_GET_DEVICE_FD", ctypes.create_string_buffer(fn.bdf.encode()))
+    self.fds.append(self.dev)
     self.vram, self.doorbells = self._bar(VRAM_BAR, 1 << 21), self._bar(DOORBELL_BAR)
     mm = self._bar(MMIO_BAR)
     self.mmio = BarMMIO(mm.addr, mm.size)
     cfg = self._region(vfio.VFIO_PCI_CONFIG_REGION_INDEX)
     cmd = int.from_bytes(os.pread(self.dev, 2, cfg.offset + pci_regs.PCI_COMMAND), "little")
-    os.pwrite(self.dev, (cmd | pci_regs.PCI_COMMAND_MEMORY | pci_regs.PCI_COMMAND_MASTER).to_bytes(2, "little"), cfg.offset + pci_regs.PCI_COMMAND)
+    cmd |= pci_regs.PCI_COMMAND_MEMORY | pci_regs.PCI_COMMAND_MASTER
+    os.pwrite(self.dev, cmd.to_bytes(2, "little"), cfg.offset + pci_regs.PCI_COMMAND)
 
   def _ioctl(self, fd: int, name: str, arg: Any = 0) -> int:
     try: return fcntl.ioctl(fd, self.ioctls[name], arg) if isinstance(arg, int) else fcntl.ioctl(fd, self.ioctls[name], arg, True)
@@ -220,7 +232,7 @@ class VFIODevice(PCIDevice):
   def reset_hint(self) -> str: return "the next open resets it (SMU mode-1 reset), or reset it through VFIO (VFIO_DEVICE_RESET) / rebind amdgpu"
 
   def close(self) -> None:
-    for fd in (self.dev, self.group, self.container): os.close(fd)
+    while self.fds: os.close(self.fds.pop())
 
 
 def open_function(fn: PCIFunction, dev_root: str = "/dev") -> PCIDevice:
