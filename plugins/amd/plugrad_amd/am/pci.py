@@ -124,8 +124,14 @@ class SysfsDevice(PCIDevice):
   """A GPU without a driver reached through its sysfs resource files (root; DMA addresses are physical addresses)."""
   def __init__(self, fn: PCIFunction) -> None:
     self.fn, self.bdf, self.host = fn, fn.bdf, HostMemory()
-    sizes = _resource_sizes(fn.path)
-    self.fds = []
+    self.fds: list[int] = []
+    try: self._open()
+    except BaseException:
+      self.close()
+      raise
+
+  def _open(self) -> None:
+    fn, sizes = self.fn, _resource_sizes(self.fn.path)
     def bar(i: int, align: int = PAGE) -> Bar:
       try: fd = os.open(os.path.join(fn.path, f"resource{i}"), os.O_RDWR | os.O_SYNC)
       except PermissionError: raise PCIError(f"{fn.name}: permission denied on resource{i}: run as root or bind the GPU to vfio-pci") from None
@@ -136,6 +142,7 @@ class SysfsDevice(PCIDevice):
     self.mmio = BarMMIO(mm.addr, mm.size)
     self._enable_bus_master(os.path.join(fn.path, "config"))
     self.pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+    self.fds.append(self.pagemap)
 
   def _enable_bus_master(self, config: str) -> None:
     fd = os.open(config, os.O_RDWR)
@@ -158,7 +165,7 @@ class SysfsDevice(PCIDevice):
   def free_dma(self, addr: int, size: int) -> None: self.host.unmap(addr, size)
 
   def close(self) -> None:
-    for fd in self.fds + [self.pagemap]: os.close(fd)
+    while self.fds: os.close(self.fds.pop())
 
 
 def _vfio_ioctls() -> dict[str, int]:
