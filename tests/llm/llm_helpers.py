@@ -158,33 +158,34 @@ def _byte_chars() -> list[str]:
   return [table[b] for b in range(256)]
 
 
-def write_tiny_gguf(path: str, seed: int = 0, endless: bool = False) -> None:
+def write_tiny_gguf(path: str, seed: int = 0, endless: bool = False, meta: dict | None = None,
+                    weights: dict | None = None) -> None:
   """A llama-architecture GGUF with random float32 weights and a byte-level BPE vocabulary (ChatML specials, a few merges).
   `endless`: the end-of-text tokens' embedding rows (the tied output layer's) are zero, so their logit is 0 while
-  others' are random: greedy decoding never ends a generation before max_tokens."""
+  others' are random: greedy decoding never ends a generation before max_tokens. `meta`: keys to write instead of
+  the usual ones ({key: (value, gguf.GGUFValueType)}, or None to leave a key out); `weights`: tensors to write instead
+  ({name: array}, or None to leave one out)."""
   gguf = pytest.importorskip("gguf")
+  T = gguf.GGUFValueType
   specials, merges = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], ["Ġ t", "h e", "Ġt he"]
   tokens = specials + _byte_chars() + ["Ġt", "he", "Ġthe"]
   cfg = tiny_config("llama", vocab_size=len(tokens), dim=32, n_layers=2)
   w = tiny_weights(cfg, seed)
   if endless: w["token_embd.weight"][[0, 2]] = 0.0
+  kv = {"llama.block_count": (cfg.n_layers, T.UINT32), "llama.context_length": (256, T.UINT32),
+        "llama.embedding_length": (cfg.dim, T.UINT32), "llama.feed_forward_length": (cfg.ffn_dim, T.UINT32),
+        "llama.attention.head_count": (cfg.n_heads, T.UINT32), "llama.attention.head_count_kv": (cfg.n_kv_heads, T.UINT32),
+        "llama.rope.freq_base": (cfg.rope_theta, T.FLOAT32), "llama.attention.layer_norm_rms_epsilon": (cfg.norm_eps, T.FLOAT32),
+        "tokenizer.ggml.model": ("gpt2", T.STRING), "tokenizer.ggml.pre": ("smollm", T.STRING),
+        "tokenizer.ggml.tokens": (tokens, T.ARRAY), "tokenizer.ggml.token_type": ([3] * len(specials) + [1] * (len(tokens) - len(specials)), T.ARRAY),
+        "tokenizer.ggml.merges": (merges, T.ARRAY), "tokenizer.ggml.bos_token_id": (1, T.UINT32), "tokenizer.ggml.eos_token_id": (2, T.UINT32)}
+  kv.update(meta or {})
+  w.update(weights or {})
   wr = gguf.GGUFWriter(path, "llama")
-  wr.add_block_count(cfg.n_layers)
-  wr.add_context_length(256)
-  wr.add_embedding_length(cfg.dim)
-  wr.add_feed_forward_length(cfg.ffn_dim)
-  wr.add_head_count(cfg.n_heads)
-  wr.add_head_count_kv(cfg.n_kv_heads)
-  wr.add_rope_freq_base(cfg.rope_theta)
-  wr.add_layer_norm_rms_eps(cfg.norm_eps)
-  wr.add_tokenizer_model("gpt2")
-  wr.add_tokenizer_pre("smollm")
-  wr.add_token_list(tokens)
-  wr.add_token_types([3] * len(specials) + [1] * (len(tokens) - len(specials)))
-  wr.add_token_merges(merges)
-  wr.add_bos_token_id(1)
-  wr.add_eos_token_id(2)
-  for name, arr in w.items(): wr.add_tensor(name, arr)
+  for key, entry in kv.items():
+    if entry is not None: wr.add_key_value(key, entry[0], entry[1])
+  for name, arr in w.items():
+    if arr is not None: wr.add_tensor(name, arr)
   wr.write_header_to_file()
   wr.write_kv_data_to_file()
   wr.write_tensors_to_file()

@@ -2,7 +2,7 @@
 forwards, prefill at a start position, one compile for all prompt lengths, and the embedded GGUF against numpy."""
 import numpy as np
 import pytest
-from llm_helpers import np_forward, tiny_model
+from llm_helpers import np_forward, tiny_config, tiny_model, tiny_weights
 
 from plugrad.apps.llm.generate import Generator
 from plugrad.apps.llm.model import Config, Transformer
@@ -97,3 +97,60 @@ def test_embedded_logits_match_numpy_gguf(embedded_path, embedded_llm):
   assert m.cfg.arch == "llama" and m.cfg.n_layers == 30 and m.output is m.tok_embd
   np.testing.assert_allclose(got, ref, atol=2e-3 * np.abs(ref).max())
   assert got.argmax() == ref.argmax()
+
+
+# ---------------------------------------------------------------------------- bad metadata is refused at load, naming the key
+
+def _bad_cases():
+  import gguf
+  T = gguf.GGUFValueType
+  w = tiny_weights(tiny_config("llama", vocab_size=262, dim=32, n_layers=2))
+  return {   # name -> (meta overrides, weight overrides, what the error must name)
+    "negative block count": ({"llama.block_count": (-1, T.INT32)}, {}, "llama.block_count"),
+    "zero block count": ({"llama.block_count": (0, T.UINT32)}, {}, "llama.block_count"),
+    "fewer blocks than tensors": ({"llama.block_count": (1, T.UINT32)}, {}, "llama.block_count=1"),
+    "NaN epsilon": ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), T.FLOAT32)}, {}, "llama.attention.layer_norm_rms_epsilon"),
+    "negative epsilon": ({"llama.attention.layer_norm_rms_epsilon": (-1e-5, T.FLOAT32)}, {}, "llama.attention.layer_norm_rms_epsilon"),
+    "zero rope base": ({"llama.rope.freq_base": (0.0, T.FLOAT32)}, {}, "llama.rope.freq_base"),
+    "infinite rope base": ({"llama.rope.freq_base": (float("inf"), T.FLOAT32)}, {}, "llama.rope.freq_base"),
+    "zero head count": ({"llama.attention.head_count": (0, T.UINT32)}, {}, "llama.attention.head_count"),
+    "zero kv heads": ({"llama.attention.head_count_kv": (0, T.UINT32)}, {}, "llama.attention.head_count_kv"),
+    "kv heads not dividing": ({"llama.attention.head_count_kv": (3, T.UINT32)}, {}, "llama.attention.head_count_kv=3"),
+    "heads not dividing dim": ({"llama.attention.head_count": (5, T.UINT32), "llama.attention.head_count_kv": (5, T.UINT32)}, {},
+                               "llama.embedding_length=32 is not a multiple of llama.attention.head_count=5"),
+    "string for a number": ({"llama.embedding_length": ("32", T.STRING)}, {}, "llama.embedding_length must be an integer"),
+    "float for an integer": ({"llama.feed_forward_length": (48.0, T.FLOAT32)}, {}, "llama.feed_forward_length must be an integer"),
+    "huge dim": ({"llama.embedding_length": (2**63, T.UINT64)}, {}, "llama.embedding_length"),
+    "string epsilon": ({"llama.attention.layer_norm_rms_epsilon": ("tiny", T.STRING)}, {}, "llama.attention.layer_norm_rms_epsilon"),
+    "odd head dim": ({"llama.attention.key_length": (7, T.UINT32)}, {}, "llama.attention.key_length=7"),
+    "non-string chat template": ({"tokenizer.chat_template": (7, T.INT32)}, {}, "tokenizer.chat_template must be a string"),
+    "list chat template": ({"tokenizer.chat_template": (["{{ x }}"], T.ARRAY)}, {}, "tokenizer.chat_template must be a string"),
+    "endless chat template": ({"tokenizer.chat_template": ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", T.STRING)}, {},
+                              "tokenizer.chat_template: chat template exceeded its recursion limit"),
+    "list pre-tokenizer": ({"tokenizer.ggml.pre": (["smollm"], T.ARRAY)}, {}, "tokenizer.ggml.pre"),
+    "bad token types": ({"tokenizer.ggml.token_type": ([9] * 262, T.ARRAY)}, {}, "tokenizer.ggml.token_type"),
+    "string bos flag": ({"tokenizer.ggml.add_bos_token": ("yes", T.STRING)}, {}, "tokenizer.ggml.add_bos_token"),
+    "wrong q rows": ({}, {"blk.1.attn_q.weight": w["blk.1.attn_q.weight"][:16]}, "blk.1.attn_q.weight' has shape (16, 32)"),
+    "transposed down": ({}, {"blk.0.ffn_down.weight": w["blk.0.ffn_down.weight"].T.copy()}, "blk.0.ffn_down.weight' has shape (48, 32)"),
+    "wrong norm": ({}, {"output_norm.weight": np.ones(31, np.float32)}, "output_norm.weight' has shape (31,)"),
+    "missing tensor": ({}, {"blk.0.ffn_up.weight": None}, "lacks tensor 'blk.0.ffn_up.weight'"),
+    "embedding rows under the vocabulary": ({}, {"token_embd.weight": w["token_embd.weight"][:200]}, "262 tokens, more than the 200 rows"),
+  }
+
+
+@pytest.mark.parametrize("case", list(_bad_cases()))
+def test_bad_metadata_is_refused_at_load(case, tmp_path, monkeypatch):
+  """Invalid model metadata used to load without complaint (a NaN epsilon, a zero RoPE base) or end in
+  ZeroDivisionError/TypeError/RuntimeError, or fail at the first forward pass: now each is a ValueError naming the
+  key or tensor, raised before any weight is read."""
+  from llm_helpers import write_tiny_gguf
+  from plugrad.apps.llm import model as model_module
+  from plugrad.apps.llm.generate import LLM
+  meta, weights, named = _bad_cases()[case]
+  path = str(tmp_path / "bad.gguf")
+  write_tiny_gguf(path, meta=meta, weights=weights)
+  reads = []
+  monkeypatch.setattr(model_module, "read_weight", lambda *a: reads.append(a) or pytest.fail("a weight was read"), raising=False)
+  with pytest.raises(ValueError) as e: LLM.load(path, max_context=16)
+  assert named in str(e.value), str(e.value)
+  assert not reads

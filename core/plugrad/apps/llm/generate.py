@@ -18,10 +18,11 @@ import numpy as np
 from plugrad import TinyJit, Variable
 from plugrad.device import Device
 from plugrad.engine.realize import buffer_for
+from plugrad.nn.state import gguf_load
 from plugrad.schedule.kernelize import buffer_of
 from plugrad.tensor import Tensor
 
-from plugrad.apps.llm.chat import render_chat, validate_messages
+from plugrad.apps.llm.chat import TemplateLimitError, render_chat, validate_messages
 from plugrad.apps.llm.model import CACHE_PAD, PREFILL_MULTIPLE, Transformer
 from plugrad.apps.llm.tokenizer import Tokenizer
 
@@ -208,7 +209,7 @@ def literal_markers(texts: Sequence[str]) -> tuple[str, str]:
 class LLM:
   """A model with its tokenizer and chat template: text in, streamed text out."""
 
-  def __init__(self, model: Transformer, tokenizer: Any, chat_template: str | None = None, name: str = "model"):
+  def __init__(self, model: Transformer | None, tokenizer: Any, chat_template: str | None = None, name: str = "model"):
     self.model, self.tok, self.template, self.name = model, tokenizer, chat_template, name
     self.last_usage = {"prompt_tokens": 0, "completion_tokens": 0}
     self.finish_reason: str | None = None
@@ -228,6 +229,7 @@ class LLM:
     for msgs in self._PROBES:
       try: text = render_chat(self.template, msgs, add_generation_prompt=True, bos_token=self._special(self.tok.bos_id),
                               eos_token=self._special(min(self.tok.eos_ids, default=None)), strict=True)
+      except TemplateLimitError as e: raise ValueError(f"GGUF tokenizer.chat_template: {e}") from None
       except (ValueError, TypeError): continue
       out |= {i for i in self.tok.encode(text, parse_special=True) if i in special}
     return out
@@ -239,9 +241,20 @@ class LLM:
 
   @staticmethod
   def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 0, batch: int = 1) -> LLM:
-    """A GGUF model with its tokenizer and template; `batch` KV-cache rows (the server's slots)."""
-    model, meta = Transformer.from_gguf(path, max_context=max_context, progress=progress, dense_prefill_bytes=dense_prefill_mb << 20, batch=batch)
-    return LLM(model, Tokenizer.from_gguf_metadata(meta), meta.get("tokenizer.chat_template"), name)
+    """A GGUF model with its tokenizer and template; `batch` KV-cache rows (the server's slots). The metadata is checked
+    before any weight is read: the tokenizer's keys, the chat template (a string that renders within its limits), the
+    model's keys and tensor shapes (`Transformer.from_loaded`); each problem is a ValueError naming the key or tensor."""
+    meta, tensors = gguf_load(path)
+    tok = Tokenizer.from_gguf_metadata(meta)
+    template = meta.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+      raise ValueError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__} {template!r:.60}")
+    rows = tensors["token_embd.weight"].shape[0] if "token_embd.weight" in tensors else None
+    if rows is not None and tok.vocab_size > rows:
+      raise ValueError(f"GGUF tokenizer.ggml.tokens has {tok.vocab_size} tokens, more than the {rows} rows of token_embd.weight")
+    llm = LLM(None, tok, template, name)   # (renders the template: one that runs past its limits is refused here)
+    llm.model = Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_mb << 20, batch)
+    return llm
 
   def _special(self, tid: int | None) -> str:
     if tid is None: return ""

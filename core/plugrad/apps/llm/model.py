@@ -20,16 +20,17 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from plugrad.device import Device, canonicalize
-from plugrad.dtype import dtypes
+from plugrad.dtype import DType, dtypes
+from plugrad.engine.realize import buffer_for
 from plugrad.helpers import getenv
 from plugrad import TinyJit, Variable
 from plugrad.nn.state import gguf_load
-from plugrad.schedule.kernelize import is_buffer_view
+from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 
-from .quant import (activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, has_dot2, prefers_dot4, repack,
-                    rows_linear, vector_lanes)
+from .quant import (REPACK_CHUNK_BYTES, _REPACKABLE, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear,
+                    has_dot2, prefers_dot4, repack_blocks, repacked, row_lanes, rows_linear, vector_lanes)
 
 sint = int | UOp
 
@@ -87,31 +88,122 @@ class Config:
 
   @staticmethod
   def from_gguf(meta: dict[str, Any], vocab_size: int | None = None) -> Config:
+    """The configuration the `<arch>.*` keys of GGUF metadata describe, each checked (type and range) with a
+    ValueError naming the key; `vocab_size` (the embedding table's rows) overrides the metadata's."""
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:
       raise ValueError(f"unsupported model architecture {arch!r}; supported: {', '.join(sorted(SUPPORTED_ARCHS))}")
-    def g(key: str, default: Any = None) -> Any:
-      v = meta.get(f"{arch}.{key}", default)
-      if v is None: raise ValueError(f"GGUF metadata lacks {arch}.{key}")
-      return v
-    dim, n_heads = g("embedding_length"), g("attention.head_count")
-    n_kv = g("attention.head_count_kv", n_heads)
-    head_dim = g("attention.key_length", dim // n_heads)
-    n_experts = g("expert_count", 0)
-    ffn = g("expert_feed_forward_length", 0) if n_experts else g("feed_forward_length")
-    vocab = vocab_size or meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    m = _Meta(meta, arch)
+    dim, n_heads = m.integer("embedding_length"), m.integer("attention.head_count")
+    n_kv = m.integer("attention.head_count_kv", n_heads)
+    if n_heads % n_kv:
+      raise ValueError(f"GGUF metadata {arch}.attention.head_count={n_heads} is not a multiple of {arch}.attention.head_count_kv={n_kv}")
+    if "attention.key_length" not in m and dim % n_heads:
+      raise ValueError(f"GGUF metadata {arch}.embedding_length={dim} is not a multiple of {arch}.attention.head_count={n_heads} "
+                       f"(and {arch}.attention.key_length is absent)")
+    head_dim = m.integer("attention.key_length", dim // n_heads)
+    if head_dim % 2: raise ValueError(f"GGUF metadata {arch}.attention.key_length={head_dim} is odd: RoPE rotates pairs")
+    if m.integer("attention.value_length", head_dim) != head_dim:
+      raise ValueError(f"GGUF metadata {arch}.attention.value_length differs from {arch}.attention.key_length={head_dim}: not supported")
+    n_experts = m.integer("expert_count", 0, lo=0)
+    ffn = m.integer("expert_feed_forward_length") if n_experts else m.integer("feed_forward_length")
+    n_used = m.integer("expert_used_count", 0, lo=0)
+    if n_experts and not 1 <= n_used <= n_experts:
+      raise ValueError(f"GGUF metadata {arch}.expert_used_count={n_used} must be in [1, {arch}.expert_count={n_experts}]")
+    vocab = vocab_size or m.integer("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens") or [])
+    if not vocab: raise ValueError(f"GGUF metadata gives no vocabulary size ({arch}.vocab_size, tokenizer.ggml.tokens, token_embd.weight)")
+    rope_dim = m.integer("rope.dimension_count", head_dim)
+    if rope_dim % 2 or rope_dim > head_dim:
+      raise ValueError(f"GGUF metadata {arch}.rope.dimension_count={rope_dim} must be even and at most the head dim {head_dim}")
     extra: dict[str, Any] = {}
     if arch == "gemma3":
-      scaling = meta.get(f"{arch}.rope.scaling.type")
+      scaling = m.text("rope.scaling.type", None)
       if scaling not in (None, "none", "linear"): raise ValueError(f"gemma3 rope scaling {scaling!r} isn't supported (linear is)")
-      extra = dict(embed_scale=math.sqrt(dim), sliding_window=int(g("attention.sliding_window")), swa_pattern=GEMMA3_SWA_PATTERN,
-                   rope_theta_local=10000.0, rope_scale=float(g("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+      extra = dict(embed_scale=math.sqrt(dim), sliding_window=m.integer("attention.sliding_window"), swa_pattern=GEMMA3_SWA_PATTERN,
+                   rope_theta_local=10000.0, rope_scale=m.number("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0,
                    post_norms=True, act="gelu_tanh")
-    return Config(arch=arch, dim=dim, n_layers=g("block_count"), n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_dim=ffn,
-                  vocab_size=vocab, norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=float(g("rope.freq_base", 10000.0)),
-                  rope_dim=g("rope.dimension_count", head_dim), rope_neox=arch in NEOX_ARCHS, n_experts=n_experts,
-                  n_experts_used=g("expert_used_count", 0), expert_norm=bool(g("expert_weights_norm", arch == "qwen3moe")),
-                  context_length=g("context_length", 4096), **extra)
+    return Config(arch=arch, dim=dim, n_layers=m.integer("block_count"), n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_dim=ffn,
+                  vocab_size=vocab, norm_eps=m.number("attention.layer_norm_rms_epsilon", 1e-5), rope_theta=m.number("rope.freq_base", 10000.0),
+                  rope_dim=rope_dim, rope_neox=arch in NEOX_ARCHS, n_experts=n_experts, n_experts_used=n_used,
+                  expert_norm=m.flag("expert_weights_norm", arch == "qwen3moe"), context_length=m.integer("context_length", 4096), **extra)
+
+
+# a bound on sizes in metadata: no real model has a dimension, head count or layer count near it, and sizes past it
+# would only overflow later arithmetic (ints in GGUF are up to 64 bits)
+META_MAX = 1 << 31
+
+
+class _Meta:
+  """Typed, range-checked reads of `<arch>.<key>` metadata: a ValueError names the key, what it must be and what it is."""
+  def __init__(self, meta: dict[str, Any], arch: str): self.meta, self.arch = meta, arch
+  def __contains__(self, key: str) -> bool: return f"{self.arch}.{key}" in self.meta
+
+  def _get(self, key: str, default: Any) -> tuple[str, Any]:
+    k = f"{self.arch}.{key}"
+    v = self.meta.get(k, default)
+    if v is None and default is not None: raise ValueError(f"GGUF metadata lacks {k}")
+    return k, v
+
+  def integer(self, key: str, default: Any = ..., lo: int = 1) -> Any:
+    k, v = self._get(key, None if default is ... else default)
+    if v is None and default is ...: raise ValueError(f"GGUF metadata lacks {k}")
+    if v is None: return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= META_MAX:
+      raise ValueError(f"GGUF metadata {k} must be an integer in [{lo}, {META_MAX}], got {type(v).__name__} {v!r:.60}")
+    return v
+
+  def number(self, key: str, default: float) -> float:
+    k, v = self._get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+      raise ValueError(f"GGUF metadata {k} must be a finite number > 0, got {type(v).__name__} {v!r:.60}")
+    return float(v)
+
+  def text(self, key: str, default: str | None) -> str | None:
+    k, v = self._get(key, default)
+    if v is not None and not isinstance(v, str): raise ValueError(f"GGUF metadata {k} must be a string, got {type(v).__name__} {v!r:.60}")
+    return v
+
+  def flag(self, key: str, default: bool) -> bool:
+    k, v = self._get(key, default)
+    if not isinstance(v, (bool, int)) or isinstance(v, int) and v not in (0, 1):
+      raise ValueError(f"GGUF metadata {k} must be a boolean, got {type(v).__name__} {v!r:.60}")
+    return bool(v)
+
+
+def expected_shapes(cfg: Config) -> dict[str, tuple[bool, set[tuple[int, ...]]]]:
+  """name -> (required, the shapes it may have) for every tensor a model of `cfg` reads (GGUF order reversed: rows first)."""
+  d, hd, H, KV, f, E = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.n_experts
+  out: dict[str, tuple[bool, set[tuple[int, ...]]]] = {
+    "token_embd.weight": (True, {(cfg.vocab_size, d)}), "output.weight": (False, {(cfg.vocab_size, d)}),
+    "output_norm.weight": (False, {(d,)}), "rope_freqs.weight": (False, {((cfg.rope_dim or hd) // 2,)})}
+  for i in range(cfg.n_layers):
+    p = f"blk.{i}."
+    out.update({p + "attn_norm.weight": (True, {(d,)}), p + "ffn_norm.weight": (True, {(d,)}),
+                p + "attn_q.weight": (True, {(H * hd, d)}), p + "attn_k.weight": (True, {(KV * hd, d)}),
+                p + "attn_v.weight": (True, {(KV * hd, d)}), p + "attn_output.weight": (True, {(d, H * hd)}),
+                p + "attn_q.bias": (False, {(H * hd,)}), p + "attn_k.bias": (False, {(KV * hd,)}), p + "attn_v.bias": (False, {(KV * hd,)}),
+                p + "attn_q_norm.weight": (False, {(hd,), (H * hd,)}), p + "attn_k_norm.weight": (False, {(hd,), (KV * hd,)}),
+                p + "post_attention_norm.weight": (cfg.post_norms, {(d,)}), p + "post_ffw_norm.weight": (cfg.post_norms, {(d,)})})
+    if E: out.update({p + "ffn_gate_inp.weight": (True, {(E, d)}), p + "ffn_gate_exps.weight": (True, {(E, f, d)}),
+                      p + "ffn_up_exps.weight": (True, {(E, f, d)}), p + "ffn_down_exps.weight": (True, {(E, d, f)})})
+    else: out.update({p + "ffn_gate.weight": (True, {(f, d)}), p + "ffn_up.weight": (True, {(f, d)}), p + "ffn_down.weight": (True, {(d, f)})})
+  return out
+
+
+def check_shapes(cfg: Config, shapes: dict[str, tuple]) -> None:
+  """A ValueError naming the first tensor that is missing or whose shape doesn't fit the metadata, or the number of
+  blocks the tensors have when it isn't the metadata's block count."""
+  blocks = {int(k.split(".")[1]) for k in shapes if k.startswith("blk.") and k.split(".")[1].isdigit()}
+  if blocks and max(blocks) >= cfg.n_layers:
+    raise ValueError(f"the model file has tensors for {max(blocks) + 1} blocks, but its metadata says {cfg.arch}.block_count={cfg.n_layers}")
+  for name, (required, allowed) in expected_shapes(cfg).items():
+    if name not in shapes:
+      if required: raise ValueError(f"model file lacks tensor {name!r} ({cfg.arch}, {cfg.arch}.block_count={cfg.n_layers})")
+      continue
+    if tuple(shapes[name]) not in allowed:
+      want = " or ".join(str(s) for s in sorted(allowed))
+      raise ValueError(f"tensor {name!r} has shape {tuple(shapes[name])}, but the metadata (dim {cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} "
+                       f"heads of {cfg.head_dim}, ffn {cfg.ffn_dim}, vocab {cfg.vocab_size}) needs {want}")
 
 
 def rms_norm(x: Tensor, w: Tensor | None, eps: float) -> Tensor:
@@ -198,16 +290,46 @@ def written(cache: Tensor, start: sint, T: sint, x: Tensor, axis: int = 2) -> Te
   return Tensor(UOp(Ops.AFTER, cache.dtype, (cache.uop, w.uop)))
 
 
-def _read_all(uops: dict[str, UOp], progress: Callable[[Iterable], Iterable] | None) -> dict[str, UOp]:
-  """The tensors with each one's bytes read from the file into memory once (their COPY nodes realized)."""
-  copies: dict[UOp, UOp] = {}
-  for name in (progress(list(uops)) if progress is not None else uops):
-    todo = [n for n in uops[name].toposort() if n.op is Ops.COPY and n not in copies]
-    if todo:
-      ts = [Tensor(n) for n in todo]
-      Tensor.realize_all(*ts)
-      copies.update({n: t.uop for n, t in zip(todo, ts)})
-  return {k: u.substitute(copies) for k, u in uops.items()}
+def file_range(u: UOp) -> tuple[int, int, DType, tuple[int, ...]] | None:
+  """(byte offset, byte count, dtype, shape) of the one range of its file that a tensor from `gguf_load` copies to
+  the compute device (the blocks of a quantized one, as uint8 (blocks, block bytes)), else None."""
+  copies = [n for n in u.toposort() if n.op is Ops.COPY]
+  if len(copies) != 1: return None
+  src = copies[0].src[0]
+  views = [n for n in src.toposort() if n.op is Ops.BUFFER_VIEW]
+  if len(views) != 1 or not all(isinstance(x, int) for x in src.shape): return None
+  count, offset = views[0].arg
+  return offset, count * views[0].dtype.itemsize, views[0].dtype, tuple(src.shape)
+
+
+def _pread(fd: int, path: str, offset: int, n: int) -> bytes:
+  data = os.pread(fd, n, offset)
+  if len(data) != n: raise ValueError(f"{path}: {n} bytes at offset {offset} are beyond the end of the file (truncated while loading?)")
+  return data
+
+
+def read_weight(fd: int, path: str, u: UOp, device: str) -> UOp:
+  """A tensor of a GGUF file (`u`: its lazy graph from `gguf_load`) read into `device` memory, a few MB at a time
+  with pread (nothing of the file stays mapped): a quantized weight repacked (`quant.repack_blocks`) into its stored
+  arrays, any other tensor copied into a buffer of its own. The memory a weight takes while it is read is its size
+  plus a few chunks, so loading peaks near the loaded model's size."""
+  where = file_range(u)
+  if where is None: return Tensor(u).realize().uop   # (not a plain range of the file: whatever gguf_load built)
+  offset, nbytes, dtype, shape = where
+  if len(shape) == 2 and dtype == dtypes.uint8 and u.dtype == dtypes.float32:   # quantized blocks
+    n, tsize = shape
+    qtype = _REPACKABLE.get((math.prod(u.shape) // n if n else 0, tsize))
+    if qtype is None: return Tensor(u).realize().uop
+    def blocks(start: int, count: int) -> np.ndarray:
+      return np.frombuffer(_pread(fd, path, offset + start * tsize, count * tsize), np.uint8).reshape(count, tsize)
+    bw = repack_blocks(blocks, n, tsize, qtype, int(u.shape[0]) if len(u.shape) == 2 else 0, row_lanes(device), device)
+    return repacked(bw, u.shape)
+  t = Tensor.empty(*u.shape, dtype=u.dtype, device=device).realize()
+  buf = buffer_for(buffer_of(t.uop))
+  for at in range(0, nbytes, REPACK_CHUNK_BYTES):
+    chunk = _pread(fd, path, offset + at, min(REPACK_CHUNK_BYTES, nbytes - at))
+    buf.view(len(chunk), dtypes.uint8, at).copyin(chunk)
+  return t.uop
 
 
 def release_file(path: str) -> None:
@@ -363,10 +485,8 @@ class Transformer:
     if not isinstance(max_context, int) or max_context < 2: raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
     self.cfg, self.max_context, self.batch = cfg, max_context, batch
     self.devices: tuple[str, ...] | None = None   # set by parallel.shard_transformer: inputs are replicated onto them
-    if "token_embd.weight" not in weights: raise ValueError("model file lacks tensor 'token_embd.weight'")
+    check_shapes(cfg, {k: v.shape for k, v in weights.items()})
     self.tok_embd = weights["token_embd.weight"].uop
-    if tuple(self.tok_embd.shape) != (cfg.vocab_size, cfg.dim):
-      raise ValueError(f"token_embd.weight has shape {self.tok_embd.shape}, expected (vocab={cfg.vocab_size}, dim={cfg.dim})")
     self.output = weights["output.weight"].uop if "output.weight" in weights else self.tok_embd  # tied when absent
     self.norm = weights["output_norm.weight"].uop if "output_norm.weight" in weights else None
     self.layers = [Block(cfg, weights, i, max_context, batch) for i in range(cfg.n_layers)]
@@ -481,16 +601,28 @@ class Transformer:
     kernels that use them (plus float32 prefill copies within `dense_prefill_bytes`, see `keep_dense_weights`).
     `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
     meta, tensors = gguf_load(path)
+    return Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_bytes, batch), meta
+
+  @staticmethod
+  def from_loaded(path: str, meta: dict[str, Any], tensors: dict[str, Tensor], max_context: int = 4096,
+                  progress: Callable[[Iterable], Iterable] | None = None, dense_prefill_bytes: int = 0, batch: int = 1) -> Transformer:
+    """The model of `gguf_load(path)`'s (meta, tensors): the metadata and every tensor's shape checked first
+    (`Config.from_gguf`, `check_shapes`: a ValueError naming the key or tensor, before anything is read), then the
+    tensors read one at a time (`read_weight`)."""
     uops = {k: t.uop for k, t in tensors.items()}
-    del tensors   # no live lazy Tensors while realizing (each realize walks them)
-    weights = {k: Tensor(repack(u)) for k, u in _read_all(uops, progress).items()}
+    tensors.clear()   # no live lazy Tensors while realizing (each realize walks them)
+    cfg = Config.from_gguf(meta, uops["token_embd.weight"].shape[0] if "token_embd.weight" in uops else None)
+    check_shapes(cfg, {k: u.shape for k, u in uops.items()})
+    dev = canonicalize(Device.DEFAULT)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+      for name in (progress(list(uops)) if progress is not None else list(uops)): uops[name] = read_weight(fd, path, uops[name], dev)
+    finally: os.close(fd)
+    release_file(path)
+    model = Transformer(cfg, {k: Tensor(u) for k, u in uops.items()}, max_context, batch=batch, dense_prefill_bytes=dense_prefill_bytes)
     del uops
     release_file(path)
-    cfg = Config.from_gguf(meta, weights["token_embd.weight"].shape[0] if "token_embd.weight" in weights else None)
-    model = Transformer(cfg, weights, max_context, batch=batch, dense_prefill_bytes=dense_prefill_bytes)
-    del weights
-    release_file(path)
-    return model, meta
+    return model
 
   def param_count(self) -> int:
     """Parameters (elements of every weight, the tied output counted once)."""

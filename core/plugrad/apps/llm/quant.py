@@ -19,15 +19,16 @@ vector lanes (`RowLanes`: Q4_0-Q8_0 where the renderer has dot2) scales a sub-bl
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from plugrad.device import Device
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import getenv
+from plugrad.engine.realize import buffer_for
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
@@ -51,16 +52,15 @@ _REPACKABLE = {(32, 18): "Q4_0", (32, 20): "Q4_1", (32, 22): "Q5_0", (32, 24): "
                (256, 110): "Q3_K", (256, 144): "Q4_K", (256, 176): "Q5_K", (256, 210): "Q6_K"}
 
 
-def _fields(qs: np.ndarray, groups: int, bits: int, count: int) -> Tensor:
-  """uint8 (n, groups*width) -> uint8 (n, groups*count*width): per group of `width` bytes, the `bits`-wide field k
-  (k < count, from bit k*bits) of every byte, field 0 of all the group's bytes first. One shift and one mask per
-  element, shifts constant along a run of `width` consecutive elements (so a vector of lanes shares its shift);
-  int32 (n, groups*count*width)."""
+def _fields(qs: Tensor, groups: int, bits: int, count: int) -> Tensor:
+  """uint8 (n, groups*width) -> per group of `width` bytes, the `bits`-wide field k (k < count, from bit k*bits) of
+  every byte, field 0 of all the group's bytes first. One shift and one mask per element, shifts constant along a run
+  of `width` consecutive elements (so a vector of lanes shares its shift); int32 (n, groups*count*width)."""
   n, width = qs.shape[0], qs.shape[1] // groups
   # shifted as int32 (x86 has per-lane shifts of 32-bit lanes, not of bytes); the shifts are an index expression, not
   # a buffer, so a kernel that unrolls the field axis shifts by constants (by 0: no shift at all)
-  sh = Tensor.arange(count, dtype=dtypes.int32) * bits
-  a, s = Tensor(np.ascontiguousarray(qs)).cast(dtypes.int32).reshape(n, groups, 1, width)._broadcasted(sh.reshape(1, 1, count, 1))
+  sh = Tensor.arange(count, dtype=dtypes.int32, device=qs.device) * bits
+  a, s = qs.cast(dtypes.int32).reshape(n, groups, 1, width)._broadcasted(sh.reshape(1, 1, count, 1))
   return (a._alu(Ops.SHR, s) & ((1 << bits) - 1)).reshape(n, groups * count * width)
 
 
@@ -69,23 +69,9 @@ def _padded(a: np.ndarray, multiple: int) -> np.ndarray:
   return np.concatenate([a, np.zeros((-len(a) % multiple, *a.shape[1:]), a.dtype)]) if len(a) % multiple else a
 
 
-def _nibble_pairs(codes: np.ndarray) -> Tensor:
-  """4-bit codes (n, 32) -> the int32 expression of them over rows of 32 bytes, each holding two neighbouring blocks:
-  code i of block 2t in byte i of row t's low nibble, of block 2t+1 in its high one. A vector of up to 32 lanes of a
-  block is one contiguous load and one shift (bytes: a whole block of 32 to one DOT4)."""
-  p = _padded(codes, 2)
-  return _fields(p[0::2] | (p[1::2] << 4), 1, 4, 2).reshape(-1, 32)[:len(codes)]
-
-
 def _pack_bits(bits: np.ndarray) -> np.ndarray:
   """Bits (n, 8, w) (0 or 1) -> bytes (n, w): bit j of byte i is bits[:, j, i]."""
   return (bits << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)).sum(1, dtype=np.uint8)
-
-
-def _bit_planes(bits: np.ndarray) -> Tensor:
-  """Bits (n, 32) (0 or 1) -> the int32 expression of them over rows of 32 bytes, each holding 8 neighbouring blocks:
-  bit i of block 8t + j in bit j of byte i of row t (Q5's 5th bits: one bit a weight, a run of lanes one shift)."""
-  return _fields(_pack_bits(_padded(bits, 8).reshape(-1, 8, 32)), 1, 1, 8).reshape(-1, 32)[:len(bits)]
 
 
 # Q4_0-Q8_0: the byte where a block's codes start, and the constant added to every code
@@ -101,12 +87,6 @@ def _block_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
   codes = np.concatenate([raw[:, o:o + 16] & 15, raw[:, o:o + 16] >> 4], axis=1)
   if qtype in ("Q5_0", "Q5_1"): codes = codes | (np.unpackbits(raw[:, o - 4:o], axis=1, bitorder="little") << 4)
   return codes
-
-
-def _f16_col(raw: np.ndarray, col: int) -> Tensor:
-  """The float16 field at byte `col` of each block as a float32 expression (n, 1) over a float16 buffer: the file's
-  2 bytes a scale, not 4 (converted where read: one vcvtph2ps on x86, exact)."""
-  return Tensor(np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16)).cast(dtypes.float32)
 
 
 def _k_scale_min(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -172,93 +152,171 @@ _CODES = {"Q4_0": (0, 15), "Q4_1": (0, 15), "Q5_0": (0, 31), "Q5_1": (0, 31), "Q
           "Q4_K": (0, 15), "Q5_K": (0, 31), "Q6_K": (0, 63)}
 
 
-def _repack_blocks(raw: np.ndarray, qtype: str, out: int = 0, lanes: int = 0) -> Blockwise:
-  """`_repack_parts` with the type's code range; for a weight of `out` rows of the types `_row_lanes` lays out, with
-  `lanes` > 0 dividing `out`, stored output rows in lanes instead."""
-  if lanes and out and out % lanes == 0 and qtype in _ROW_LANE_TYPES: bw = _row_lanes(raw, qtype, out, lanes)
-  else: bw = _repack_parts(raw, qtype)
-  return dataclasses.replace(bw, codes=_CODES[qtype])
-
-
 _ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+REPACK_CHUNK_BYTES = 4 << 20   # raw bytes of a weight repacked at a time (the load's transient memory is a few times this)
 
 
-def _row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> Blockwise:
-  """The blocks `raw` (uint8 (out*B, block bytes), sub-blocks of 32) of a weight with `out` rows stored output rows in
-  lanes (`RowLanes`): per group of L rows and block, the 16 code pairs of L rows; 4-bit codes: pair j in the low
-  nibbles of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes;
-  Q8_0: one int8 a code. `Blockwise.q/d/m` are views of it in the usual (sub-block, 32) order (dense dequantization,
-  the prefill): the same values, bit for bit."""
+def _fields_np(qs: np.ndarray, groups: int, bits: int, count: int) -> np.ndarray:
+  """`_fields` computed on the host: uint8 (n, groups*count*width)."""
+  n, width = qs.shape[0], qs.shape[1] // groups
+  sh = (np.arange(count, dtype=np.uint8) * bits).reshape(1, 1, count, 1)
+  return ((qs.reshape(n, groups, 1, width) >> sh) & ((1 << bits) - 1)).reshape(n, groups * count * width)
+
+
+def _f16(raw: np.ndarray, col: int) -> np.ndarray:
+  """The float16 field at byte `col` of each block (n, 1)."""
+  return np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16)
+
+
+def _host_parts(raw: np.ndarray, qtype: str, rows: int = 0, lanes: int = 0) -> list[np.ndarray]:
+  """The arrays a weight's blocks `raw` (uint8 (n, block bytes)) are stored as, computed on the host: the sub-block
+  layout's (`_device_parts`), or with `lanes` the output-rows-in-lanes layout of `rows` rows (`RowLanes`). Every array's
+  first axis follows the blocks, so the arrays of consecutive chunks of blocks (whole groups of 8 blocks, or of
+  `lanes` rows) are consecutive runs of the whole weight's."""
+  if lanes: return _host_row_lanes(raw, qtype, rows, lanes)
+  if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):   # element i < 16 in byte i's low nibble, 16 + i in its high one
+    codes = _block_codes(raw, qtype)
+    p = _padded(codes & 15, 2)
+    out = [p[0::2] | (p[1::2] << 4)]   # the 4-bit codes of two neighbouring blocks share 32 bytes
+    if qtype in ("Q5_0", "Q5_1"): out.append(_pack_bits(_padded(codes >> 4, 8).reshape(-1, 8, 32)))   # 5th bits of 8 blocks
+    return out + [_f16(raw, 0)] + ([_f16(raw, 2)] if qtype in ("Q4_1", "Q5_1") else [])
+  if qtype == "Q8_0": return [_block_codes(raw, qtype), _f16(raw, 0)]
+  if qtype == "Q2_K": return [np.ascontiguousarray(raw[:, :16]), np.ascontiguousarray(raw[:, 16:80]), _f16(raw, 80), _f16(raw, 82)]
+  if qtype == "Q3_K":
+    n, s = raw.shape[0], raw[:, 96:108]
+    lo = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(n, 16)
+    hi = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16)
+    scale = ((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)
+    return [scale, np.ascontiguousarray(raw[:, 32:96]), np.ascontiguousarray(raw[:, :32]), _f16(raw, 108)]
+  if qtype in ("Q4_K", "Q5_K"):
+    sc, mn = _k_scale_min(raw)
+    qs = [np.ascontiguousarray(raw[:, 16:])] if qtype == "Q4_K" else [np.ascontiguousarray(raw[:, 48:]), np.ascontiguousarray(raw[:, 16:48])]
+    return [sc, mn, *qs, _f16(raw, 0), _f16(raw, 2)]
+  if qtype == "Q6_K":   # unpacked at load into one byte a code (see `_device_parts`)
+    codes = _fields_np(raw[:, :128], 2, 4, 2) | (_fields_np(raw[:, 128:192], 2, 2, 4) << 4)
+    return [codes.reshape(-1, 16), np.ascontiguousarray(raw[:, 192:208]).view(np.int8), _f16(raw, 208)]
+  raise ValueError(f"no repacked layout for {qtype}")
+
+
+def _device_parts(t: list[Tensor], qtype: str, n: int) -> Blockwise:
+  """The block-affine parts over the stored arrays `t` (`_host_parts`' arrays of all n blocks, on the device): the
+  float16 scales and mins converted where read, the K types' sub-block scales as bytes (`_sub_scales`), the codes
+  as shifts and masks of bytes (`_fields`: a block's 32 codes one contiguous run of lanes with one shift; Q5's 5th bits
+  of 8 blocks share 32 bytes, `_bit_planes`' layout). The arithmetic of `Blockwise.dense` is the `gguf` package's, in
+  its order, so the values are bit-identical to its dequantize."""
+  def f32(x: Tensor) -> Tensor: return x.cast(dtypes.float32)
+  if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+    q = _fields(t[0], 1, 4, 2).reshape(-1, 32)[:n]
+    five = qtype in ("Q5_0", "Q5_1")
+    if five: q = q | (_fields(t[1], 1, 1, 8).reshape(-1, 32)[:n] << 4)
+    d = f32(t[1 + five])
+    if qtype in ("Q4_1", "Q5_1"): return Blockwise.of(q, d, m=f32(t[2 + five]))
+    return Blockwise.of(q, d, _CODE_OFF[qtype])
+  if qtype == "Q8_0": return Blockwise.of(t[0], f32(t[1]))
+  if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
+    dl, ml = _sub_scales(f32(t[2]), t[0] & 15), _sub_scales(-f32(t[3]), t[0] >> 4)   # -(d*m) is (-d)*m exactly
+    return Blockwise.of(_fields(t[1], 2, 2, 4).reshape(n * 16, 16), dl, m=ml)
+  if qtype == "Q3_K":   # 16 sub-blocks of 16: w = d*(s - 32)*(q2 - 4*(1 - hbit)), 6-bit s packed in 12 bytes
+    ql, qh = _fields(t[1], 2, 2, 4), (_fields(t[2], 1, 1, 8) ^ 1) << 2
+    return Blockwise.of((ql - qh).reshape(n * 16, 16), _sub_scales(f32(t[3]), t[0]))   # small ints: exact
+  if qtype in ("Q4_K", "Q5_K"):   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j]
+    q = _fields(t[2], 4, 4, 2)
+    if qtype == "Q5_K": q = q | (_fields(t[3], 1, 1, 8) << 4)
+    d, dmin = t[-2:]
+    return Blockwise.of(q.reshape(n * 8, 32), _sub_scales(f32(d), t[0]), m=_sub_scales(-f32(dmin), t[1]))
+  if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
+    # one byte a code: 8 bits a weight against the file's 6.56, but the decode product is compute-bound on unpacking
+    # 6-bit codes (qwen2's down projection: ~15 vector ops per 16 weights)
+    return Blockwise.of(t[0], _sub_scales(f32(t[2]), t[1]), -32.0)
+  raise ValueError(f"no repacked layout for {qtype}")
+
+
+def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.ndarray]:
+  """The blocks `raw` (uint8 (out*B, block bytes), sub-blocks of 32) of `out` rows stored output rows in lanes
+  (`RowLanes`), on the host: per group of L rows and block, the 16 code pairs of L rows; 4-bit codes: pair j in the
+  low nibbles of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L
+  bytes; Q8_0: one int8 a code; the scales and mins as float32 (out/L, B, L)."""
   n, S = raw.shape[0], 32
   B, G = n // out, out // L
   def lay(a: np.ndarray) -> np.ndarray: return a.reshape(G, L, B, *a.shape[1:]).swapaxes(1, 2)   # (G, B, L, ...)
-  def f32(col: int) -> Tensor:   # the float16 field at byte `col` of each block, as float32 (out/L, B, L)
-    return Tensor(np.ascontiguousarray(lay(np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16)[:, 0].astype(np.float32))))
+  def f32(col: int) -> np.ndarray: return np.ascontiguousarray(lay(_f16(raw, col)[:, 0].astype(np.float32)))
   pairs = lay(_block_codes(raw, qtype)).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
-  if qtype == "Q8_0": q = Tensor(np.ascontiguousarray(pairs))
+  scales = [f32(0)] + ([f32(2)] if qtype in ("Q4_1", "Q5_1") else [])
+  if qtype == "Q8_0": return [np.ascontiguousarray(pairs), *scales]
+  out_ = [((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1)]
+  if qtype in ("Q5_0", "Q5_1"): out_.append(_pack_bits((pairs >> 4).reshape(G * B, 8, 4 * L)))
+  return out_ + scales
+
+
+def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> Blockwise:
+  """The output-rows-in-lanes parts over `_host_row_lanes`' arrays (on the device); `Blockwise.q/d/m` are views of
+  them in the usual (sub-block, 32) order (dense dequantization, the prefill): the same values, bit for bit."""
+  S, B, G = 32, n // out, out // L
+  five = qtype in ("Q5_0", "Q5_1")
+  if qtype == "Q8_0": q = t[0]
   else:
-    q = _fields(((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1), 1, 4, 2)
-    if qtype in ("Q5_0", "Q5_1"):
-      q = q | (_fields(_pack_bits((pairs >> 4).reshape(G * B, 8, 4 * L)), 1, 1, 8) << 4)
-  rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, f32(0).uop, f32(2).uop if qtype in ("Q4_1", "Q5_1") else None)
+    q = _fields(t[0], 1, 4, 2)
+    if five: q = q | (_fields(t[1], 1, 1, 8) << 4)
+  d, m = t[1 + five] if qtype != "Q8_0" else t[1], (t[-1] if qtype in ("Q4_1", "Q5_1") else None)
+  rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, d.uop, None if m is None else m.uop)
   std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n, S)
   def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n, 1)
   return Blockwise(std_q.uop, std(rl.d).uop, _CODE_OFF.get(qtype, 0.0), None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
-def _repack_parts(raw: np.ndarray, qtype: str) -> Blockwise:
-  """The blocks `raw` (uint8 (n, block bytes)) as block-affine parts over repacked arrays: the float16 scales and mins
-  as float16 buffers, the K types' sub-block scales as byte buffers (`_sub_scales`), the quants in their own
-  contiguous arrays (a block's 32 codes one contiguous run of lanes: the 4-bit codes of two neighbouring blocks
-  share 32 bytes, Q5's 5th bits of 8 blocks share 32, `_nibble_pairs`, `_bit_planes`). The arithmetic of
-  `Blockwise.dense` is the `gguf` package's, in its order, so the values are bit-identical to its dequantize."""
-  n = raw.shape[0]
-  f16 = functools.partial(_f16_col, raw)
-  if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):   # element i < 16 in byte i's low nibble, 16 + i in its high one
-    codes = _block_codes(raw, qtype)
-    q = _nibble_pairs(codes & 15)
-    if qtype in ("Q5_0", "Q5_1"): q = q | (_bit_planes(codes >> 4) << 4)
-    if qtype in ("Q4_1", "Q5_1"): return Blockwise.of(q, f16(0), m=f16(2))
-    return Blockwise.of(q, f16(0), _CODE_OFF[qtype])
-  if qtype == "Q8_0": return Blockwise.of(Tensor(_block_codes(raw, qtype)), f16(0))
-  if qtype == "Q2_K":   # 16 sub-blocks of 16: w = d*(sc & 15)*q - dmin*(sc >> 4), 2-bit q in 4 planes of 32 bytes x2
-    sc = Tensor(np.ascontiguousarray(raw[:, :16]))   # the 4-bit scale and min of a sub-block in one byte
-    dl, ml = _sub_scales(f16(80), sc & 15), _sub_scales(-f16(82), sc >> 4)   # -(d*m) is (-d)*m exactly
-    return Blockwise.of(_fields(raw[:, 16:80], 2, 2, 4).reshape(n * 16, 16), dl, m=ml)
-  if qtype == "Q3_K":   # 16 sub-blocks of 16: w = d*(s - 32)*(q2 - 4*(1 - hbit)), 6-bit s packed in 12 bytes
-    s = raw[:, 96:108]
-    lo = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(n, 16)
-    hi = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16)
-    scale = ((lo & 15) | ((hi & 3) << 4)).astype(np.int8) - np.int8(32)
-    ql = _fields(raw[:, 32:96], 2, 2, 4)
-    qh = (_fields(raw[:, :32], 1, 1, 8) ^ 1) << 2
-    return Blockwise.of((ql - qh).reshape(n * 16, 16), _sub_scales(f16(108), scale))   # small ints: exact
-  if qtype in ("Q4_K", "Q5_K"):   # 8 sub-blocks of 32: w = d*sc[j]*q - dmin*mn[j]
-    sc, mn = _k_scale_min(raw)
-    if qtype == "Q4_K": q = _fields(raw[:, 16:], 4, 4, 2)
-    else: q = _fields(raw[:, 48:], 4, 4, 2) | (_fields(raw[:, 16:48], 1, 1, 8) << 4)
-    return Blockwise.of(q.reshape(n * 8, 32), _sub_scales(f16(0), sc), m=_sub_scales(-f16(2), mn))
-  if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
-    # unpacked at load into one byte a code: 8 bits a weight against the file's 6.56, but the decode product is
-    # compute-bound on unpacking 6-bit codes (qwen2's down projection: ~15 vector ops per 16 weights)
-    d = _sub_scales(f16(208), raw[:, 192:208].view(np.int8))
-    q = (_fields(raw[:, :128], 2, 4, 2) | (_fields(raw[:, 128:192], 2, 2, 4) << 4)).cast(dtypes.uint8)
-    return Blockwise.of(q.reshape(n * 16, 16).contiguous().realize(), d, -32.0)
-  raise ValueError(f"no repacked layout for {qtype}")
+def _repack_blocks(raw: np.ndarray, qtype: str, out: int = 0, lanes: int = 0) -> Blockwise:
+  """The parts of the blocks `raw` in one piece (tests; loading goes through `repack_blocks`, in chunks)."""
+  return repack_blocks(lambda s, c: raw[s:s + c], raw.shape[0], raw.shape[1], qtype, out, lanes, None)
+
+
+def repack_blocks(read: Callable[[int, int], np.ndarray], n: int, tsize: int, qtype: str, out: int = 0, lanes: int = 0,
+                  device: str | None = None) -> Blockwise:
+  """The block-affine parts of a weight of `n` blocks of `qtype` (`tsize` bytes each) whose blocks `read(start, count)`
+  returns (uint8 (count, tsize), e.g. from the model file): the stored arrays (`_host_parts`) are allocated on `device`
+  once and filled chunk by chunk (about REPACK_CHUNK_BYTES of blocks at a time), so repacking a weight takes its
+  repacked size plus a few chunks, never a copy of the whole weight. For a weight of `out` rows of the types
+  `_row_lanes` lays out, with `lanes` > 0 dividing `out`, the output-rows-in-lanes layout."""
+  L = lanes if lanes and out and out % lanes == 0 and qtype in _ROW_LANE_TYPES else 0
+  quantum = L * (n // out) if L else 8   # blocks whose arrays are computed together (a group of L rows, or of 8 blocks)
+  step = max(1, REPACK_CHUNK_BYTES // (tsize * quantum)) * quantum
+  with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
+    def arrays(raw: np.ndarray) -> list[np.ndarray]: return _host_parts(raw, qtype, raw.shape[0] // max(n // max(out, 1), 1) if L else 0, L)
+    unit, rest = arrays(np.zeros((quantum, tsize), np.uint8)), arrays(np.zeros((n % quantum, tsize), np.uint8)) if n % quantum else None
+    shapes = [((n // quantum) * u.shape[0] + (r.shape[0] if rest is not None else 0), *u.shape[1:])
+              for u, r in zip(unit, rest if rest is not None else unit)]
+    ts = [Tensor.empty(*sh, dtype=_DTYPES[u.dtype], device=device) for sh, u in zip(shapes, unit)]
+    Tensor.realize_all(*ts)
+    bufs, at = [buffer_for(buffer_of(t.uop)) for t in ts], [0] * len(ts)
+    for start in range(0, n, step):
+      for k, a in enumerate(arrays(read(start, min(step, n - start)))):
+        a = np.ascontiguousarray(a)
+        bufs[k].view(a.size, bufs[k].dtype, at[k]).copyin(a)
+        at[k] += a.nbytes
+  bw = _device_row_lanes(ts, qtype, n, out, L) if L else _device_parts(ts, qtype, n)
+  return dataclasses.replace(bw, codes=_CODES[qtype])
+
+
+_DTYPES = {np.dtype(np.uint8): dtypes.uint8, np.dtype(np.int8): dtypes.int8, np.dtype(np.float16): dtypes.float16,
+           np.dtype(np.float32): dtypes.float32}
+
+
+def repacked(bw: Blockwise, shape: tuple) -> UOp:
+  """The dense expression of a repacked weight of `shape`, with its parts in the expression's cache (`blockwise_of`)."""
+  out = bw.dense().reshape(shape).uop
+  out._cached()["blockwise"] = bw
+  return out
 
 
 def repack(u: UOp) -> UOp:
   """A dequantized GGUF weight (any of the `_REPACKABLE` types) re-laid out for fast fused dequantization (see
-  `_repack_blocks`): dequantizing an element then costs a few shifts and masks and a multiply(-add). The block-affine
+  `repack_blocks`): dequantizing an element then costs a few shifts and masks and a multiply(-add). The block-affine
   parts are kept in the returned expression's cache (`blockwise_of`). Other tensors are returned unchanged."""
   if (found := _blocks_of(u)) is None or (qtype := _REPACKABLE.get(found[1:])) is None: return u
   b, elems, tsize = found
-  with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
-    bw = _repack_blocks(Tensor(b).numpy().reshape(-1, tsize), qtype, int(u.shape[0]) if len(u.shape) == 2 else 0,
-                        row_lanes(u.device))
-    out = bw.dense().reshape(u.shape).uop
-  out._cached()["blockwise"] = bw
-  return out
+  raw = Tensor(b).numpy().reshape(-1, tsize)
+  bw = repack_blocks(lambda s, c: raw[s:s + c], raw.shape[0], tsize, qtype, int(u.shape[0]) if len(u.shape) == 2 else 0,
+                     row_lanes(u.device), u.device)
+  return repacked(bw, u.shape)
 
 
 def blockwise_of(w: UOp) -> Blockwise | None:
@@ -268,7 +326,7 @@ def blockwise_of(w: UOp) -> Blockwise | None:
 
 def vector_lanes(device: str | tuple[str, ...]) -> int:
   """The explicit SIMD lanes of `device`'s renderer (0: none, or several devices)."""
-  return 0 if isinstance(device, tuple) else getattr(Device[device].renderer, "vector_lanes", 0)
+  return 0 if isinstance(device, tuple) else Device[device].renderer.caps.vector_lanes
 
 
 def row_lanes(device: str | tuple[str, ...]) -> int:
@@ -280,13 +338,13 @@ def row_lanes(device: str | tuple[str, ...]) -> int:
 
 
 def has_dot2(device: str | tuple[str, ...]) -> bool:
-  """Whether `device`'s renderer computes pairwise int16 multiply-adds on its vectors (`Renderer.dot2`)."""
-  return not isinstance(device, tuple) and vector_lanes(device) >= 2 and getattr(Device[device].renderer, "dot2", False)
+  """Whether `device`'s renderer computes pairwise int16 multiply-adds on its vectors (`Capabilities.dot2`)."""
+  return not isinstance(device, tuple) and vector_lanes(device) >= 2 and Device[device].renderer.caps.dot2
 
 
 def dot4_bound(device: str | tuple[str, ...]) -> int:
-  """The largest unsigned code `device`'s renderer multiplies with int8 in WMMA "DOT4" (`Renderer.dot4`; 0: none)."""
-  return 0 if isinstance(device, tuple) or vector_lanes(device) < 2 else int(getattr(Device[device].renderer, "dot4", 0))
+  """The largest unsigned code `device`'s renderer multiplies with int8 in WMMA "DOT4" (`Capabilities.dot4`; 0: none)."""
+  return 0 if isinstance(device, tuple) or vector_lanes(device) < 2 else Device[device].renderer.caps.dot4
 
 
 def _check_fit(x: Tensor, bw: Blockwise, out_features: int, lanes: int) -> tuple[int, int]:

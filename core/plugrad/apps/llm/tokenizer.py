@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import functools
 import heapq
+import math
 import operator
 import re
 import unicodedata
@@ -136,7 +137,8 @@ class Tokenizer:
       self._rx, self._digit_rx = _compile(pattern), _compile("([{N}])")
       self._all_ranks: dict[tuple[str, str], int] = {}
       for r, m in enumerate(merges if merges is not None else []):
-        if not isinstance(m, str) or (k := m.find(" ", 1)) < 0: raise ValueError(f"merge {r} ({m!r}) is not two tokens separated by a space")
+        if not isinstance(m, str) or (k := m.find(" ", 1)) < 0:
+          raise ValueError(f"merge {r} ({m!r:.40}) is not two tokens separated by a space (GGUF tokenizer.ggml.merges)")
         self._all_ranks.setdefault((m[:k], m[k + 1:]), r)
     else:
       self.pre = None
@@ -194,17 +196,33 @@ class Tokenizer:
     def tid(key: str, default: int | None = None) -> int | None:
       v = get(key, default)
       if v is None: return None
-      if not isinstance(v, int) or not 0 <= v < n:
+      if type(v) is not int or not 0 <= v < n:
         raise ValueError(f"GGUF tokenizer.ggml.{key}={v!r} is not a token id of the {n}-token vocabulary")
       return v
     spm = model == "llama"
     types = get("token_type", [NORMAL] * n)
+    if not isinstance(types, list) or len(types) != n or not all(type(t) is int and 0 <= t <= BYTE for t in types):
+      raise ValueError(f"GGUF tokenizer.ggml.token_type must be a list of {n} token types (integers 0-6), got {str(types)[:60]}")
+    scores = get("scores")
+    if scores is not None and (not isinstance(scores, list) or len(scores) != n or
+                               not all(type(x) in (int, float) and math.isfinite(x) for x in scores)):
+      raise ValueError(f"GGUF tokenizer.ggml.scores must be a list of {n} finite numbers, got {str(scores)[:60]}")
+    pre = get("pre")
+    if pre is not None and not isinstance(pre, str): raise ValueError(f"GGUF tokenizer.ggml.pre must be a string, got {pre!r:.60}")
+    def flag(key: str, default: bool) -> bool:
+      v = get(key, default)
+      if type(v) is not bool and v not in (0, 1): raise ValueError(f"GGUF tokenizer.ggml.{key} must be a boolean, got {v!r:.60}")
+      return bool(v)
+    if not isinstance(model, str): raise ValueError(f"GGUF tokenizer.ggml.model must be a string, got {model!r:.60}")
     if model == "gpt2" and get("merges") is None: raise ValueError("GGUF byte-level BPE tokenizer has no tokenizer.ggml.merges")
     eos = {i for k in ("eos_token_id", "eot_token_id", "eom_token_id") if (i := tid(k)) is not None}
     if spm and get("eos_token_id") is None and n > 2: eos.add(2)  # llama.cpp's SentencePiece defaults: unk 0, bos 1, eos 2
-    return cls(tokens, list(types), model, pre=get("pre"), merges=get("merges"), scores=get("scores"),
+    merges = get("merges")
+    if merges is not None and not isinstance(merges, list):
+      raise ValueError(f"GGUF tokenizer.ggml.merges must be a list of strings, got {merges!r:.60}")
+    return cls(tokens, list(types), model, pre=pre, merges=merges, scores=scores,
                bos_id=tid("bos_token_id", 1 if spm and n > 1 else None), eos_ids=eos, unk_id=tid("unknown_token_id", 0 if spm else None),
-               add_space_prefix=bool(get("add_space_prefix", True)), add_bos_token=bool(get("add_bos_token", spm)))
+               add_space_prefix=flag("add_space_prefix", True), add_bos_token=flag("add_bos_token", spm))
 
   # -------------------------------------------------------------------------- lookups
 
