@@ -8,3 +8,12 @@ catches it.
 
 class TensorError(ValueError, RuntimeError):
   """A bad shape or argument given to a Tensor op."""
+
+
+class TensorIndexError(IndexError, TensorError):
+  """A dim or index out of range where tinygrad raises IndexError and torch RuntimeError (e.g. cat of 0-d tensors)."""
+
+
+class TensorTypeError(TypeError, TensorError):
+  """An argument of the wrong type or dtype (a shift of floats, one_hot of floats, scatter of another dtype): a TypeError
+  (Python's convention) that is also the RuntimeError tinygrad and torch raise, and a ValueError."""

@@ -21,7 +21,7 @@ from plugrad.download import fetch
 from plugrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from plugrad.engine import plan
 from plugrad.engine.inline import inline_calls
-from plugrad.engine.realize import buffer_for, run_schedule
+from plugrad.engine.realize import CAPTURING, buffer_for, run_schedule
 from plugrad.schedule.multi import lower_multi, multi, needs_lowering
 from plugrad.schedule.kernelize import (buffer_of, contiguous_range, create_schedule, device_of, is_buffer_view, is_storage, new_buffer,
                                        range_view)
@@ -44,6 +44,8 @@ _pending_assigns: weakref.WeakKeyDictionary[UOp, list[UOp]] = weakref.WeakKeyDic
 
 
 _assign_order: weakref.WeakKeyDictionary[UOp, int] = weakref.WeakKeyDictionary()  # creation order of pending assigns
+# id(t.detach()) -> (weakrefs to it and to t); keyed by id because Tensor's == is elementwise (no weak-keyed dict)
+_detach_sources: dict[int, tuple[weakref.ref[Tensor], weakref.ref[Tensor]]] = {}
 _assign_counter = itertools.count()
 
 
@@ -477,8 +479,27 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), requires_grad=self.requires_grad)
 
   def detach(self) -> Tensor:
-    """The same values with no gradient flowing back through them."""
-    return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), requires_grad=False)
+    """The same values with no gradient flowing back through them. It shares this tensor's storage, as in torch and
+    tinygrad: a setitem on it writes this tensor (which must be realized then)."""
+    ret = Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), requires_grad=False)
+    _detach_sources[id(ret)] = (weakref.ref(ret), weakref.ref(self))
+    weakref.finalize(ret, _detach_sources.pop, id(ret), None)
+    return ret
+
+  def _detached_from(self) -> Tensor | None:
+    """The live tensor this one is the detach() of, while its value is still that tensor's (DETACH of its uop)."""
+    refs = _detach_sources.get(id(self))
+    src = refs[1]() if refs is not None and refs[0]() is self else None
+    return src if src is not None and self.uop.op is Ops.DETACH and self.uop.src[0] is src.uop else None
+
+  def _keeps_grad_path(self, v: Tensor, value: Any) -> bool:
+    """Whether a setitem of `v` into this realized tensor stays a pending in-place assign, so that backward reaches the
+    gradient-eligible tensors (requires_grad None: tinygrad's rule) `v` is computed from. Not under no_grad, not while
+    TinyJit captures (the capture must run the write), float tensors only."""
+    if Tensor.no_grad or CAPTURING or not dtypes.is_float(self.dtype): return False
+    nodes = set(v.uop.toposort())
+    return any(t.requires_grad is None and t is not self and t is not v and t is not value and dtypes.is_float(t.dtype)
+               and t.uop in nodes for t in list(_all_tensors))
 
   # ***** autograd *****
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None, materialize_grads: bool = False) -> list[Tensor]:

@@ -107,11 +107,16 @@ class CreationMixin:
     for v in (start, stop, step):
       if isinstance(v, bool) or not isinstance(v, (int, float)): raise TypeError(f"arange arguments must be numbers, got {v!r}")
     if step == 0: raise TensorError("arange step must be nonzero")
+    if not all(math.isfinite(v) for v in (start, stop, step)):
+      raise TensorError(f"arange bounds and step must be finite, got {start}, {stop}, {step}")
     isfloat = any(isinstance(v, float) for v in (start, stop, step))
     n = max(0, math.ceil((stop - start) / step))
     last = start + (n - 1) * step if n else start
     big = not isfloat and not all(dtypes.min(dtypes.default_int) <= v <= dtypes.max(dtypes.default_int) for v in (start, last))
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float if isfloat else dtypes.int64 if big else dtypes.default_int
+    if n and dtypes.is_int(dt) and not all(dtypes.min(dt) <= v <= dtypes.max(dt) for v in (start, last)):  # tinygrad; torch wraps
+      raise OverflowError(f"arange({start}, {stop}, {step}) runs from {start} to {last}, outside {dt}'s range "
+                          f"{dtypes.min(dt)}..{dtypes.max(dt)}")
     idx = _bit_arange(cls, n, device)
     if dtypes.is_float(dt) or isfloat:
       acc = dt if dtypes.is_float(dt) else dtypes.default_float

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from plugrad.errors import TensorError
+from plugrad.errors import TensorError, TensorTypeError
 from plugrad.dtype import DType, dtypes, least_upper_float
 from plugrad.uop.ops import Ops, UOp
 
@@ -27,7 +27,9 @@ def _poly(x: Tensor, coeffs: list[float]) -> Tensor:
 
 
 def _need_int(t: Tensor, what: str) -> None:
-  if dtypes.is_float(t.dtype): raise TypeError(f"{what} is only defined for integer and bool tensors, got {t.dtype}")
+  """Bitwise ops and shifts take ints and bools: a float operand (or a float Python scalar, which promotes the result) is
+  a TensorTypeError, the TypeError that is also the RuntimeError tinygrad and torch raise."""
+  if dtypes.is_float(t.dtype): raise TensorTypeError(f"{what} is only defined for integer and bool tensors, got {t.dtype}")
 
 
 class ElementwiseMixin:
@@ -194,14 +196,16 @@ class ElementwiseMixin:
   def _shift(self: Any, op: Ops, x: Any, reverse: bool) -> Tensor:
     a, b = self._broadcasted(x, reverse)
     _need_int(a, "shift")
-    if a.dtype == dtypes.bool: a, b = a.cast(dtypes.int8), b.cast(dtypes.int8)
+    if a.dtype == dtypes.bool:  # bool << 1 promotes to int; two bools have no shift (torch and tinygrad refuse too)
+      raise TensorTypeError("shift is only defined for integer tensors (a bool operand needs an int one), got two bool operands")
     bits = a.dtype.itemsize * 8
     out = (b < 0).logical_or(b >= bits)
     over = (a < 0).where(-1, 0).cast(a.dtype) if op is Ops.SHR and not dtypes.is_unsigned(a.dtype) else a._const_like(0)
     return out.where(over, a._alu(op, out.where(0, b)))
 
   def lshift(self: Any, x: Any, reverse: bool = False) -> Tensor:
-    """Left shift of an int tensor (by an int or int tensor); shifting by >= the bit width gives 0."""
+    """Left shift of an int tensor (by an int or int tensor); shifting by >= the bit width gives 0. Float operands
+    (a float Python scalar too) and two bools are a TensorTypeError (a RuntimeError, as in tinygrad and torch)."""
     return self._shift(Ops.SHL, x, reverse)
   def rshift(self: Any, x: Any, reverse: bool = False) -> Tensor:
     """Arithmetic right shift for signed ints, logical for unsigned; shifting by >= the bit width gives 0 or -1."""
@@ -310,11 +314,13 @@ class ElementwiseMixin:
     return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
 
   def copysign(self: Any, other: Any) -> Tensor:
-    """|self| with the sign bit of `other` (-0.0 counts as negative), as a float."""
+    """|self| with the sign bit of `other` (-0.0 counts as negative), as a float. As torch: copysign(+-0, -1) is -0.0 and
+    the gradient at self = 0 is 0; at self = +-inf it is +-1 (torch: nan; tinygrad and jax: +-1)."""
     a, b = self._broadcasted(other)
     a, b = a._floated(), b._floated()
     neg = (b < 0).logical_or((b == 0).logical_and(b.reciprocal() < 0))
-    return neg.where(-a._abs_raw(), a._abs_raw())
+    mag = a.abs()  # +0.0 for -0.0, slope 0 at 0
+    return neg.where(-mag, mag)
 
   def fmod(self: Any, x: Any) -> Tensor:
     """C's fmod: the remainder of truncated division, with the sign of self (torch.fmod)."""

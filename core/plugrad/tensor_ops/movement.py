@@ -1,8 +1,9 @@
 """Tensor ops mixin: movement and indexing. Methods here are written only in terms of Tensor's primitives (see plugrad/tensor.py).
 
 Basic indexing (ints, slices with any step, None, Ellipsis) is pure movement ops: no kernel. Advanced indexing
-(int/bool tensors, lists) follows numpy's rules and is built as one-hot comparisons against an arange and a sum,
-which fuses. `__setitem__` stores into the realized buffer through an ASSIGN node, or rebuilds an unrealized tensor
+(int/bool tensors, lists) follows numpy's rules, except that ints select first (as torch and tinygrad: `x[1, :, t]` puts
+t's dims after the slice, numpy would put them first), and is built as one-hot comparisons against an arange and a
+sum, which fuses. `__setitem__` stores into the realized buffer through an ASSIGN node, or rebuilds an unrealized tensor
 functionally with `where`.
 """
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from plugrad.errors import TensorError
+from plugrad.errors import TensorError, TensorIndexError, TensorTypeError
 from plugrad.live import all_tensors
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.dtype import dtypes, least_upper_dtype
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.symbolic import ssimplify
 
 
@@ -26,12 +27,27 @@ def _ints(args: tuple) -> tuple:
 
 def _tensor_list(first: Any, rest: tuple, name: str) -> list:
   """The tensors of cat/stack called as a method (x.cat(y)) or on the class with a sequence (Tensor.cat((x, y)))."""
-  ts = [*first, *rest] if isinstance(first, (list, tuple)) else [first, *rest]
-  if not ts: raise TypeError(f"{name} needs at least one tensor")
+  if isinstance(first, (list, tuple)) and rest:  # Tensor.stack((a, b), c): the sequence form takes one argument
+    raise TensorTypeError(f"{name} takes the tensors as arguments or as one sequence, not both: got a {type(first).__name__} and "
+                          f"{len(rest)} more argument(s) ({', '.join(type(t).__name__ for t in rest)}); dim is a keyword argument")
+  ts = [*first] if isinstance(first, (list, tuple)) else [first, *rest]
+  if not ts: raise TensorTypeError(f"{name} needs at least one tensor")
   kind = next((type(t) for t in ts if not isinstance(t, (list, tuple, int, float, bool))), None)
   if kind is None or not all(isinstance(t, kind) for t in ts):
-    raise TypeError(f"{name} takes tensors, got {[type(t).__name__ for t in ts]}")
+    raise TensorTypeError(f"{name} takes tensors, got {[type(t).__name__ for t in ts]}")
   return ts
+
+
+def _check_size(size: Any, name: str) -> int:
+  if not isinstance(size, int) or isinstance(size, bool) or size < 0: raise TensorError(f"{name} size must be an int >= 0, got {size!r}")
+  return size
+
+
+def _first_true(flags: Any, size: int) -> Any:
+  """(n, size) bool: flags[i] is the (r+1)-th True of the 1-D bool tensor `flags` (r < size): which output each fills."""
+  pos = flags.cast(dtypes.int32).cumsum(0) - 1
+  out = type(flags).arange(size, device=flags.device).reshape(1, size)
+  return flags.unsqueeze(1)._binop(Ops.AND, pos.unsqueeze(1)._binop(Ops.CMPEQ, out))
 
 
 def _has_tensor(e: Any) -> bool:
@@ -190,7 +206,10 @@ class MovementMixin:
     for (b, a), s in zip(pairs, self.shape):
       if -b - a > s or -b > s or -a > s: raise TensorError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
     shrink = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
-    x = self.shrink(shrink) if mode == "constant" else self  # other modes pad the whole tensor, then crop (as torch)
+    # as torch: constant and circular padding crop the negative pads first (circular then wraps what is left), reflect
+    # and replicate pad the whole tensor and crop after
+    crop_first = mode in ("constant", "circular")
+    x = self.shrink(shrink) if crop_first else self
     pos = [(max(0, b), max(0, a)) for b, a in pairs]
     if mode == "constant":
       ret = x._pad(tuple(pos))
@@ -202,7 +221,8 @@ class MovementMixin:
       if not b and not a: continue
       s = x.shape[d]
       if mode == "reflect" and (b >= s or a >= s): raise TensorError(f"reflect pad ({b}, {a}) must be smaller than dim {d} of size {s}")
-      if mode == "circular" and (b > s or a > s): raise TensorError(f"circular pad ({b}, {a}) can't exceed dim {d} of size {s}")
+      if mode == "circular" and (b > s or a > s):
+        raise TensorError(f"circular pad ({b}, {a}) would wrap around dim {d} (size {s} after negative pads) more than once")
       if s == 0: raise TensorError(f"can't {mode}-pad dim {d} of size 0")
       def sl(lo, hi, d=d): return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
       if mode == "reflect": left, right = sl(1, b + 1).flip(d), sl(s - a - 1, s - 1).flip(d)
@@ -211,6 +231,7 @@ class MovementMixin:
         right = sl(s - 1, s).expand(tuple(a if i == d else n for i, n in enumerate(x.shape)))
       else: left, right = sl(s - b, s), sl(0, a)
       x = left.cat(x, right, dim=d)
+    if crop_first: return x
     return x.shrink(tuple((lo, lo + s - max(0, -b) - max(0, -a) + pb + pa) for (lo, _), (b, a), s, (pb, pa) in zip(shrink, pairs, self.shape, pos)))
 
   # ***** joining and splitting *****
@@ -218,7 +239,8 @@ class MovementMixin:
     """Concatenate along `dim`; `Tensor.cat((a, b))` and `Tensor.cat([a, b])` work too."""
     ts = _tensor_list(self, args, "cat")
     self = ts[0]
-    if any(t.ndim == 0 for t in ts): raise TensorError(f"cat: zero-dimensional tensors can't be concatenated, got {[tuple(x.shape) for x in ts]}")
+    if any(t.ndim == 0 for t in ts):  # tinygrad: IndexError (no dim to join on), torch: RuntimeError; this is both
+      raise TensorIndexError(f"cat: zero-dimensional tensors can't be concatenated, got {[tuple(x.shape) for x in ts]}")
     d = self._axis(dim)
     for t in ts:
       if t.ndim != self.ndim or any(i != d and a != b for i, (a, b) in enumerate(zip(t.shape, self.shape))):
@@ -315,9 +337,11 @@ class MovementMixin:
     self._check_index_tensor("scatter", index, d)
     if not isinstance(src, type(self)): srcv = type(self).full(index.shape, src, self.dtype, self.device)
     else:
+      if src.dtype != self.dtype:  # tinygrad and torch refuse too: a silent cast would hide a narrowing
+        raise TensorTypeError(f"scatter: src dtype {src.dtype} must equal the input's {self.dtype} (cast one first)")
       if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
         raise TensorError(f"scatter: index {index.shape} must not be larger than src {src.shape}")
-      srcv = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
+      srcv = src.shrink(tuple((0, s) for s in index.shape))
     return d, self._onehot(index, self.shape[d]), srcv.unsqueeze(-1)
 
   def _scatter_back(self, d: int, red: Any, index_shape: tuple, fill: Any) -> Any:
@@ -328,9 +352,14 @@ class MovementMixin:
     return red.pad(pads, value=fill)
 
   def scatter(self, dim: int, index: Any, src: Any, reduce: str | None = None) -> Any:
-    """self[index[i][j]][j] = src[i][j] (dim 0); with duplicate targets the last one wins. reduce: None, 'add', 'multiply'."""
+    """self[index[i][j]][j] = src[i][j] (dim 0); with duplicate targets the last one wins. src: a tensor of self's dtype
+    or a Python scalar. reduce ('add', 'multiply') takes a scalar src only, as tinygrad (torch deprecates it): a tensor
+    src with a reduction is scatter_reduce."""
     if reduce is not None:
-      if reduce not in ("add", "multiply"): raise TensorError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+      if reduce not in ("add", "multiply"): raise TensorTypeError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
+      if isinstance(src, type(self)):
+        raise TensorTypeError(f"scatter with reduce={reduce!r} takes a scalar src; for a tensor src use "
+                              f"scatter_reduce(dim, index, src, {'sum' if reduce == 'add' else 'prod'!r})")
       return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
     d, m, srcv = self._scatter_parts(dim, index, src)
     pos = type(self).arange(1, index.shape[d] + 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(index.ndim)) + (1,))
@@ -368,16 +397,36 @@ class MovementMixin:
     if isinstance(value, type(self)): value = value.cast(self.dtype)
     return mask.where(value, self)
 
-  def masked_select(self, mask: Any) -> Any:
-    """The elements where `mask` (broadcast to self's shape) is True, as a 1-D tensor (reads the mask to the host)."""
+  def masked_select(self, mask: Any, size: int | None = None, fill_value: Any = 0) -> Any:
+    """The elements where `mask` (broadcast with self) is True, as a 1-D tensor in row-major order. Without `size` the
+    length is the count of Trues (the mask is read to the host); with `size` the result has exactly `size` elements:
+    the first ones selected, then `fill_value` (cast to self's dtype), computed on the device (jittable), as tinygrad."""
     m = mask if isinstance(mask, type(self)) else type(self)(mask, device=self.device)
-    if m.dtype != dtypes.bool: raise TypeError(f"masked_select needs a bool mask, got {m.dtype}")
+    if m.dtype != dtypes.bool: raise TensorTypeError(f"masked_select needs a bool mask, got {m.dtype}")
     shape = self._broadcast_shape(m)
-    return self._expand_to(shape).flatten()[m._expand_to(shape).flatten()]
+    x, m = self._expand_to(shape).flatten(), m._expand_to(shape).flatten()
+    if size is None: return x[m]
+    sel = _first_true(m, _check_size(size, "masked_select"))  # (n, size): element i is output r
+    got = sel.where(x.unsqueeze(1), False).max(0) if x.dtype == dtypes.bool else sel.where(x.unsqueeze(1), 0).sum(0, dtype=x.dtype)
+    if sel.shape[0] == 0 or size == 0: return type(self).full((size,), fill_value, x.dtype, x.device)
+    return sel.max(0).where(got, type(self).full((), fill_value, x.dtype, x.device))
 
-  def nonzero(self) -> Any:
-    """The int32 indices of the nonzero elements, shape (count, ndim), in row-major order (reads the data to the host)."""
-    return type(self)(np.argwhere(self.numpy()).astype(np.int32).reshape(-1, self.ndim), device=self.device)
+  def nonzero(self, size: int | None = None, fill_value: Any = 0) -> Any:
+    """The int32 indices of the nonzero elements, shape (count, ndim), in row-major order. Without `size` the count is
+    learned by reading the data to the host; with `size` the shape is (size, ndim): the first indices found, then rows
+    of `fill_value` (cast to int32), computed on the device (jittable), as tinygrad and jax."""
+    if size is None:
+      found = np.argwhere(self.numpy()).astype(np.int32)
+      return type(self)(found.reshape(len(found), self.ndim), device=self.device)
+    nz = (self if self.dtype == dtypes.bool else self != 0).flatten()
+    sel = _first_true(nz, _check_size(size, "nonzero"))
+    Tensor, n = type(self), nz.shape[0]
+    if n == 0 or size == 0 or self.ndim == 0: return Tensor.full((size, self.ndim), fill_value, dtypes.int32, self.device)
+    flat = Tensor.arange(n, device=self.device)
+    strides = [math.prod(self.shape[d + 1:]) for d in range(self.ndim)]
+    coords = Tensor.stack(*[flat // st % s for st, s in zip(strides, self.shape)], dim=1)
+    rows = sel.unsqueeze(-1).where(coords.unsqueeze(1), 0).sum(0, dtype=dtypes.int32)  # (size, ndim)
+    return sel.max(0).unsqueeze(-1).where(rows, Tensor.full((), fill_value, dtypes.int32, self.device))
 
   # ***** diagonals and grids *****
   def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
@@ -454,7 +503,7 @@ class MovementMixin:
       elif isinstance(e, bool) or not (e is None or e is Ellipsis or isinstance(e, (int, slice))):
         raise IndexError(f"only ints, slices, None, Ellipsis, int/bool tensors and lists are valid indices, got {e!r}")
       out.append(e)
-    if sum(e is Ellipsis for e in out) > 1: raise IndexError("an index can only have a single Ellipsis")
+    if sum(e is Ellipsis for e in out) > 1: raise IndexError("an index can only have a single ellipsis (...)")
     def ndims(e): return e.ndim if isinstance(e, Tensor) and e.dtype == dtypes.bool else 0 if e is None or e is Ellipsis else 1
     used = sum(ndims(e) for e in out)
     if used > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim} (shape {self.shape}): {used} indexed")
@@ -479,26 +528,23 @@ class MovementMixin:
 
   def _basic_view(self, entries: list) -> tuple[Any, list, list, int]:
     """Apply ints/slices/None as movement ops. Returns (view, ops for the inverse, view axes of tensor indices, where B goes)."""
-    Tensor = type(self)
     x, ops, d = self, [], 0
     def do(op, arg):
       nonlocal x
       ops.append((op, arg, x.shape))
       x = x.shrink(arg) if op == "shrink" else x.flip(arg) if op == "flip" else x._pad(arg) if op == "pad" else x.reshape(arg)
-    final, adv_axes, adv_entries = [], [], []
-    for ei, e in enumerate(entries):
+    final, adv_axes = [], []
+    for e in entries:
       if e is None: final.append(1); continue
       size = x.shape[d]
       def rng(lo, hi, d=d): return tuple((lo, hi) if i == d else None for i in range(x.ndim))
       if isinstance(e, int):
         if not -size <= e < size: raise IndexError(f"index {e} is out of bounds for dimension {d} with size {size}")
         do("shrink", rng(e % size, e % size + 1))
-        adv_entries.append(ei)
       elif isinstance(e, UOp):  # symbolic int: in bounds if its largest value is (checked against the bound value too)
         top = e.src[1].arg if e.op is Ops.BIND else e.vmax  # a bound variable is checked at its value, as tinygrad
         if isinstance(size, int) and top >= size: raise IndexError(f"symbolic index {e} ({top}) is out of bounds for dimension {d} with size {size}")
         do("shrink", rng(e, e + 1))
-        adv_entries.append(ei)
       elif isinstance(e, slice) and any(isinstance(v, UOp) for v in (e.start, e.stop, e.step, size)):
         # symbolic bounds (e.g. buf[:, :v.bind(n)]): step 1, non-negative bounds, no clamping
         if e.step not in (None, 1): raise IndexError(f"a symbolic slice needs step 1, got {e.step}")
@@ -523,12 +569,13 @@ class MovementMixin:
             do("reshape", x.shape[:d] + (c,) + x.shape[d + 2:])
         final.append(c)
       else:
-        adv_axes.append(len(final)); adv_entries.append(ei)
+        adv_axes.append(len(final))
         final.append(size)
       d += 1
     if not isinstance(final, tuple) and tuple(final) != x.shape: do("reshape", tuple(final))
-    tensor_entries = [i for i, e in enumerate(entries) if isinstance(e, Tensor)]
-    adjacent = not tensor_entries or adv_entries == list(range(adv_entries[0], adv_entries[-1] + 1))
+    # ints select first (torch and tinygrad; numpy counts them as advanced indices): the tensor indices' result goes
+    # where they are when they are next to each other in the view, else first
+    adjacent = adv_axes == list(range(adv_axes[0], adv_axes[-1] + 1)) if adv_axes else True
     return x, ops, adv_axes, adv_axes[0] if adjacent and adv_axes else 0
 
   @staticmethod
@@ -572,20 +619,46 @@ class MovementMixin:
     return ret.permute(order)
 
   def __setitem__(self, index: Any, value: Any) -> None:
+    """Store `value` at `index`. A realized tensor is written in place (other views of its buffer see it); an unrealized
+    one is rebuilt functionally. A tensor value must cast to self's dtype without loss (lists, arrays and Python scalars
+    are cast). `t.detach()[i] = v` writes t's storage (detach shares it, as in torch and tinygrad). Gradients: with a
+    requires_grad tensor involved the update is functional (gradients w.r.t. the value before); with gradient-eligible
+    tensors (requires_grad None) in the value, the in-place write stays in the graph until realized, so backward reaches
+    them (tinygrad's `z[:2] += x`)."""
     Tensor = type(self)
+    if isinstance(value, Tensor) and value.dtype != self.dtype and not _casts_safely(value.dtype, self.dtype):
+      raise TensorTypeError(f"setitem: a {value.dtype} value can't be stored in a {self.dtype} tensor without loss; "
+                            f"cast it first (value.cast({self.dtype}))")
     if isinstance(value, (list, tuple, np.ndarray)): value = Tensor(np.asarray(value), device=self.device)
     v = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor.full((), value, self.dtype, self.device)
+    if (src := self._detached_from()) is not None: return self._write_through(src, index, v)
     realized = is_buffer_view(self.uop)
     if realized: self._own_buffer()  # copy-on-write if another tensor shares this exact view
+    lazy = False
     if _needs_grad(self) or _needs_grad(v):  # functional update, so gradients flow to both the old value and `value`
       if self.requires_grad and _has_other_uses(self, v):
         raise RuntimeError("can't setitem on a tensor that already has other uses and requires grad")
       if self.requires_grad and self._ctx is None: self._ctx = self.uop  # gradients of this tensor are w.r.t. its value before
       realized = False
+    elif realized and self._keeps_grad_path(v, value):
+      lazy = True  # a pending in-place ASSIGN (as Tensor.assign): written at the next realize, differentiable until then
+      if self._ctx is None: self._ctx = self.uop
+    if realized:  # the caller's index and value tensors that read this buffer keep the values from before the write
+      for e in _index_tensors(index) + ([value] if isinstance(value, Tensor) and not lazy else []):
+        if _reads_buffer(e, self.uop): e.realize()
+      if isinstance(value, Tensor): v = value.cast(self.dtype)
+      _refuse_stale_readers(self, v)
+    else: _refuse_stale_views(self, v)
+    self._store(index, v, realized, lazy)
+
+  def _store(self, index: Any, v: Any, realized: bool, lazy: bool = False) -> None:
+    """The write of __setitem__: into the realized buffer now (or, lazy, as a pending assign), else functionally."""
+    Tensor = type(self)
     if realized and buffer_of(self.uop) in v.uop.toposort(): v = v.contiguous()  # value reads the target: compute it first
     if isinstance(index, Tensor) and index.dtype == dtypes.bool and index.shape == self.shape and v.numel() == 1:
       new = index.where(v.reshape(()), self)  # x[mask] = scalar: a where, no need to count the mask
-      if realized: Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, new.uop))).realize()
+      if lazy: self.assign(new)
+      elif realized: Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, new.uop))).realize()
       else: self.uop = new.uop
       return
     entries, has_tensor = self._parse_index(index)
@@ -596,14 +669,14 @@ class MovementMixin:
       nb, nr = len(bshape), len(rest)
       out_shape = tuple(x.shape[r] for r in rest[:bpos]) + bshape + tuple(x.shape[r] for r in rest[bpos:])
       v = v._expand_to(v._broadcast_shape(Tensor.empty(out_shape, dtype=self.dtype, device=self.device))) if v.shape != out_shape else v
-      if v.shape != out_shape: raise TensorError(f"can't assign a value of shape {value.shape} to an index result of shape {out_shape}")
+      if v.shape != out_shape: raise TensorError(f"can't assign a value of shape {v.shape} to an index result of shape {out_shape}")
       if math.prod(out_shape) == 0: return
     else:
       try: v = v._expand_to(x.shape)
       except ValueError: raise TensorError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}") from None
       if v.shape != x.shape: raise TensorError(f"can't assign a value of shape {v.shape} to an index result of shape {x.shape}")
       if x.numel() == 0: return
-    if realized and not has_tensor and all(op != "pad" for op, _, _ in ops):
+    if realized and not lazy and not has_tensor and all(op != "pad" for op, _, _ in ops):
       Tensor(UOp(Ops.ASSIGN, self.dtype, (x.uop, v.uop))).realize()
       return
     if has_tensor:
@@ -621,8 +694,84 @@ class MovementMixin:
       val, hit = val.permute(inv), hit.permute(inv)
     else: val, hit = v, Tensor.full(x.shape, True, dtypes.bool, self.device)
     new = self._invert(hit, ops).where(self._invert(val, ops), self)
-    if realized: Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, new.uop))).realize()
+    if lazy: self.assign(new)
+    elif realized: Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, new.uop))).realize()
     else: self.uop = new.uop
+
+  def _write_through(self, src: Any, index: Any, v: Any) -> None:
+    """`src.detach()[index] = v`: write src's buffer in place (no gradient: detach), then view it again."""
+    if not is_buffer_view(src.uop):
+      raise TensorError("setitem on t.detach() writes t's storage, but t is not realized (its value is still a graph); "
+                        "realize t first, or clone() the detached tensor for a separate copy")
+    src._own_buffer()  # copy-on-write against tensors that only share the buffer by computing the same thing
+    for e in _index_tensors(index) + [v]:
+      if _reads_buffer(e, src.uop): e.realize()
+    _refuse_stale_readers(src, v, also=self)
+    if buffer_of(src.uop) in v.uop.toposort(): v = v.contiguous()
+    src._store(index, v.detach(), realized=True)
+    self.uop = UOp(Ops.DETACH, self.dtype, (src.uop,))
+
+
+def _base_buffer(u: UOp) -> UOp:
+  b = buffer_of(u)
+  while b.op is Ops.BUFFER_VIEW: b = b.src[0]
+  return b
+
+
+def _index_tensors(index: Any) -> list:
+  """The tensors of a setitem index (top level and in lists)."""
+  parts = index if isinstance(index, (tuple, list)) else (index,)
+  return [x for e in parts for x in (_index_tensors(e) if isinstance(e, (tuple, list)) else [e]) if hasattr(x, "uop")]
+
+
+def _pure_view(u: UOp) -> bool:
+  """A buffer seen through movement ops and detach only: it shares the buffer's storage (sees writes by design)."""
+  while u.op in GroupOp.Movement or u.op is Ops.DETACH: u = u.src[0]
+  return u.op in (Ops.BUFFER, Ops.BUFFER_VIEW, Ops.PARAM)
+
+
+def _reads_buffer(x: Any, target: UOp) -> bool:
+  """Whether tensor x is an unrealized computation that reads the buffer under `target` (a buffer view)."""
+  buf = _base_buffer(target)
+  return not _pure_view(x.uop) and any(n.op in (Ops.BUFFER, Ops.BUFFER_VIEW) and _base_buffer(n) is buf for n in x.uop.toposort())
+
+
+def _refuse_stale_readers(t: Any, v: Any, also: Any = None) -> None:
+  """Raise when a live tensor not yet realized reads t's buffer: built before this in-place write, it would see the
+  write when realized later (torch computed it before; tinygrad raises too). Views of the buffer (movement ops, detach)
+  are exempt: they share the storage by design. `also` is another tensor exempt (the detached one written through)."""
+  own = set(v.uop.toposort())
+  for x in list(all_tensors):
+    if x is t or x is also or x.uop in own: continue
+    if _reads_buffer(x, t.uop):
+      raise TensorError(f"can't setitem on a realized tensor that an unrealized tensor of shape {x.shape} was computed from: "
+                        "realized after the write it would see it; realize that tensor first, or setitem on a clone()")
+
+
+def _refuse_stale_views(t: Any, v: Any) -> None:
+  """Raise when another live tensor is a view (movement ops, detach) or an alias of unrealized t's value: t is rebuilt
+  functionally, so the view would keep the value before the write, where an eager framework's view sees it."""
+  own = set(v.uop.toposort())
+  for x in list(all_tensors):
+    if x is t or x.uop in own: continue
+    u = x.uop
+    while u is not t.uop and (u.op in GroupOp.Movement or u.op is Ops.DETACH): u = u.src[0]
+    if u is t.uop:
+      raise TensorError(f"can't setitem on an unrealized tensor that a live tensor of shape {x.shape} is a view or alias of: the "
+                        "view would keep the old value; realize the tensor first (then views share its buffer), or drop the view")
+
+
+def _casts_safely(src: Any, dst: Any) -> bool:
+  """Every value of dtype `src` is exactly a value of `dst` (numpy's "safe" casting, extended to bfloat16 and fp8 by
+  exponent and mantissa widths): bool into anything, ints into wider ints or floats whose significand holds them."""
+  if src == dst or src == dtypes.bool: return True
+  if dst == dtypes.bool: return False
+  if dtypes.is_float(src):
+    if not dtypes.is_float(dst): return False
+    (es, ms), (ed, md) = dtypes.finfo(src), dtypes.finfo(dst)
+    return ed >= es and md >= ms
+  if dtypes.is_float(dst): return dtypes.finfo(dst)[1] + 1 >= src.itemsize * 8 - (0 if dtypes.is_unsigned(src) else 1)
+  return dtypes.min(dst) <= dtypes.min(src) and dtypes.max(src) <= dtypes.max(dst)
 
 
 def _needs_grad(t: Any) -> bool:

@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from plugrad.errors import TensorError
+import numpy as np
+
+from plugrad.errors import TensorError, TensorTypeError
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from plugrad.uop.ops import Ops, UOp
 
@@ -37,6 +39,29 @@ def _softplus(x: Tensor, beta: float = 1.0) -> Tensor:
   z = _float(x) * beta
   u = (-z.maximum(-z)).exp()
   return (z.maximum(0) + (u < 1e-4).where(u * (1 - 0.5 * u), (1 + u).log())) * (1 / beta)
+
+
+def _linear_weights(n_in: int, n_out: int, align_corners: bool) -> np.ndarray:
+  """(n_out, n_in) float64 weights of linear resampling (torch's source positions: half-pixel centers, clamped at 0)."""
+  W = np.zeros((n_out, n_in))
+  for o in range(n_out):
+    if align_corners: pos = o * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    else: pos = max((o + 0.5) * n_in / n_out - 0.5, 0.0)
+    lo = min(int(pos), n_in - 1)
+    W[o, lo] += 1 - (pos - lo)
+    W[o, min(lo + 1, n_in - 1)] += pos - lo
+  return W
+
+
+def _uint8_linear_pass(x: Tensor, ax: int, n_out: int, align_corners: bool) -> Tensor:
+  """One dim of uint8 linear resampling as torch computes it: the weights as 16-bit fixed point (the most fraction bits
+  p that keep 2 * max weight below 2^15), sum(w * x) + 2^(p-1) shifted right by p and clamped to 0..255, per dim."""
+  W = _linear_weights(x.shape[ax], n_out, align_corners)
+  p = next((q for q in range(22) if int(0.5 + W.max() * (1 << (q + 1))) >= 1 << 15), 22)
+  Wi = type(x)(np.floor(0.5 + W * (1 << p)).astype(np.int32), device=x.device)  # weights are >= 0: round half up
+  moved = x.transpose(ax, -1)
+  y = (moved.cast(dtypes.int32).unsqueeze(-2) * Wi).sum(-1, dtype=dtypes.int32)
+  return ((y + (1 << (p - 1))) >> p).clip(0, 255).cast(dtypes.uint8).transpose(ax, -1)
 
 
 def _arange(like: Tensor, n: int, dtype: DType = dtypes.int32) -> Tensor:
@@ -408,9 +433,15 @@ class NnMixin:
 
   # ***** normalization *****
   def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-    """x / max(||x||_p, eps) along `dim` (torch.nn.functional.normalize)."""
+    """x / max(||x||_p, eps) along `dim` (torch.nn.functional.normalize); p may be 0 (count of nonzeros) or +-inf. A zero
+    vector stays zero, with finite gradients (torch)."""
     x = _float(self)
-    norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p) if p != 2 else (x * x).sum(dim, keepdim=True).sqrt()
+    if p == 0: norm = (x != 0).sum(dim, keepdim=True, dtype=x.dtype)  # the count of nonzeros (torch's 0-"norm")
+    elif p in (math.inf, -math.inf): norm = x.abs().max(dim, keepdim=True) if p > 0 else x.abs().min(dim, keepdim=True)
+    elif p == 2:  # a zero vector's norm is 0 with a zero (not nan) slope: sqrt is taken of 1 there
+      ss = (x * x).sum(dim, keepdim=True)
+      norm = (ss > 0).where((ss > 0).where(ss, 1).sqrt(), 0)
+    else: norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
     return x / norm.maximum(eps)
 
   def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
@@ -600,15 +631,14 @@ class NnMixin:
     return (T.rand(*x.shape, device=x.device) >= p).where(x, 0) * (1 / (1 - p))
 
   # ***** losses *****
-  def one_hot(self, num_classes: int = -1) -> Tensor:
-    """int32 tensor with a trailing axis of `num_classes` (-1: max+1, which realizes self) holding 1 at each index."""
+  def one_hot(self, num_classes: int) -> Tensor:
+    """int32 tensor with a trailing axis of `num_classes` holding 1 at each index (a value outside 0..num_classes-1 gives
+    a row of zeros). As tinygrad (and jax), num_classes is given: torch's -1 would read the data to infer it."""
     x: Tensor = self  # type: ignore[assignment]
-    if not dtypes.is_int(x.dtype): raise TypeError(f"one_hot needs an integer tensor, got {x.dtype}")
-    if num_classes == -1:  # inferred from the data, which is read anyway: check it too (torch raises for negatives)
-      lo, hi = (int(v) for v in x.min().cast(dtypes.int64).stack(x.max().cast(dtypes.int64)).numpy()) if x.numel() else (0, -1)
-      if lo < 0: raise TensorError(f"one_hot: class values must be non-negative, got {lo}")
-      num_classes = hi + 1
-    if not isinstance(num_classes, int) or num_classes < 0: raise TensorError(f"one_hot num_classes must be a non-negative int, got {num_classes!r}")
+    if not dtypes.is_int(x.dtype): raise TensorTypeError(f"one_hot needs an integer tensor, got {x.dtype}")
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
+      hint = " (it is not inferred: pass int(t.max().item()) + 1 for torch's -1)" if num_classes == -1 else ""
+      raise TensorError(f"one_hot num_classes must be a non-negative int, got {num_classes!r}{hint}")
     return (x.reshape(*x.shape, 1) == _arange(x, num_classes, x.dtype)).where(1, 0)
 
   def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
@@ -671,7 +701,8 @@ class NnMixin:
   def interpolate(self, size: Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
     """Resize the trailing len(size) dims. mode "linear" (also "bilinear"/"trilinear") interpolates along each of them
     like torch (half-pixel centers unless align_corners); "nearest" and "nearest-exact" pick floor(o*in/out) and
-    floor((o+0.5)*in/out). Each dim is one small matrix contraction."""
+    floor((o+0.5)*in/out). Each dim is one small matrix contraction. uint8 input resamples as torch's uint8 bilinear does
+    (16-bit fixed-point weights, rounded and clamped after each dim, the last dim first): the same bytes."""
     x: Tensor = self  # type: ignore[assignment]
     size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
     if not size or len(size) > x.ndim or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size):
@@ -682,6 +713,10 @@ class NnMixin:
     if align_corners and mode.startswith("nearest"): raise TensorError("align_corners only applies to linear modes")
     out_dt = x.dtype if mode.startswith("nearest") else least_upper_float(x.dtype)
     res = x
+    if x.dtype == dtypes.uint8 and not mode.startswith("nearest"):  # torch's fixed-point uint8 path, last dim first
+      for ax, n_out in reversed(list(zip(range(x.ndim - len(size), x.ndim), size))):
+        if x.shape[ax] != n_out: res = _uint8_linear_pass(res, ax, n_out, align_corners)
+      return res
     for ax, n_out in zip(range(x.ndim - len(size), x.ndim), size):
       n_in = x.shape[ax]
       if n_in == n_out: continue  # every mode maps an axis onto itself identically

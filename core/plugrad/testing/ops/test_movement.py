@@ -178,10 +178,15 @@ def test_scatter():
   want = x.copy()
   np.put_along_axis(want, idx, 7.0, 0)
   assert_close(Tensor(x).scatter(0, Tensor(idx), 7.0).numpy(), want)
-  assert_close(Tensor(x).scatter(1, Tensor(dup), Tensor(src), reduce="add").numpy(), _np_scatter_reduce(x, 1, dup, src, "sum", True))
-  assert_close(Tensor(x).scatter(1, Tensor(dup), Tensor(src), reduce="multiply").numpy(), _np_scatter_reduce(x, 1, dup, src, "prod", True))
+  assert_close(Tensor(x).scatter(1, Tensor(dup), 2.5, reduce="add").numpy(), _np_scatter_reduce(x, 1, dup, np.full(dup.shape, 2.5, np.float32), "sum", True))
+  assert_close(Tensor(x).scatter(1, Tensor(dup), 3.0, reduce="multiply").numpy(),
+               _np_scatter_reduce(x, 1, dup, np.full(dup.shape, 3.0, np.float32), "prod", True))
   with pytest.raises(ValueError): Tensor(x).scatter(0, Tensor(idx), Tensor(src), reduce="max")
   with pytest.raises(ValueError, match="src"): Tensor(x).scatter(0, Tensor(idx), Tensor(src[:1]))
+  # as tinygrad: a tensor src with reduce is scatter_reduce's job (TypeError), src of another dtype is refused (RuntimeError)
+  with pytest.raises(TypeError, match="scatter_reduce"): Tensor(x).scatter(1, Tensor(dup), Tensor(src), reduce="add")
+  with pytest.raises(RuntimeError, match="dtype"): Tensor(x).scatter(0, Tensor(idx), Tensor(src.astype(np.float16)))
+  with pytest.raises(RuntimeError, match="dtype"): Tensor(x).scatter_reduce(0, Tensor(idx), Tensor(src.astype(np.float16)), "sum")
 
 
 @pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
@@ -220,7 +225,7 @@ A = _np((3, 4, 5))
 GET = [1, -1, (1, 2), (2, -1, 3), slice(None, None, 2), (slice(None), slice(None, None, -2)), (Ellipsis, 1), (None, 1, None),
        (slice(1, None, 3), slice(4, 0, -3)), (slice(-100, 100),), (slice(3, 1),), (slice(None), slice(None), slice(None, None, -1)),
        (Ellipsis, None), (1, Ellipsis, slice(1, 4, 2)), (), [0, 2], [[0, 1], [2, 2]], ([0, 2], [1, 3]), (slice(None), [0, 2], [1, 3]),
-       ([0, 2], slice(None), [1, 3]), (0, slice(None), [1, 3]), ([0, -1], 1), (slice(None), [[0], [3]], [1, 2, 4]), ([2, 0], None, [1, 1]),
+       ([0, 2], slice(None), [1, 3]), ([0, -1], 1), (slice(None), [[0], [3]], [1, 2, 4]), ([2, 0], None, [1, 1]),
        (Ellipsis, [4, 0, 4]), (slice(None, None, -1), [0, 1]), (None, [0, 2], slice(None, None, 2), [1, 3]), (np.int64(1),), [-3, 2],
        ([True, False, True],), (slice(None), [False, True, True, False]), A[..., 0] > 20, (1, A[1] > 20), ([1, 2], slice(1, 3), 0)]
 
@@ -228,6 +233,15 @@ GET = [1, -1, (1, 2), (2, -1, 3), slice(None, None, 2), (slice(None), slice(None
 @pytest.mark.parametrize("idx", GET, ids=[str(i) for i in range(len(GET))])
 def test_getitem(idx):
   assert_close(Tensor(A)[idx].numpy(), A[idx])
+
+
+def test_getitem_ints_select_first():
+  """An int next to tensor indices selects first, as in torch and tinygrad (numpy would count it as an advanced index
+  and, with a slice between them, put the indexed dims first)."""
+  assert_close(Tensor(A)[0, :, [1, 3]].numpy(), A[0][:, [1, 3]])  # (4, 2); numpy's A[0, :, [1, 3]] is (2, 4)
+  assert_close(Tensor(A)[1, :, Tensor([[4], [0]])].numpy(), A[1][:, np.array([[4], [0]])])
+  assert_close(Tensor(A)[[2, 0], 1:3, 4].numpy(), A[[2, 0], 1:3, 4])  # no slice between the tensor and the int's dims: same
+  assert_close(Tensor(A)[[2, 0], 1, [1, 3]].numpy(), A[[2, 0], 1, [1, 3]])  # adjacent once the int is gone: same
 
 
 def test_getitem_tensor_indices():
@@ -249,7 +263,7 @@ def test_getitem_errors():
   with pytest.raises(IndexError, match="index -6 is out of bounds for dimension 2 with size 5"): x[0, 0, -6]
   with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 1 with size 4"): x[:, [0, 4]]
   with pytest.raises(IndexError, match="too many indices"): x[0, 0, 0, 0]
-  with pytest.raises(IndexError, match="single Ellipsis"): x[..., 0, ...]
+  with pytest.raises(IndexError, match="single ellipsis"): x[..., 0, ...]
   with pytest.raises(IndexError): x[1.5]
   with pytest.raises(IndexError): x["a"]
   with pytest.raises(IndexError): x[Tensor([0.5])]
