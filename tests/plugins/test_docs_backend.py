@@ -9,6 +9,7 @@ skipping them.
 """
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -88,13 +89,10 @@ def test_c_base_emulates_what_it_cannot_prove():
 def test_former_c_defaults_fail_the_kit(monkeypatch: pytest.MonkeyPatch):
   """fp8 as `unsigned char` with nothing emulated (the C base's defaults before issue 45): arithmetic on the codes."""
   from plugrad.testing.ops import test_lowp_dtypes as kit
-  from plugrad_cpu.device import ClangRenderer
-  class FormerDefaults(ClangRenderer):
-    type_map = {**ClangRenderer.type_map, dtypes.fp8e4m3: "unsigned char", dtypes.fp8e5m2: "unsigned char"}
-    emulated = frozenset()
   cpu = Device["CPU"]
-  ren = FormerDefaults()
-  for k in ("vector_lanes", "vector_regs", "vectorizes_reductions"): setattr(ren, k, getattr(cpu.renderer, k))
+  ren = copy.copy(cpu.renderer)  # the CPU renderer as the device set it up, with the C base's former fp8 handling
+  ren.type_map = {**type(ren).type_map, dtypes.fp8e4m3: "unsigned char", dtypes.fp8e5m2: "unsigned char"}
+  ren.emulated = frozenset()
   monkeypatch.setattr(Device, "DEFAULT", "CPU", raising=False)
   monkeypatch.setattr(cpu, "renderer", ren)
   monkeypatch.setattr(realize, "_RUNNERS", {})
