@@ -17,3 +17,8 @@ class TensorIndexError(IndexError, TensorError):
 class TensorTypeError(TypeError, TensorError):
   """An argument of the wrong type or dtype (a shift of floats, one_hot of floats, scatter of another dtype): a TypeError
   (Python's convention) that is also the RuntimeError tinygrad and torch raise, and a ValueError."""
+
+
+class TensorModeError(NotImplementedError, TensorError):
+  """A mode name an op doesn't have (a pad mode typo): the NotImplementedError torch and tinygrad raise, and a
+  TensorError (ValueError, RuntimeError)."""

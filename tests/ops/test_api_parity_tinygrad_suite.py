@@ -111,6 +111,7 @@ def test_circular_pad_and_gradient_match_torch(pads):
 
 def test_circular_pad_wrapping_twice_is_refused():
   x = np.zeros((1, 1, 5, 5), np.float32)
+  raises_like_torch(NotImplementedError, lambda: Tensor(x).pad((3, 0), mode="typo"), lambda: F.pad(torch.tensor(x), (3, 0), mode="typo"))
   raises_like_torch(RuntimeError, lambda: Tensor(x).pad((3, 6, 0, 0), mode="circular"), lambda: F.pad(torch.tensor(x), (3, 6, 0, 0), mode="circular"))
   with pytest.raises(ValueError, match="more than once"): Tensor(x).pad((-3, 3), mode="circular")  # 2 left after cropping 3
 

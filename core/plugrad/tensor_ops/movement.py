@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from plugrad.errors import TensorError, TensorIndexError, TensorTypeError
+from plugrad.errors import TensorError, TensorIndexError, TensorModeError, TensorTypeError
 from plugrad.live import all_tensors
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.dtype import dtypes, least_upper_dtype
@@ -201,7 +201,7 @@ class MovementMixin:
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Any:
     """Pad with torch's flat format (last dim first) or a tuple of (before, after) pairs per dim; negative pads shrink."""
     if mode not in ("constant", "reflect", "replicate", "circular"):
-      raise TensorError(f"pad mode {mode!r} is not one of constant, reflect, replicate, circular")
+      raise TensorModeError(f"pad mode {mode!r} is not one of constant, reflect, replicate, circular")
     pairs = self._pad_pairs(padding)
     for (b, a), s in zip(pairs, self.shape):
       if -b - a > s or -b > s or -a > s: raise TensorError(f"pad {pairs} shrinks a dim of shape {self.shape} below zero")
