@@ -205,3 +205,13 @@ def test_limits_leave_ordinary_templates_alone(smollm_template):
   assert render_chat(ok, ONE) == "ab" * 1000 + "|    7|   1|    x    |1, 2|" + str(2 ** 100)
   rec = "{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(30) }}"
   assert render_chat(rec, ONE) == "".join(str(n) for n in range(30, 0, -1))
+
+
+def test_a_template_that_renders_nothing_is_an_error_not_an_empty_prompt(tiny_gguf):
+  """An empty prompt used to reach the engine, whose prefill then failed (a 500 from the server): it is a ValueError
+  (a 400) when the prompt is built."""
+  from plugrad.apps.llm.generate import LLM
+  from plugrad.apps.llm.tokenizer import Tokenizer
+  from plugrad.nn.state import gguf_load
+  llm = LLM(None, Tokenizer.from_gguf_metadata(gguf_load(tiny_gguf)[0]), "{% if false %}x{% endif %}")
+  with pytest.raises(ValueError, match="the prompt is empty"): llm.chat_prompt(ONE)

@@ -55,7 +55,7 @@ def _strftime_now(fmt: str) -> str: return datetime.datetime.now().strftime(fmt)
 # ---------------------------------------------------------------------------- limits of a template's rendering
 
 TEMPLATE_SECONDS = 2.0        # wall time one rendering may take
-TEMPLATE_MAX_LEN = 1 << 22    # elements (characters, items) a string or sequence built by a template may have; also
+TEMPLATE_MAX_LEN = 1 << 20    # elements (characters, items) a string or sequence built by a template may have; also
                               # what its output may hold beyond the messages' own text
 MAX_INT_BITS = 1 << 16        # bits of an integer a template computes with * or **
 MAX_INDENT = 1024             # tojson's indent
@@ -227,12 +227,11 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
   msgs = validate_messages(messages)
   if template is None: return render_chatml(msgs, add_generation_prompt)
   if not isinstance(template, str): raise TypeError(f"chat template must be a str or None, got {type(template).__name__}")
-  from jinja2.exceptions import TemplateError
   variables = dict(messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token, **extra)
   try:
     return _render(template, variables, sum(len(m["content"]) for m in msgs) + len(bos_token) + len(eos_token))
   except TemplateLimitError: raise
-  except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+  except Exception as e:   # whatever the template did (TemplateError, TypeError, ZeroDivisionError...): the template's failure
     if strict: raise ValueError(f"chat template failed: {type(e).__name__}: {e}") from e
     warnings.warn(f"chat template failed ({type(e).__name__}: {e}); using ChatML instead", stacklevel=2)
     return render_chatml(msgs, add_generation_prompt)

@@ -23,7 +23,7 @@ from plugrad.schedule.kernelize import buffer_of
 from plugrad.tensor import Tensor
 
 from plugrad.apps.llm.chat import TemplateLimitError, render_chat, validate_messages
-from plugrad.apps.llm.model import CACHE_PAD, PREFILL_MULTIPLE, Transformer
+from plugrad.apps.llm.model import CACHE_PAD, PREFILL_MULTIPLE, Config, Transformer, check_shapes
 from plugrad.apps.llm.tokenizer import Tokenizer
 
 # prefills of at most this many (padded) tokens run the graph whose matmuls dequantize weights in their inner loop;
@@ -206,6 +206,11 @@ def literal_markers(texts: Sequence[str]) -> tuple[str, str]:
   return free[0], free[1]
 
 
+def _not_empty(ids: list[int], what: str) -> list[int]:
+  if not ids: raise ValueError(f"the prompt is empty: the {what} text gives no tokens (at least one is needed)")
+  return ids
+
+
 class LLM:
   """A model with its tokenizer and chat template: text in, streamed text out."""
 
@@ -245,16 +250,25 @@ class LLM:
     before any weight is read: the tokenizer's keys, the chat template (a string that renders within its limits), the
     model's keys and tensor shapes (`Transformer.from_loaded`); each problem is a ValueError naming the key or tensor."""
     meta, tensors = gguf_load(path)
+    llm = LLM.from_metadata(meta, {k: t.shape for k, t in tensors.items()}, name)
+    llm.model = Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_mb << 20, batch)
+    return llm
+
+  @staticmethod
+  def from_metadata(meta: dict[str, Any], shapes: dict[str, tuple], name: str = "model") -> LLM:
+    """An LLM without its model yet, from GGUF metadata and the file's tensor shapes, everything checked that can be
+    without reading a weight: the tokenizer's keys, the chat template (a string that renders within its limits), the
+    vocabulary against the embedding rows, the model's keys and the tensor shapes (`Config.from_gguf`,
+    `check_shapes`); each problem a ValueError naming the key or tensor."""
     tok = Tokenizer.from_gguf_metadata(meta)
     template = meta.get("tokenizer.chat_template")
     if template is not None and not isinstance(template, str):
       raise ValueError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__} {template!r:.60}")
-    rows = tensors["token_embd.weight"].shape[0] if "token_embd.weight" in tensors else None
+    rows = shapes["token_embd.weight"][0] if "token_embd.weight" in shapes else None
     if rows is not None and tok.vocab_size > rows:
       raise ValueError(f"GGUF tokenizer.ggml.tokens has {tok.vocab_size} tokens, more than the {rows} rows of token_embd.weight")
-    llm = LLM(None, tok, template, name)   # (renders the template: one that runs past its limits is refused here)
-    llm.model = Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_mb << 20, batch)
-    return llm
+    check_shapes(Config.from_gguf(meta, rows), shapes)
+    return LLM(None, tok, template, name)   # (renders the template: one that runs past its limits is refused here)
 
   def _special(self, tid: int | None) -> str:
     if tid is None: return ""
@@ -280,12 +294,12 @@ class LLM:
     text = render_chat(self.template, msgs, add_generation_prompt=True, bos_token=bos, eos_token=self._special(eos))
     self._check_length(text, max_context)
     add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None and not (bos and text.startswith(bos))
-    return self.tok.encode(text, add_bos=add_bos, parse_special=True, literal=marks)
+    return _not_empty(self.tok.encode(text, add_bos=add_bos, parse_special=True, literal=marks), "chat template's")
 
   def completion_prompt(self, prompt: str, max_context: int | None = None) -> list[int]:
     self._check_length(prompt, max_context)
     add_bos = bool(getattr(self.tok, "add_bos_token", False)) and self.tok.bos_id is not None
-    return self.tok.encode(prompt, add_bos=add_bos, parse_special=False)
+    return _not_empty(self.tok.encode(prompt, add_bos=add_bos, parse_special=False), "prompt's")
 
   def backend(self) -> BatchGenerator:
     """What the serving engine generates with: one KV-cache slot per row of the model's batch (`load(batch=...)`)."""

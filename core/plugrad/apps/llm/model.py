@@ -118,7 +118,8 @@ class Config:
     extra: dict[str, Any] = {}
     if arch == "gemma3":
       scaling = m.text("rope.scaling.type", None)
-      if scaling not in (None, "none", "linear"): raise ValueError(f"gemma3 rope scaling {scaling!r} isn't supported (linear is)")
+      if scaling not in (None, "none", "linear"):
+        raise ValueError(f"GGUF metadata gemma3.rope.scaling.type={scaling!r} isn't supported (none and linear are)")
       extra = dict(embed_scale=math.sqrt(dim), sliding_window=m.integer("attention.sliding_window"), swa_pattern=GEMMA3_SWA_PATTERN,
                    rope_theta_local=10000.0, rope_scale=m.number("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0,
                    post_norms=True, act="gelu_tanh")
@@ -194,8 +195,10 @@ def check_shapes(cfg: Config, shapes: dict[str, tuple]) -> None:
   """A ValueError naming the first tensor that is missing or whose shape doesn't fit the metadata, or the number of
   blocks the tensors have when it isn't the metadata's block count."""
   blocks = {int(k.split(".")[1]) for k in shapes if k.startswith("blk.") and k.split(".")[1].isdigit()}
-  if blocks and max(blocks) >= cfg.n_layers:
-    raise ValueError(f"the model file has tensors for {max(blocks) + 1} blocks, but its metadata says {cfg.arch}.block_count={cfg.n_layers}")
+  if (blocks and max(blocks) >= cfg.n_layers) or len(blocks) < cfg.n_layers:   # (before listing n_layers blocks' tensors)
+    missing = min(set(range(len(blocks) + 1)) - blocks)
+    have = f"tensors for {max(blocks) + 1} blocks" if blocks and max(blocks) >= cfg.n_layers else f"no tensors for block {missing}"
+    raise ValueError(f"the model file has {have}, but its metadata says {cfg.arch}.block_count={cfg.n_layers}")
   for name, (required, allowed) in expected_shapes(cfg).items():
     if name not in shapes:
       if required: raise ValueError(f"model file lacks tensor {name!r} ({cfg.arch}, {cfg.arch}.block_count={cfg.n_layers})")
