@@ -135,16 +135,16 @@ class Tokenizer:
       self.pre = self._preset(pre)
       pattern, self._digits, self._ignore_merges = PRESETS[self.pre]
       self._rx, self._digit_rx = _compile(pattern), _compile("([{N}])")
-      self._all_ranks: dict[tuple[str, str], int] = {}
+      self._ranks: dict[tuple[str, str], int] = {}
       for r, m in enumerate(merges if merges is not None else []):
         if not isinstance(m, str) or (k := m.find(" ", 1)) < 0:
           raise ValueError(f"merge {r} ({m!r:.40}) is not two tokens separated by a space (GGUF tokenizer.ggml.merges)")
-        self._all_ranks.setdefault((m[:k], m[k + 1:]), r)
+        self._ranks.setdefault((m[:k], m[k + 1:]), r)
     else:
       self.pre = None
       sc = scores if scores is not None else [0.0] * len(tokens)
       if len(sc) != len(tokens): raise ValueError(f"scores has {len(sc)} entries for {len(tokens)} tokens")
-      self._all_scores = {t: -float(sc[i]) for t, i in self.vocab.items() if types[i] in (NORMAL, USER_DEFINED, UNUSED)}
+      self._scores = {t: -float(sc[i]) for t, i in self.vocab.items() if types[i] in (NORMAL, USER_DEFINED, UNUSED)}
       self._byte_ids = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
     self._derive()
 
@@ -156,7 +156,7 @@ class Tokenizer:
     ids = frozenset(int(i) for i in ids if 0 <= i < self.vocab_size)
     if ids <= self.control_ids: return
     self.control_ids = self.control_ids | ids
-    if hasattr(self, "_byte_ids") or hasattr(self, "_all_ranks"): self._derive()
+    if hasattr(self, "_byte_ids") or hasattr(self, "_ranks"): self._derive()
 
   def _derive(self) -> None:
     """The regexes and merge tables that depend on `control_ids`."""
@@ -167,8 +167,11 @@ class Tokenizer:
     # the control tokens' texts: what a chat prompt's message content must not be able to produce (fenced as text)
     self.control_rx = self._special_regex(sorted(t for t in control_texts if t in self.special_tokens))
     self._cache.clear()
-    if self.model == "gpt2": self._ranks = {ab: r for ab, r in self._all_ranks.items() if ab[0] + ab[1] not in control_texts}
-    else: self._scores = {t: sc for t, sc in self._all_scores.items() if self.vocab[t] not in ctrl}
+    # merges that would spell a control token go (control ids only ever grow, so none has to come back)
+    if self.model == "gpt2":
+      for ab in [ab for ab in self._ranks if ab[0] + ab[1] in control_texts]: del self._ranks[ab]
+    else:
+      for t in [t for t in control_texts if t in self._scores]: del self._scores[t]
 
   @staticmethod
   def _preset(pre: str | None) -> str:
