@@ -35,7 +35,8 @@ def pack_entry(lib: bytes, key: bytes) -> bytes:
 
 def unpack_entry(raw: bytes, key: bytes) -> bytes:
   """The binary of a cache entry filed under `key`; ValueError saying what is wrong when it does not verify."""
-  if len(raw) >= 8 and raw[:4] == ENTRY_MAGIC[:4] and raw[4:8] < ENTRY_MAGIC[4:8]: raise OlderEntryFormat(f"entry format {raw[4:8]!r}, this is {ENTRY_MAGIC[4:8]!r}")
+  if len(raw) >= 8 and raw[:4] == ENTRY_MAGIC[:4] and raw[4:8] < ENTRY_MAGIC[4:8]:
+    raise OlderEntryFormat(f"entry format {raw[4:8]!r}, this is {ENTRY_MAGIC[4:8]!r}")
   if len(raw) < _ENTRY_HEAD.size: raise ValueError(f"{len(raw)} bytes, shorter than the {_ENTRY_HEAD.size}-byte entry header")
   magic, have_key, n, digest = _ENTRY_HEAD.unpack_from(raw)
   if magic != ENTRY_MAGIC: raise ValueError(f"bad magic {magic!r} (not a plugrad compile cache entry of this version)")

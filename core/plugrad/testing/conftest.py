@@ -1,8 +1,9 @@
 """pytest setup for the conformance suite when it runs from an installed plugrad (`DEV=X pytest --pyargs plugrad.testing`).
 
 Registers the suite's markers (so `--strict-markers` works without the repo's pytest.ini), names the device under test
-(in the summary at the end; in the header too where pytest loads this file first), and offers a `device` fixture. Tests use the default device: set it with DEV. A device that can't
-be opened, or a missing hypothesis (the [conformance] extra installs it), stops the run with one line before any test.
+(in the summary at the end; in the header too where pytest loads this file first), and offers a `device` fixture.
+Tests use the default device: set it with DEV. A device that can't be opened,
+or a missing hypothesis (the [conformance] extra installs it), stops the run with one line before any test.
 """
 from __future__ import annotations
 

@@ -178,7 +178,8 @@ def test_scatter():
   want = x.copy()
   np.put_along_axis(want, idx, 7.0, 0)
   assert_close(Tensor(x).scatter(0, Tensor(idx), 7.0).numpy(), want)
-  assert_close(Tensor(x).scatter(1, Tensor(dup), 2.5, reduce="add").numpy(), _np_scatter_reduce(x, 1, dup, np.full(dup.shape, 2.5, np.float32), "sum", True))
+  assert_close(Tensor(x).scatter(1, Tensor(dup), 2.5, reduce="add").numpy(),
+               _np_scatter_reduce(x, 1, dup, np.full(dup.shape, 2.5, np.float32), "sum", True))
   assert_close(Tensor(x).scatter(1, Tensor(dup), 3.0, reduce="multiply").numpy(),
                _np_scatter_reduce(x, 1, dup, np.full(dup.shape, 3.0, np.float32), "prod", True))
   with pytest.raises(ValueError): Tensor(x).scatter(0, Tensor(idx), Tensor(src), reduce="max")
