@@ -53,7 +53,7 @@ def main() -> None:
   dev = Device["CPU"]
   rows = []
   for name, ast in kernels():
-    heur = heuristic_opts(ast, dev.renderer)
+    heur = heuristic_opts(ast, dev.renderer.caps)
     st = time.perf_counter()
     found = search.beam_search(ast, "CPU", a.width)
     s_search = time.perf_counter() - st

@@ -78,7 +78,7 @@ def opts_sweep(qtype: str, rows: int, cols: int, batch: int, calls: int, variant
   *pre, it = y.schedule()
   for p in pre: lower_item(p).run()
   dev = Device[Device.DEFAULT]
-  base = heuristic_opts(it.ast, dev.renderer)
+  base = heuristic_opts(it.ast, dev.renderer.caps)
   print("ranges", {k: (r.arg[1], r.src[0].arg) for k, r in ranges_of(it.ast).items()}, "\nheuristic", base)
   bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
   cands = {"heuristic": base} | {v: [Opt(k, int(r), int(a)) for k, r, a in (o.split(":") for o in v.split(","))] for v in variants}

@@ -259,9 +259,10 @@ def programs(ast, ren) -> list[tuple[str, str, list]]:
     from plugrad.codegen.gpuopt import choose_gpu_opts
     from plugrad.codegen.opt import heuristic_opts
     from plugrad.codegen.pack import split_packs
-    gpu = uses_gpudims(ren)
-    heur = choose_gpu_opts(ast, ren) if gpu else heuristic_opts(ast, ren)
-    if getattr(ren, "vector_lanes", 0) and not gpu and any(o.kind == "PACK" for o in heur):
+    caps = getattr(ren, "caps", ren)   # (the capability record; before it, the renderer's attributes)
+    gpu = uses_gpudims(caps)
+    heur = choose_gpu_opts(ast, caps) if gpu else heuristic_opts(ast, caps)
+    if getattr(caps, "vector_lanes", 0) and not gpu and any(o.kind == "PACK" for o in heur):
       plan = split_packs(ast, heur)
       pre = [p for pk in plan.packs for p in programs(pk.ast, ren)]
       spec = get_program(plan.ast, ren, plan.opts)

@@ -1,6 +1,6 @@
 """Fixtures every test area shares: `cpu_host`, the CPU device as a named kind of host.
 
-The CPU renderer's capability data (vector lanes and registers, byte dot products) comes from the host's feature
+The CPU renderer's capability record (vector lanes and registers, byte dot products) comes from the host's feature
 flags, and the heuristics, the LLM's weight layouts and the kernels they pick follow it. A test of such a choice states
 the host it describes: it takes `cpu_host` (both kinds, one after the other) or parametrizes it indirectly, and
 asserts per kind, so it passes on every machine the suite runs on. The kernels stay correct whatever the record says
@@ -8,6 +8,7 @@ asserts per kind, so it passes on every machine the suite runs on. The kernels s
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,13 +23,13 @@ def host_kind(kind: str) -> Iterator[str]:
   from plugrad.engine import realize
   from plugrad_cpu.device import HOST_KINDS, simd_caps
   ren = Device["CPU"].renderer
-  saved = {k: getattr(ren, k) for k in ("vector_lanes", "vector_regs", "dot4")}
+  saved = ren.caps
   realize._RUNNERS.clear()
   try:
-    for k, v in simd_caps(HOST_KINDS[kind]).items(): setattr(ren, k, v)
+    ren.caps = dataclasses.replace(saved, **simd_caps(HOST_KINDS[kind]))
     yield kind
   finally:
-    for k, v in saved.items(): setattr(ren, k, v)
+    ren.caps = saved
     realize._RUNNERS.clear()
 
 

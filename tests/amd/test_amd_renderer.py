@@ -11,6 +11,7 @@ import pytest
 
 from plugrad import Tensor
 from plugrad.codegen import get_program
+from plugrad.codegen.targets import AMD, AMD_CDNA2, AMD_CDNA3, AMD_RDNA4
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.uop.ops import Ops, UOp
 from plugrad_amd import f64math
@@ -174,10 +175,12 @@ def test_no_comments_in_kernels():
 
 
 def test_capabilities_per_arch():
-  assert AMDGPURenderer("gfx1100").warp_size == 32 and AMDGPURenderer("gfx942").warp_size == 64 and AMDGPURenderer("gfx90a").warp_size == 64
+  assert AMDGPURenderer("gfx1100").caps.warp_size == 32 and AMDGPURenderer("gfx942").caps.warp_size == 64
+  assert AMDGPURenderer("gfx90a").caps.warp_size == 64
   for a in GPU_ARCHS:
     r = AMDGPURenderer(a)
-    assert r.has_local and r.has_shared and r.shared_max == 65536 and r.local_max_threads == 1024 and r.arch == a
+    assert r.caps.has_local and r.caps.has_shared and r.caps.shared_max == 65536 and r.caps.local_max_threads == 1024 and r.arch == a
+    assert r.caps == {"gfx1100": AMD, "gfx1201": AMD_RDNA4, "gfx942": AMD_CDNA3, "gfx90a": AMD_CDNA2}[a].caps()   # the target's record
   assert AMDGPURenderer.accepts_arch("gfx942") and not AMDGPURenderer.accepts_arch("sm_90") and set(GPU_ARCHS) <= set(ARCHS)
 
 

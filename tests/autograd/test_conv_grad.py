@@ -78,7 +78,7 @@ def test_conv_kernels_get_the_channel_tile(cpu_host):
   """The CPU heuristic tiles the forward conv and both gradients with the channels in the vector lanes (PACK of the
   channel operand, VECTOR + UPCAST of the channel range, the innermost spatial/tap axes as the tile's rows), on an
   AVX2 host (8 lanes, 16 registers) and an AVX-512 one (16, 32) alike."""
-  r = Device["CPU"].renderer
+  r = Device["CPU"].renderer.caps
   lanes, regs = r.vector_lanes, r.vector_regs
   assert (lanes, regs) == {"avx2": (8, 16), "avx512": (16, 32)}[cpu_host]
   for asts in _grad_asts():
@@ -129,7 +129,7 @@ def test_padded_input_is_written_once_on_cpu():
 
 
 def test_padded_windows_only_where_the_renderer_asks():
-  assert not getattr(Device["PYTHON"].renderer, "pad_windows", False)
+  assert not Device["PYTHON"].renderer.caps.pad_windows
   (item,) = _conv_items(14, device="PYTHON")
   assert _gates(item.ast) > 0
 

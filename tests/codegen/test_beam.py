@@ -58,7 +58,7 @@ def test_beam_times_packed_candidates_and_keeps_the_fastest(monkeypatch, tmp_pat
   a, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 256)).astype(np.float32)
   t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
   ast = t.schedule()[-1].ast
-  heur = heuristic_opts(ast, Device["CPU"].renderer)
+  heur = heuristic_opts(ast, Device["CPU"].renderer.caps)
   assert any(o.kind == "PACK" for o in heur)
   acts = search._actions(ast, False, ast, ())
   assert {o.kind for o in acts} >= {"UPCAST", "BLOCK", "OUTER", "PACK"}

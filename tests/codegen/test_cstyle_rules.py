@@ -192,7 +192,7 @@ def test_truncating_bf16_backend_fails_the_kit(monkeypatch):
   pytest.importorskip("ml_dtypes")
   cpu = Device["CPU"]
   ren = TruncatingBF16()
-  for k in ("vector_lanes", "vector_regs", "vectorizes_reductions"): setattr(ren, k, getattr(cpu.renderer, k))
+  ren.caps = cpu.renderer.caps
   ren.emulated = ren.emulated | {dtypes.bfloat16}
   assert "c.u >> 16);" in ren.emulation_prelude("pg_f2b(")
   monkeypatch.setattr(Device, "DEFAULT", "CPU", raising=False)

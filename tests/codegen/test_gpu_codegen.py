@@ -3,6 +3,7 @@ symbolic sizes), each GPU optimization (kernel AST and values against numpy), th
 and the tensor-core lane layouts."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from plugrad.codegen.targets import TARGETS
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.device import Device
 from plugrad.engine.realize import buffer_for, run_schedule
+from plugrad.runtime.renderer import Capabilities
 from plugrad.schedule import kernelize
 from plugrad.plugins.python import GPU_COUNTERS, BarrierError, PythonDevice, PythonProgram, PythonRenderer, reset_gpu_counters
 from plugrad.uop.ops import Ops, UOp
@@ -30,7 +32,7 @@ def emu_device(monkeypatch: pytest.MonkeyPatch, target: str = "CUDA", **caps) ->
   monkeypatch.setenv("EMULATE", target)
   dev = PythonDevice("PYTHON")
   monkeypatch.delenv("EMULATE")
-  for k, v in caps.items(): setattr(dev.renderer, k, v)
+  dev.renderer.caps = dataclasses.replace(dev.renderer.caps, **caps)
   return dev
 
 
@@ -47,7 +49,7 @@ def _run_item(it, dev: PythonDevice, opts: list[Opt] | None, var_vals: dict | No
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
   ast = it.ast
   if opts is not None:
-    for o in opts: ast = apply_gpu_opt(ast, o, dev.renderer)
+    for o in opts: ast = apply_gpu_opt(ast, o, dev.renderer.caps)
   spec = get_program(ast, dev.renderer) if opts is None else _program_noopt(ast, dev.renderer)
   prg = PythonProgram(dev, spec.name, dev.compiler.compile(spec.src))
   vv = {v.arg[0]: x for v, x in it.var_vals.items()} if var_vals is None else var_vals
@@ -183,7 +185,7 @@ def test_acceptance_big_sums_have_group_reduce(monkeypatch):
 
 
 def test_heuristic_elementwise_uses_threads(monkeypatch):
-  opts = choose_gpu_opts((Tensor.empty(100, 300, device="PYTHON") + 1).schedule()[-1].ast, emu_device(monkeypatch).renderer)
+  opts = choose_gpu_opts((Tensor.empty(100, 300, device="PYTHON") + 1).schedule()[-1].ast, emu_device(monkeypatch).renderer.caps)
   assert opts and all(o.kind == "LOCAL" for o in opts)
 
 
@@ -356,18 +358,18 @@ def test_tc_tile_errors(monkeypatch):
   dev = emu_device(monkeypatch, "CUDA")
   ast = (t_(np.ones((32, 32), np.float16)) @ t_(np.ones((32, 32), np.float16))).schedule()[-1].ast
   for tile, msg in (((4, 1, 2, 1), "doesn't divide"), ((1, 1, 1, 1, 3), "stage 0, 1 or 2"), ((1, 0), ">= 1"), ((1,) * 6, "up to 5")):
-    with pytest.raises(ValueError, match=msg): apply_gpu_opt(ast, Opt("TC", -1, 0, tile), dev.renderer)
+    with pytest.raises(ValueError, match=msg): apply_gpu_opt(ast, Opt("TC", -1, 0, tile), dev.renderer.caps)
 
 
 def test_tc_heuristic_tile_from_target_data(monkeypatch):
   """128 x 128 workgroup tiles of 2 x 2 warps when the output allows; the accumulators and shared memory fit the target."""
   a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
   ast = (a @ a).schedule()[-1].ast
-  cuda, amd = (choose_gpu_opts(ast, emu_device(monkeypatch, t).renderer) for t in ("CUDA", "AMD"))
+  cuda, amd = (choose_gpu_opts(ast, emu_device(monkeypatch, t).renderer.caps) for t in ("CUDA", "AMD"))
   # CUDA's C rows (8 halves) are narrower than a sector: its output is staged too (exactly the 48 KB of shared memory)
   assert cuda == [Opt("TC", -1, 0, (4, 8, 2, 2, 2))] and amd == [Opt("TC", -1, 0, (4, 4, 2, 2, 1))]
   small = emu_device(monkeypatch, "CUDA", shared_max=4096)  # the double-buffered tiles must fit in shared memory
-  um, un, wm, wn, _ = choose_gpu_opts(ast, small.renderer)[0].arg
+  um, un, wm, wn, _ = choose_gpu_opts(ast, small.renderer.caps)[0].arg
   assert 2 * (16 * um * wm + 8 * un * wn) * 16 * 2 <= 4096
 
 
@@ -407,16 +409,35 @@ def test_acceptance_f16_matmul_256_uses_wmma(monkeypatch):
   np.testing.assert_allclose(out.reshape(256, 256).astype(np.float64), ref, rtol=2e-3, atol=3e-2)
 
 
-def test_backends_doc_lists_exactly_the_capabilities_codegen_reads():
-  """docs/backends.md's capability table names every renderer attribute core's codegen and scheduler read, and
-  nothing else."""
+def test_backends_doc_lists_exactly_the_capability_record():
+  """docs/backends.md's capability table names every field of the capability record (`Capabilities`), and nothing
+  else."""
   root = Path(__file__).resolve().parents[2]
   doc = (root / "docs" / "backends.md").read_text().split("**Capabilities codegen reads**", 1)[1]
   table = doc[:doc.index("\n\n", doc.index("|---"))]
-  listed = {a for row in table.splitlines()[3:] for a in re.findall(r"`(\w+)`", row.split("|")[1])}
-  src = "\n".join(p.read_text() for d in ("codegen", "schedule") for p in (root / "core" / "plugrad" / d).glob("*.py"))
-  read = set(re.findall(r'getattr\((?:renderer|ren), "(\w+)"', src)) | set(re.findall(r"\brenderer\.(\w+)", src)) - {"render"}
-  assert listed == read, f"documented but not read: {sorted(listed - read)}; read but not documented: {sorted(read - listed)}"
+  listed = {a for row in table.splitlines() if row.startswith("| `") for a in re.findall(r"`(\w+)`", row.split("|")[1])}
+  fields = {f.name for f in dataclasses.fields(Capabilities)}
+  assert listed == fields, f"documented but not in the record: {sorted(listed - fields)}; in the record but not documented: {sorted(fields - listed)}"
+
+
+def test_capabilities_are_read_only_through_the_record():
+  """Core and the plugins read what a target can do only from `renderer.caps`: no getattr on a renderer (it would
+  hide a capability no record declares), and no renderer class (core's, the CPU, CUDA and AMD plugins') sets a
+  capability as an attribute of its own."""
+  import plugrad_amd.renderer  # noqa: F401  (the plugins' renderer classes, for the subclass walk)
+  import plugrad_cpu.device  # noqa: F401
+  import plugrad_nv.renderer  # noqa: F401
+  from plugrad.runtime.renderer import Renderer
+  root = Path(__file__).resolve().parents[2]
+  for p in (p for d in ("core/plugrad", "plugins") for p in (root / d).rglob("*.py") if "autogen" not in p.parts):
+    assert not re.findall(r"getattr\([^,()]*(?:renderer|\bren)\b[^,()]*,", p.read_text()), f"{p}: getattr on a renderer"
+  fields, todo, seen = {f.name for f in dataclasses.fields(Capabilities)}, [Renderer], set()
+  while todo:
+    if (cls := todo.pop()) in seen: continue
+    seen.add(cls)
+    assert not fields & set(vars(cls)), f"{cls.__qualname__} sets {sorted(fields & set(vars(cls)))} outside its capability record"
+    todo += cls.__subclasses__()
+  assert len(seen) >= 6
 
 
 TWO_REDUCES = {"sum+max": (lambda t: t.sum(1) + t.max(1), lambda x: x.sum(1) + x.max(1)),
@@ -439,7 +460,7 @@ def test_float32_matmul_register_tiles(monkeypatch):
   a, b = RNG.standard_normal((64, 24)).astype(np.float32), RNG.standard_normal((24, 128)).astype(np.float32)
   dev = emu_device(monkeypatch)
   ast = (t_(a) @ t_(b)).schedule()[-1].ast
-  assert [o.kind for o in choose_gpu_opts(ast, dev.renderer)].count("UPCAST") == 2
+  assert [o.kind for o in choose_gpu_opts(ast, dev.renderer.caps)].count("UPCAST") == 2
   out, spec = run_emulated(t_(a) @ t_(b), dev)
   np.testing.assert_allclose(out.reshape(64, 128), a @ b, rtol=1e-5, atol=1e-5)
   assert spec.local_size is not None
@@ -448,7 +469,7 @@ def test_float32_matmul_register_tiles(monkeypatch):
 def test_tiny_reduce_is_unrolled(monkeypatch):
   x = RNG.standard_normal((40, 3)).astype(np.float32)
   dev = emu_device(monkeypatch)
-  assert [o.kind for o in choose_gpu_opts(t_(x).sum(1).schedule()[-1].ast, dev.renderer)][0] == "UNROLL"
+  assert [o.kind for o in choose_gpu_opts(t_(x).sum(1).schedule()[-1].ast, dev.renderer.caps)][0] == "UNROLL"
   out, spec = run_emulated(t_(x).sum(1), dev)
   np.testing.assert_allclose(out, x.sum(1), rtol=1e-6)
   assert not any(u.op is Ops.RANGE for u in spec.uops)
@@ -475,7 +496,7 @@ def test_symbolic_attention_flops_in_a_gpu_launch(monkeypatch):
 def gpu_scheduler(monkeypatch: pytest.MonkeyPatch, target: str = "CUDA") -> None:
   """Schedule PYTHON tensors as for `target` (the scheduler's row-kernel decision reads the device's renderer)."""
   ren = Device["PYTHON"].renderer
-  for k, v in TARGETS[target].renderer_attrs().items(): monkeypatch.setattr(ren, k, v, raising=False)
+  monkeypatch.setattr(ren, "caps", TARGETS[target].caps())
   monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
 
 
@@ -547,6 +568,6 @@ def test_groupout_errors(monkeypatch):
   ast = kernels(t_(np.ones((4, 128), np.float32)).softmax(-1))[-1].ast
   rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
   red = next(r for r in rngs if r.arg[1] == "reduce")
-  with pytest.raises(ValueError, match="global range"): apply_gpu_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer)
-  grouped = apply_gpu_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer)
-  with pytest.raises(ValueError, match="before GROUP"): apply_gpu_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer)
+  with pytest.raises(ValueError, match="global range"): apply_gpu_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer.caps)
+  grouped = apply_gpu_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer.caps)
+  with pytest.raises(ValueError, match="before GROUP"): apply_gpu_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer.caps)

@@ -2,17 +2,20 @@
 upcast amounts, with gated (padded) loads, symbolic sizes, the FMA/merged-accumulator linearizer, and gcc."""
 from __future__ import annotations
 
-import copy
+import dataclasses
 import shutil
 
 import numpy as np
 import pytest
+
+from codegen_helpers import with_caps
 
 from plugrad.codegen import get_program
 from plugrad.codegen.opt import Opt, apply_opt, choose_opts, optimize
 from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for
+from plugrad.runtime.renderer import Capabilities
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 
@@ -41,10 +44,9 @@ def test_matmul_register_blocked(m: int, k: int, n: int):
 
 
 def run_with(t: Tensor, **renderer_attrs) -> np.ndarray:
-  """Realize `t`'s single kernel with a copy of the CPU renderer whose attributes are overridden (bypasses the runner cache)."""
+  """Realize `t`'s single kernel with a copy of the CPU renderer whose capabilities are overridden (bypasses the runner cache)."""
   dev = Device["CPU"]
-  ren = copy.copy(dev.renderer)
-  for k, v in renderer_attrs.items(): setattr(ren, k, v)
+  ren = with_caps(dev.renderer, **renderer_attrs)
   (it,) = t.schedule()
   spec = get_program(it.ast, ren)
   bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
@@ -63,9 +65,8 @@ def test_sum_split_accumulators(n: int):
 
 
 def test_reduce_pragma_only_on_single_accumulator_loops():
-  dev = Device["CPU"]
-  ren = copy.copy(dev.renderer)
-  ren.vectorizes_reductions, ren.vector_lanes = True, 0  # the scalar path (explicit SIMD is tested in test_vectorize.py)
+  # the scalar path (explicit SIMD is tested in test_vectorize.py)
+  ren = with_caps(Device["CPU"].renderer, vectorizes_reductions=True, vector_lanes=0)
   x = Tensor(rand(64, 64)).realize()
   assert "#pragma clang loop vectorize" in get_program(x.sum(1).schedule()[-1].ast, ren).src
   assert "#pragma clang loop vectorize" not in get_program((x @ x).schedule()[-1].ast, ren).src  # register-blocked
@@ -150,16 +151,14 @@ def test_apply_opt_errors():
 
 def test_optimize_respects_renderer_and_noopt(monkeypatch: pytest.MonkeyPatch):
   ast = mm(rand(8, 16), rand(16, 16)).schedule()[-1].ast
-  class Plain: upcast_max = 0
-  assert optimize(ast, Plain()) is ast
+  assert optimize(ast, Capabilities(upcast_max=0)) is ast
   monkeypatch.setenv("NOOPT", "1")
-  assert optimize(ast, Device["CPU"].renderer) is ast
+  assert optimize(ast, Device["CPU"].renderer.caps) is ast
 
 
 def test_merged_accumulators_and_fma():
   ast = mm(rand(8, 16), rand(16, 32)).schedule()[-1].ast
-  ren = copy.copy(Device["CPU"].renderer)
-  ren.vector_lanes = 0  # scalar copies (the vector form: test_vectorize.py)
+  ren = with_caps(Device["CPU"].renderer, vector_lanes=0)  # scalar copies (the vector form: test_vectorize.py)
   spec = get_program(ast, ren)
   assert [u.op for u in spec.uops].count(Ops.RANGE) == 3  # 64 accumulators share one reduce loop
   assert spec.src.count("__builtin_fmaf") == 64 and spec.src.count("acc63[0] = 0.0f") == 1
@@ -215,7 +214,7 @@ def test_interleaved_phases_are_unrolled_to_one_load_each():
   interleave = [it.ast for it in xx.grad.schedule() if not any(n.op is Ops.REDUCE for n in it.ast.toposort())
                 and sum(1 for n in it.ast.toposort() if n.op is Ops.DEFINE_GLOBAL) == 5]
   assert len(interleave) == 1
-  ast = optimize(interleave[0], Device["CPU"].renderer)
+  ast = optimize(interleave[0], Device["CPU"].renderer.caps)
   topo = ast.toposort()
   assert not any(n.op is Ops.MOD for n in topo)
   assert sum(1 for n in topo if n.op is Ops.LOAD) == sum(1 for n in topo if n.op is Ops.STORE) == 4
@@ -287,10 +286,11 @@ def test_row_blocked_matmul_values(monkeypatch: pytest.MonkeyPatch):
   """The blocked kernel through the whole engine (packing kernel, then the matmul with its chunk loop outermost) on a
   host that reports a 256 KiB L3: A is 200 KiB, chunks of at most 32 KiB of it; values vs float64, on 1 and 2 threads."""
   from plugrad.codegen.opt import heuristic_opts
-  monkeypatch.setattr(Device["CPU"].renderer, "cache_bytes", (48 << 10, 1 << 20, 256 << 10))
+  ren = Device["CPU"].renderer
+  monkeypatch.setattr(ren, "caps", dataclasses.replace(ren.caps, cache_bytes=(48 << 10, 1 << 20, 256 << 10)))
   a, b = rand(256, 200), rand(200, 256)
   ast = (Tensor(a) @ Tensor(b)).schedule()[-1].ast
-  opts = heuristic_opts(ast, Device["CPU"].renderer)
+  opts = heuristic_opts(ast, Device["CPU"].renderer.caps)
   (blk,) = [o for o in opts if o.kind == "BLOCK"]
   rows = next(o.amount for o in opts if o.kind == "UPCAST" and o.rid != blk.rid and o.amount > 2)   # the tile's rows
   assert blk.amount * rows * 200 * 4 * 8 <= 256 << 10 < 2 * blk.amount * rows * 200 * 4 * 8, opts  # the largest chunk within L3/8

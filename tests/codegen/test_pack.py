@@ -71,7 +71,7 @@ def test_transposed_operands_are_packed(host_caps):
   opts = heuristic_opts(t.schedule()[-1].ast, host_caps())
   assert [o.amount for o in opts if o.kind == "PACK"] == [32], opts  # W packed in panels of 2 vectors of columns
   r = get_runner("CPU", t.schedule()[-1].ast)
-  assert len(r.packs) == 1 and f"pg_float{Device['CPU'].renderer.vector_lanes}" in r.spec.src
+  assert len(r.packs) == 1 and f"pg_float{Device['CPU'].renderer.caps.vector_lanes}" in r.spec.src
   np.testing.assert_allclose(t.numpy(), a @ w.T, rtol=1e-5, atol=1e-4)
   at = rand(48, 64)
   t = Tensor(at, device="CPU").T @ Tensor(rand(48, 256), device="CPU")
@@ -97,7 +97,7 @@ def test_pack_env_off(monkeypatch):
   t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
   it = t.schedule()[-1]
   from plugrad.codegen.opt import heuristic_opts
-  assert all(o.kind != "PACK" for o in heuristic_opts(it.ast, Device["CPU"].renderer))
+  assert all(o.kind != "PACK" for o in heuristic_opts(it.ast, Device["CPU"].renderer.caps))
 
 
 def test_jit_replays_the_pack_with_new_inputs():
@@ -230,7 +230,7 @@ def _column_lanes(t: Tensor) -> tuple[int, bool]:
   """(packs, whether the lanes run along the output's last axis) of `t`'s last kernel under the heuristic."""
   from plugrad.codegen.opt import heuristic_opts, ranges_of
   ast = t.schedule()[-1].ast
-  opts = heuristic_opts(ast, Device["CPU"].renderer)
+  opts = heuristic_opts(ast, Device["CPU"].renderer.caps)
   col = max(r.arg[0] for r in ranges_of(ast).values() if r.arg[1] == "global")
   return sum(o.kind == "PACK" for o in opts), any(o.kind == "VECTOR" and o.rid == col for o in opts)
 
@@ -265,7 +265,7 @@ def test_packing_a_row_major_operand_reads_its_rows_in_order():
   a, b = rand(64, 128), rand(128, 256)
   t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
   ast = t.schedule()[-1].ast
-  pk = split_packs(ast, heuristic_opts(ast, Device["CPU"].renderer)).packs[0].ast
+  pk = split_packs(ast, heuristic_opts(ast, Device["CPU"].renderer.caps)).packs[0].ast
   rngs = [r for _, r in sorted(ranges_of(pk).items())]
   idx = next(x for x in pk.toposort() if x.op is Ops.LOAD).src[0].src[1]
   assert _stride_one(idx, rngs[-1]) and rngs[-2].src[0].arg == TILE and rngs[-3].src[0].arg == 256 // rngs[-1].src[0].arg

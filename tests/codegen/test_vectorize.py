@@ -3,11 +3,12 @@
 and that vector lanes give the scalar kernel's results where no reduction is reordered."""
 from __future__ import annotations
 
-import copy
 import shutil
 
 import numpy as np
 import pytest
+
+from codegen_helpers import with_caps
 
 from plugrad import Variable
 from plugrad.codegen import get_program
@@ -26,9 +27,7 @@ def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.
 
 def renderer(**attrs):
   """The CPU renderer with 16-lane vectors; streaming reductions vectorized by us too, not left to clang's loop vectorizer."""
-  ren = copy.copy(Device["CPU"].renderer)
-  for k, v in {"vector_lanes": 16, "vector_regs": 32, "vectorizes_reductions": False, **attrs}.items(): setattr(ren, k, v)
-  return ren
+  return with_caps(Device["CPU"].renderer, **{"vector_lanes": 16, "vector_regs": 32, "vectorizes_reductions": False, **attrs})
 
 
 def run(t: Tensor, opts: list[Opt] | None = None, dev: str = "CPU", **attrs) -> tuple[np.ndarray, str]:

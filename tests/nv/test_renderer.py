@@ -3,6 +3,7 @@ programs (gpu_programs.py) and of today's loop kernels, and execution of rendere
 emulator (cuda_emu.py: one OS thread per CUDA thread, real barriers, mma by the PTX register layout) against numpy."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from gpu_programs import f16, f32, group_sum_program, linear, mma_coords, scale_
 
 from plugrad.codegen import get_program
 from plugrad.codegen.linearize import linearize
+from plugrad.codegen.targets import CUDA
 from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for
@@ -149,9 +151,10 @@ def test_arch_and_types():
 
 
 def test_capabilities_are_data():
-  r = CUDARenderer()
+  r = CUDARenderer().caps
   assert (r.has_local, r.has_shared, r.warp_size, r.local_max_threads, r.shared_max) == (True, True, 32, 1024, 48 * 1024)
   assert r.global_max == (2**31 - 1, 65535, 65535) and r.local_max == (1024, 1024, 64)
+  assert r == CUDA.caps()   # the target record's, not a copy
 
 
 def test_nan_inf_constants():
@@ -223,8 +226,9 @@ def test_emulated_kernels_match_numpy(case: str):
 def test_emulated_one_kernel_softmax(monkeypatch: pytest.MonkeyPatch):
   """Softmax as the scheduler makes it for a GPU renderer (one kernel: a workgroup per row, GROUP max and sum, the row
   written by the group's threads), rendered for CUDA and run with real barriers."""
-  for k in ("has_local", "has_shared", "local_max_threads"):
-    monkeypatch.setattr(Device["CPU"].renderer, k, getattr(CUDARenderer, k), raising=False)
+  cpu = Device["CPU"].renderer
+  gpu = {k: getattr(CUDARenderer.caps, k) for k in ("has_local", "has_shared", "local_max_threads")}
+  monkeypatch.setattr(cpu, "caps", dataclasses.replace(cpu.caps, **gpu))
   monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
   x = np.random.default_rng(3).standard_normal((6, 300)).astype(np.float32)
   t = Tensor(x, device="CPU").realize().softmax(-1)

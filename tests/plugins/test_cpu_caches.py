@@ -33,6 +33,6 @@ def test_missing_or_malformed_levels_are_zero(tmp_path, monkeypatch):
 
 
 def test_device_renderer_carries_the_host_caches():
-  l1, l2, l3 = Device["CPU"].renderer.cache_bytes
+  l1, l2, l3 = Device["CPU"].renderer.caps.cache_bytes
   if os.path.isdir("/sys/devices/system/cpu/cpu0/cache"): assert l1 > 0 and l2 >= l1
   assert l3 >= 0

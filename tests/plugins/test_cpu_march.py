@@ -51,7 +51,7 @@ def test_an_avx2_device_runs_avx2_code():
   """A process with CPU_MARCH=x86-64-v3: the device's record is AVX2's and a quantized product through its byte and
   pair dot products gives numpy's value (its kernels hold no AVX-512 instruction: they'd still run here, but the
   compiler was told the host lacks them)."""
-  code = ("import numpy as np; from plugrad import Tensor, Device; r = Device['CPU'].renderer\n"
+  code = ("import numpy as np; from plugrad import Tensor, Device; r = Device['CPU'].renderer.caps\n"
           "a = np.arange(64, dtype=np.float32).reshape(8, 8) / 7\n"
           "print(r.vector_lanes, r.vector_regs, r.dot4, float(np.abs((Tensor(a) @ Tensor(a)).numpy() - a @ a).max()))")
   p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "CPU_MARCH": "x86-64-v3"})

@@ -7,7 +7,7 @@ from plugrad.codegen.gpudims import gpudims, uses_gpudims
 from plugrad.codegen.gpuopt import apply_gpu_opt, optimize_gpu
 from plugrad.codegen.linearize import linearize
 from plugrad.codegen.opt import Dots, Opt, optimize
-from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS, vectorize
+from plugrad.codegen.vectorize import vectorize
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.symbolic import prod, sint, sym_infer
@@ -59,7 +59,7 @@ def estimate_flops(uops: list[UOp]) -> sint:
 
 def apply_opts(ast: UOp, opts: list[Opt], renderer: Renderer) -> UOp:
   """`ast` with the given optimizations (LOCAL/GROUP/GROUPTOP/TC for GPU renderers, the CPU ones for any)."""
-  for o in opts: ast = apply_gpu_opt(ast, o, renderer)
+  for o in opts: ast = apply_gpu_opt(ast, o, renderer.caps)
   return ast
 
 
@@ -67,10 +67,11 @@ def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> 
   """Optimize (codegen/opt.py, or codegen/gpuopt.py for GPU renderers; `opts` replaces the heuristic's choice; vector
   lanes become vector types with codegen/vectorize.py where the renderer has them), map ranges to hardware ids
   (codegen/gpudims.py), linearize and render a kernel AST for `renderer`."""
+  caps = renderer.caps
   if opts is not None: opt = apply_opts(ast, opts, renderer)
-  else: opt = optimize_gpu(ast, renderer) if uses_gpudims(renderer) else optimize(ast, renderer)
-  if getattr(renderer, "vector_lanes", 0): opt = vectorize(opt, getattr(renderer, "vector_ops", DEFAULT_VECTOR_OPS), Dots.of(renderer))
-  dims = gpudims(opt, renderer)
+  else: opt = optimize_gpu(ast, caps) if uses_gpudims(caps) else optimize(ast, caps)
+  if caps.vector_lanes: opt = vectorize(opt, caps.vector_ops, Dots.of(caps))
+  dims = gpudims(opt, caps)
   uops = linearize(dims.ast)
   # every buffer slot stays a parameter, also one whose loads the optimizer folded away (an unrolled reduce whose
   # where() picks another buffer at every step): runtimes pass buffers by slot, so a dropped one shifted the rest

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from plugrad.dtype import dtypes
+from plugrad.runtime.renderer import Capabilities
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic, sint
@@ -31,9 +32,9 @@ class LaunchDims:
   local_size: list[int] | None
 
 
-def uses_gpudims(renderer) -> bool:
-  """Whether `renderer` runs kernels on hardware ids (a GPU) rather than loops."""
-  return bool(getattr(renderer, "has_local", False) and getattr(renderer, "local_max_threads", 0))
+def uses_gpudims(caps: Capabilities) -> bool:
+  """Whether a target with capabilities `caps` runs kernels on hardware ids (a GPU) rather than loops."""
+  return caps.threads
 
 
 def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
@@ -129,21 +130,21 @@ def _gate_all(ast: UOp, valid: UOp) -> UOp:
   return ast.substitute(subs)
 
 
-def gpudims(ast: UOp, renderer) -> LaunchDims:
-  """Replace the global/local ranges of `ast` with SPECIAL ids for a GPU renderer (see the module docstring)."""
-  if not uses_gpudims(renderer): return LaunchDims(ast, [1, 1, 1], None)
+def gpudims(ast: UOp, caps: Capabilities) -> LaunchDims:
+  """Replace the global/local ranges of `ast` with SPECIAL ids for a GPU target (see the module docstring)."""
+  if not caps.threads: return LaunchDims(ast, [1, 1, 1], None)
   rngs = [n for n in ast.toposort() if n.op is Ops.RANGE]
   glbl = sorted((r for r in rngs if r.arg[1] == "global"), key=lambda r: -r.arg[0])
   lcl = sorted((r for r in rngs if r.arg[1] == "local"), key=lambda r: -r.arg[0])
-  gmax = tuple(renderer.global_max or (2**31 - 1,) * 3)
-  lmax = tuple(renderer.local_max or (renderer.local_max_threads,) * 3)
+  gmax = tuple(caps.global_max or (2**31 - 1,) * 3)
+  lmax = tuple(caps.local_max or (caps.local_max_threads,) * 3)
   gmap, gspec, gvalid = _assign(glbl, gmax, "gidx")
   lmap, lspec, lvalid = _assign(lcl, lmax, "lidx")
   if lvalid is not None: raise ValueError(f"local dims {[r.src[0].render() for r in lcl]} don't fit the local limits {lmax}")
   local_size = [1, 1, 1]
   for s in lspec: local_size[int(s.arg[4:])] = s.src[0].arg
-  if math.prod(local_size) > renderer.local_max_threads:
-    raise ValueError(f"workgroup of {local_size} threads exceeds the renderer's {renderer.local_max_threads} threads per group")
+  if math.prod(local_size) > caps.local_max_threads:
+    raise ValueError(f"workgroup of {local_size} threads exceeds the renderer's {caps.local_max_threads} threads per group")
   global_size: list[sint] = [1, 1, 1]
   for s in gspec: global_size[int(s.arg[4:])] = _size(s.src[0])
   ast = ast.substitute({**gmap, **lmap})

@@ -32,6 +32,7 @@ from plugrad.codegen.opt import Opt, apply_opt, div_end, pm_opt_symbolic, ranges
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.helpers import getenv
+from plugrad.runtime.renderer import Capabilities
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic
@@ -350,13 +351,13 @@ def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tupl
   return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
-def apply_gpu_opt(ast: UOp, opt: Opt, renderer=None) -> UOp:
+def apply_gpu_opt(ast: UOp, opt: Opt, caps: Capabilities | None = None) -> UOp:
   """`ast` with one optimization applied; LOCAL/GROUP/GROUPTOP/TC here, the others by codegen/opt.py (ValueError if it
-  doesn't fit). TC's amount is the index of the tensor core in `renderer.tensor_cores`."""
+  doesn't fit). TC's amount is the index of the tensor core in `caps.tensor_cores`."""
   if opt.kind not in GPU_KINDS: return apply_opt(ast, opt)
   rngs = ranges_of(ast)
   if opt.kind == "TC":
-    tcs = getattr(renderer, "tensor_cores", [])
+    tcs = caps.tensor_cores if caps is not None else ()
     if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
     return graph_rewrite(_tc(ast, tcs[opt.amount], max(rngs) + 1, opt.arg), pm_opt_symbolic, name="simplify after TC")
   if (rng := rngs.get(opt.rid)) is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
@@ -384,17 +385,17 @@ def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
 def _size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0].vmax
 
 
-def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: int = 128) -> tuple[int, ...]:
+def tc_tile(ast: UOp, tc: TensorCore, caps: Capabilities, max_tile: int = 128, acc_regs: int = 128) -> tuple[int, ...]:
   """The TC tile (um, un, wm, wn, stage) for `ast`: the workgroup tile BM x BN (at most `max_tile` a side, dividing
   the output) that reads the least global memory per output (largest BM*BN/(BM+BN)), then the most warps (up to
   2 x 2) sharing it; the warps' accumulators fit in `acc_regs` 32-bit registers per lane, the double-buffered A/B
-  tiles in the renderer's `shared_max`, and each tile splits evenly over the workgroup's threads (TC_STAGE=0: no
+  tiles in the target's `shared_max`, and each tile splits evenly over the workgroup's threads (TC_STAGE=0: no
   staging through workgroup memory). Stage 2 (the output through shared memory as well) when the tensor core's C
   rows are narrower than a 32-byte sector and the C tile fits too."""
   if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
   _, a, _, i, j, _ = mt
   n, m, kk = tc.dims
-  stage = 1 if getenv("TC_STAGE", 1) and getattr(renderer, "has_shared", False) else 0
+  stage = 1 if getenv("TC_STAGE", 1) and caps.has_shared else 0
   best, key = (1, 1, 1, 1, stage), (-1.0, 0, 0)
   for wm in (1, 2):
     for wn in (1, 2):
@@ -402,13 +403,13 @@ def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: i
         for un in (1, 2, 4, 8, 16):
           bm, bn, nt = m * um * wm, n * un * wn, tc.threads * wm * wn
           if bm > max_tile or bn > max_tile or i.src[0].arg % bm or j.src[0].arg % bn or um * un * tc.elements_per_thread[2] > acc_regs: continue
-          if stage and (2 * (bm + bn) * kk * a.dtype.itemsize > renderer.shared_max or (bm * kk) % nt or (bn * kk) % nt): continue
+          if stage and (2 * (bm + bn) * kk * a.dtype.itemsize > caps.shared_max or (bm * kk) % nt or (bn * kk) % nt): continue
           if (score := (bm * bn / (bm + bn), wm * wn, -abs(wm - wn))) > key: best, key = (um, un, wm, wn, stage), score
   # C rows narrower than a 32-byte sector (CUDA's m16n8: 8 columns): the output goes through shared memory too, when it fits
   um, un, wm, wn, stage = best
   out_isz = ast.src[0].src[1].dtype.itemsize if len(ast.src) == 1 else 0
   bm, bn = m * um * wm, n * un * wn
-  if stage and n * out_isz < 32 and 2 * (bm + bn) * kk * a.dtype.itemsize + bm * bn * out_isz <= renderer.shared_max:
+  if stage and n * out_isz < 32 and 2 * (bm + bn) * kk * a.dtype.itemsize + bm * bn * out_isz <= caps.shared_max:
     try:
       _tc(ast, tc, max(ranges_of(ast)) + 1, (um, un, wm, wn, 2))
       return (um, un, wm, wn, 2)
@@ -416,14 +417,14 @@ def tc_tile(ast: UOp, tc: TensorCore, renderer, max_tile: int = 128, acc_regs: i
   return best
 
 
-def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
+def choose_gpu_opts(ast: UOp, caps: Capabilities) -> list[Opt]:
   """Heuristic GPU optimizations (see the module docstring): TC when a tensor core fits; a reduction over a long axis
   split across a workgroup (GROUP on every top-level reduce when the reduce axis is contiguous in memory or the output
   is small, else threads over the output's contiguous axis and GROUPTOP); other kernels get UPCAST register tiles
   where loads are shared (matmul-like), UNROLL of tiny reduce loops, and LOCAL threads over their innermost output axes."""
-  max_threads, warp = renderer.local_max_threads, max(renderer.warp_size, 1)
-  if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(renderer.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
-    return [Opt("TC", -1, tci, tc_tile(ast, renderer.tensor_cores[tci], renderer))]
+  max_threads, warp = caps.local_max_threads, max(caps.warp_size, 1)
+  if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(caps.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
+    return [Opt("TC", -1, tci, tc_tile(ast, caps.tensor_cores[tci], caps))]
   rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
   glbl = [r for r in rngs if r.arg[1] == "global"]
   looped = in_loop(ast)
@@ -434,13 +435,13 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
     contiguous = any(_contiguous_in(cands[-1], ix.src[1]) for ix in _loads(ast))
     k = min(256 if contiguous or out_elems < 64 else 0, min(_pow2_at_most(_size(r)) for r in cands), max_threads)
     itemsize = max(red.dtype.itemsize for red in top_reds)
-    if k >= warp and k * itemsize * len(top_reds) <= renderer.shared_max:
+    if k >= warp and k * itemsize * len(top_reds) <= caps.shared_max:
       if not contiguous and glbl and _size(glbl[-1]) >= warp:  # threads on the contiguous output axis, each summing a chunk
         lk = min(warp, _pow2_at_most(_size(glbl[-1])))
         k = min(k, max_threads // lk, 16)
         return [Opt("LOCAL", glbl[-1].arg[0], lk)] + [Opt("GROUPTOP", r.arg[0], k) for r in cands]
       opts = [Opt("GROUP", r.arg[0], k) for r in cands]
-      return _row_opts(ast, glbl, top_reds, k, opts, renderer) if contiguous else opts
+      return _row_opts(ast, glbl, top_reds, k, opts, caps) if contiguous else opts
   opts: list[Opt] = []
   red_rngs = {r for red in top_reds for r in red.src[1:]}
   for r in sorted(red_rngs, key=lambda r: r.arg[0]):  # tiny reduce loops (a 3x3 window) unrolled
@@ -452,10 +453,10 @@ def choose_gpu_opts(ast: UOp, renderer) -> list[Opt]:
        and sizes[g.arg[0]] >= 64 and sum(o.kind == "UPCAST" for o in opts) < 2:
       opts.append(Opt("UPCAST", g.arg[0], 4))
       sizes[g.arg[0]] //= 4
-  return opts + _local_opts(glbl, sizes, renderer)
+  return opts + _local_opts(glbl, sizes, caps)
 
 
-def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[Opt], renderer) -> list[Opt]:
+def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[Opt], caps: Capabilities) -> list[Opt]:
   """A row kernel (a global axis the reductions don't use, e.g. softmax's output column: without more, every
   workgroup along it would redo the row's reductions): that axis goes to the group's threads (GROUPOUT) when it
   needs at most 16 stores per thread, and the group's per-thread partial loops of at most 16 steps are unrolled, so
@@ -464,7 +465,7 @@ def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[O
   free = [g for g in glbl if g not in used and g.src[0].op is Ops.CONST]
   if len(free) != 1 or free[0].src[0].arg > 16 * k: return groups
   opts = [Opt("GROUPOUT", free[0].arg[0], k)] + groups
-  try: cur = functools.reduce(lambda a, o: apply_gpu_opt(a, o, renderer), opts, ast)
+  try: cur = functools.reduce(lambda a, o: apply_gpu_opt(a, o, caps), opts, ast)
   except ValueError: return groups
   loops = {r for n in cur.toposort() if n.op is Ops.REDUCE for r in n.src[1:] if r.src[0].op is Ops.CONST and 1 < r.src[0].arg <= 16}
   # (not the serial combine's loop over the k slots in local memory)
@@ -472,10 +473,10 @@ def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[O
   return opts + [Opt("UNROLL", r.arg[0], r.src[0].arg) for r in sorted(loops, key=lambda r: r.arg[0])]
 
 
-def _local_opts(glbl: list[UOp], sizes: dict[int, int], renderer) -> list[Opt]:
+def _local_opts(glbl: list[UOp], sizes: dict[int, int], caps: Capabilities) -> list[Opt]:
   """LOCAL threads over the innermost output axes, up to 256 per workgroup (padded to whole warps on dim 0)."""
-  warp, lmax = max(renderer.warp_size, 1), tuple(renderer.local_max or (renderer.local_max_threads,) * 3)
-  budget, opts = min(256, renderer.local_max_threads), []
+  warp, lmax = max(caps.warp_size, 1), tuple(caps.local_max or (caps.local_max_threads,) * 3)
+  budget, opts = min(256, caps.local_max_threads), []
   for d, g in enumerate(reversed(glbl)):
     if d >= len(lmax) or budget < 2: break
     n = sizes[g.arg[0]]
@@ -488,10 +489,10 @@ def _local_opts(glbl: list[UOp], sizes: dict[int, int], renderer) -> list[Opt]:
   return opts
 
 
-def optimize_gpu(ast: UOp, renderer) -> UOp:
+def optimize_gpu(ast: UOp, caps: Capabilities) -> UOp:
   """Apply the GPU heuristic's optimizations (NOOPT=1: none, one thread per workgroup)."""
-  if getenv("NOOPT", False) or not uses_gpudims(renderer): return ast
-  for opt in choose_gpu_opts(ast, renderer):
-    try: ast = apply_gpu_opt(ast, opt, renderer)
+  if getenv("NOOPT", False) or not uses_gpudims(caps): return ast
+  for opt in choose_gpu_opts(ast, caps):
+    try: ast = apply_gpu_opt(ast, opt, caps)
     except ValueError: break  # the heuristic's guess doesn't fit this kernel: keep what applied
   return ast

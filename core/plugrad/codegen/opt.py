@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from plugrad.codegen.pack import _mul_operands, _stride_one, pack_candidate, split_packs
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
+from plugrad.runtime.renderer import Capabilities
 from plugrad.uop.ops import GroupOp, Ops, UOp, exec_alu
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import _collect, _sum, pm_symbolic
@@ -256,8 +257,7 @@ class Dots:
   quad: int = 0
 
   @staticmethod
-  def of(renderer: object) -> Dots:
-    return Dots(bool(getattr(renderer, "dot2", False)), int(getattr(renderer, "dot4", 0)))
+  def of(caps: Capabilities) -> Dots: return Dots(caps.dot2, caps.dot4)
 
   def __bool__(self) -> bool: return self.pair or self.quad > 0
 
@@ -533,24 +533,15 @@ def _scalar_opts(ast: UOp, upcast_max: int, split_reduce: bool, glbl: list[UOp],
   return opts
 
 
-def local_opts(ast: UOp, renderer) -> list[Opt]:
-  """Hook for GPU renderers (`has_local`/`has_shared`): local (workgroup) axes and grouped reductions through shared
-  memory. The CPU has neither, so nothing is chosen yet; a GPU renderer's issue fills this in."""
-  if not (getattr(renderer, "has_local", False) and getattr(renderer, "has_shared", False)): return []
-  return []
-
-
-def heuristic_opts(ast: UOp, renderer) -> list[Opt]:
-  """The optimizations the CPU heuristic picks for `ast` on `renderer` (none without `upcast_max`)."""
-  upcast_max = getattr(renderer, "upcast_max", 0)
-  if not upcast_max: return []
-  split = not getattr(renderer, "vectorizes_reductions", False)
-  lanes, regs = getattr(renderer, "vector_lanes", 0), getattr(renderer, "vector_regs", 16)
-  if lanes >= 2 and (co := conv_opts(ast, lanes, regs)) is not None: return co + local_opts(ast, renderer)
-  opts = choose_opts(ast, upcast_max, split, lanes, regs, Dots.of(renderer))
+def heuristic_opts(ast: UOp, caps: Capabilities) -> list[Opt]:
+  """The optimizations the CPU heuristic picks for `ast` on a target with capabilities `caps` (none without `upcast_max`)."""
+  if not (upcast_max := caps.upcast_max): return []
+  split, lanes, regs = not caps.vectorizes_reductions, caps.vector_lanes, caps.vector_regs
+  if lanes >= 2 and (co := conv_opts(ast, lanes, regs)) is not None: return co
+  opts = choose_opts(ast, upcast_max, split, lanes, regs, Dots.of(caps))
   if lanes >= 2 and (po := _operand_pack_opts(ast, upcast_max, split, lanes, regs, opts)): opts = po
-  if (blk := row_block_opt(ast, opts, getattr(renderer, "cache_bytes", (0, 0, 0))[2])) is not None: opts = opts + [blk]
-  return opts + local_opts(ast, renderer)
+  if (blk := row_block_opt(ast, opts, caps.cache_bytes[2])) is not None: opts = opts + [blk]
+  return opts
 
 
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)
@@ -696,11 +687,11 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   return opts
 
 
-def optimize(ast: UOp, renderer) -> UOp:
-  """Apply the optimizations `renderer` asks for (see the module docstring). PACK is left out: it adds a kernel, which
+def optimize(ast: UOp, caps: Capabilities) -> UOp:
+  """Apply the optimizations a target with capabilities `caps` asks for (see the module docstring). PACK is left out: it adds a kernel, which
   the engine runs (codegen/pack.py); the kernel is correct without it."""
   if getenv("NOOPT", False): return ast
-  opts = [o for o in heuristic_opts(ast, renderer) if o.kind != "PACK"]
+  opts = [o for o in heuristic_opts(ast, caps) if o.kind != "PACK"]
   capture.annotate("opts", opts)  # VIZ=1: shown with the kernel
   for opt in opts: ast = apply_opt(ast, opt)
   return ast

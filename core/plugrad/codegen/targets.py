@@ -1,16 +1,17 @@
 """GPU targets as data: the launch limits, memory sizes and tensor cores codegen reads for each GPU architecture.
 
-Core never imports a plugin: GPU renderers (plugins/nv, plugins/amd) import these records and copy the fields onto
-their class (`GPUTarget.renderer_attrs()`), and `EMULATE=<name> DEV=PYTHON` makes the PYTHON device's renderer take
-them, so the emulated GPU is optimized exactly like the real one. Limits are the hardware's (CUDA programming guide,
-compute capability tables; AMD ISA guides / HSA agent info): `global_max` is the number of workgroups per grid dim,
-`local_max` the threads per workgroup dim, `local_max_threads` the threads per workgroup, `shared_max` the bytes of
+Core never imports a plugin: GPU renderers (plugins/nv, plugins/amd) import these records and take their capability
+record from them (`GPUTarget.caps()`), and `EMULATE=<name> DEV=PYTHON` makes the PYTHON device's renderer take the
+same, so the emulated GPU is optimized exactly like the real one; nothing else states a GPU's limits. Limits are the
+hardware's (CUDA programming guide, compute capability tables; AMD ISA guides / HSA agent info): `global_max` is the
+number of workgroups per grid dim, `local_max` the threads per workgroup dim, `local_max_threads` the threads per workgroup, `shared_max` the bytes of
 shared memory (LDS) one workgroup may use.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plugrad.runtime.renderer import Capabilities
 from plugrad.codegen.tc import TC_AMD_CDNA3, TC_AMD_RDNA3, TC_AMD_RDNA4, TC_CUDA_SM80, TC_CUDA_SM90, TensorCore
 
 
@@ -29,11 +30,11 @@ class GPUTarget:
   mem_bw: float = 0.0              # bytes/s of global memory
   peak_flops: dict[str, float] | None = None  # FLOP/s by dtype name ("float32", "float16" on tensor cores)
 
-  def renderer_attrs(self) -> dict:
-    """The capability attributes a renderer for this target sets (docs/backends.md lists what codegen reads)."""
-    return {"has_local": True, "has_shared": True, "global_max": self.global_max, "local_max": self.local_max,
-            "local_max_threads": self.local_max_threads, "shared_max": self.shared_max, "warp_size": self.warp_size,
-            "tensor_cores": list(self.tensor_cores)}
+  def caps(self) -> Capabilities:
+    """The capability record of a renderer for this target (docs/backends.md lists what codegen reads)."""
+    return Capabilities(has_local=True, has_shared=True, global_max=self.global_max, local_max=self.local_max,
+                        local_max_threads=self.local_max_threads, shared_max=self.shared_max, warp_size=self.warp_size,
+                        tensor_cores=tuple(self.tensor_cores))
 
 
 _CUDA_GRID = (2**31 - 1, 65535, 65535)

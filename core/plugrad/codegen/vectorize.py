@@ -27,13 +27,11 @@ import functools
 
 from plugrad.codegen.opt import NO_DOTS, Dots, dot4_factors, fits, fits16, group_dot_range, group_lane, lane_pattern, pm_opt_symbolic
 from plugrad.dtype import DType, dtypes
+from plugrad.runtime.renderer import DEFAULT_VECTOR_OPS
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.upat import PatternMatcher, UPat
 
-# ops that C vector extensions (and most SIMD targets) compute lane by lane with the scalar semantics
-DEFAULT_VECTOR_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.RECIPROCAL, Ops.MULACC, Ops.CAST,
-                                Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
 _NO_VECTOR_DTYPES = (dtypes.bool, dtypes.index, dtypes.float16, dtypes.bfloat16, dtypes.fp8e4m3, dtypes.fp8e5m2)
 
 Lanes = tuple  # k scalar UOps, one per lane

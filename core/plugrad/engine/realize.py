@@ -67,8 +67,8 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   plan = None
   with capture.group("kernel", lambda: f"{kernel_name(ast)} {device}") as g:  # VIZ=1: codegen passes grouped per kernel
     opts = beam_opts(ast, device)  # searched (BEAM) or cached by an earlier search; None: the heuristic
-    if opts is None and getattr(dev.renderer, "vector_lanes", 0) and not uses_gpudims(dev.renderer) and not getenv("NOOPT", 0):
-      heur = heuristic_opts(ast, dev.renderer)  # PACK (a kernel of its own, codegen/pack.py) is only chosen with vector lanes
+    if opts is None and dev.renderer.caps.vector_lanes and not uses_gpudims(dev.renderer.caps) and not getenv("NOOPT", 0):
+      heur = heuristic_opts(ast, dev.renderer.caps)  # PACK (a kernel of its own, codegen/pack.py) is only chosen with vector lanes
       if any(o.kind == "PACK" for o in heur): opts = heur
     if opts is not None and any(o.kind == "PACK" for o in opts):
       capture.annotate("opts", opts)  # VIZ=1: shown with the kernel

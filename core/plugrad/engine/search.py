@@ -98,9 +98,9 @@ def _time(ast: UOp, opts: list[Opt], device: str, bufs: list[Buffer]) -> float:
 def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
   """The fastest optimizations found by a beam of `width` (see the module docstring)."""
   dev = Device[device]
-  gpu = uses_gpudims(dev.renderer)
+  gpu = uses_gpudims(dev.renderer.caps)
   bufs = scratch_buffers(ast, device)
-  start = choose_gpu_opts(ast, dev.renderer) if gpu else heuristic_opts(ast, dev.renderer)
+  start = choose_gpu_opts(ast, dev.renderer.caps) if gpu else heuristic_opts(ast, dev.renderer.caps)
   scored = sorted({(_time(ast, o, device, bufs), tuple(o)) for o in ([], start)}, key=lambda x: x[0])
   best = scored[0]
   for _ in range(getenv("BEAM_ROUNDS", 3)):

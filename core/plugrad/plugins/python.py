@@ -69,7 +69,7 @@ class PythonRenderer(Renderer):
     super().__init__(arch)
     if (emu := getenv("EMULATE", "")):
       self.target = get_target(emu)
-      for k, v in self.target.renderer_attrs().items(): setattr(self, k, v)
+      self.caps = self.target.caps()
       self.suffix = f"PYTHON_{self.target.name}"
 
   def render(self, name: str, uops: list[UOp]) -> str:
@@ -480,7 +480,7 @@ class PythonProgram(Program):
   def __init__(self, dev: Compiled, name: str, lib: bytes) -> None:
     super().__init__(dev, name, lib)
     _, self.uops = pickle.loads(lib)
-    self.target: GPUTarget | None = getattr(dev.renderer, "target", None)
+    self.target: GPUTarget | None = dev.renderer.target if isinstance(dev.renderer, PythonRenderer) else None
     self.gpu = any(u.op in GPU_OPS for u in self.uops)
     if self.gpu and self.target is None: raise RuntimeError(f"kernel {name} uses GPU ops; the PYTHON device runs them with EMULATE=<target>")
     self.code = decode(self.uops, gpu=self.gpu)

@@ -96,8 +96,8 @@ def _row_kernel(expand: UOp, red: UOp, users: dict[UOp, list[UOp]], realize: set
   if any(a != b and d not in axes for d, (a, b) in enumerate(zip(expand.src[0].shape, shape))): return False
   if not isinstance(shape[-1], int) or not ROW_MIN <= shape[-1] <= ROW_MAX: return False
   if not isinstance(dev := device_of(red), str): return False  # (multi-device graphs are split per device before this)
-  ren = getattr(Device[dev], "renderer", None)
-  if not (getattr(ren, "has_shared", False) and getattr(ren, "local_max_threads", 0)): return False
+  caps = Device[dev].renderer.caps
+  if not (caps.has_shared and caps.local_max_threads): return False
   # the row's elements must be cheap: a reduction inside them (attention's scores) would be recomputed per row element
   inner = red.src[0].toposort(gate=lambda y: y is red.src[0] or (y not in realize and y.op is not Ops.REDUCE_AXIS and not is_buffer_view(y)))
   if any(x.op is Ops.REDUCE_AXIS and x not in realize and (tuple(x.arg[1]) != axes or x.src[0].shape != shape) for x in inner): return False
@@ -179,8 +179,7 @@ def padded_windows(nodes: list[UOp], realize: set[UOp]) -> set[UOp]:
   out: set[UOp] = set()
   for r in nodes:
     if r.op is not Ops.REDUCE_AXIS or not isinstance(dev := device_of(r), str): continue
-    ren = getattr(Device[dev], "renderer", None)
-    if not getattr(ren, "pad_windows", False): continue
+    if not Device[dev].renderer.caps.pad_windows: continue
     region = r.src[0].toposort(gate=lambda y: y is r.src[0] or (y not in realize and y.op is not Ops.REDUCE_AXIS))
     for e in region:
       if e.op is Ops.EXPAND and (p := _pad_in_chain(e.src[0])) is not None: out.add(p)

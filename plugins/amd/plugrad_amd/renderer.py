@@ -32,20 +32,15 @@ from plugrad_amd import f64math
 
 # ---------------------------------------------------------------------------- targets (capabilities as data)
 
-ARCHS: dict[str, dict[str, Any]] = {
-  # wave size, LDS bytes per workgroup, tensor-core kind (fp8 is converted in software everywhere: AMDGPURenderer.fp8_cast)
-  "gfx1100": {"family": "RDNA3", "wave": 32, "lds": 65536, "tc": "wmma_gfx11"},
-  "gfx1101": {"family": "RDNA3", "wave": 32, "lds": 65536, "tc": "wmma_gfx11"},
-  "gfx1102": {"family": "RDNA3", "wave": 32, "lds": 65536, "tc": "wmma_gfx11"},
-  "gfx1200": {"family": "RDNA4", "wave": 32, "lds": 65536, "tc": "wmma_gfx12"},
-  "gfx1201": {"family": "RDNA4", "wave": 32, "lds": 65536, "tc": "wmma_gfx12"},
-  "gfx90a": {"family": "CDNA2", "wave": 64, "lds": 65536, "tc": "mfma"},
-  "gfx940": {"family": "CDNA3", "wave": 64, "lds": 65536, "tc": "mfma"},
-  "gfx941": {"family": "CDNA3", "wave": 64, "lds": 65536, "tc": "mfma"},
-  "gfx942": {"family": "CDNA3", "wave": 64, "lds": 65536, "tc": "mfma"},
-}
-
-TC_TARGETS: dict[str, GPUTarget] = {"RDNA3": targets.AMD, "RDNA4": targets.AMD_RDNA4, "CDNA3": targets.AMD_CDNA3, "CDNA2": targets.AMD_CDNA2}
+# each family's record in core's codegen/targets.py: launch limits, wave size, LDS, tensor cores (the records EMULATE=AMD*
+# runs too); nothing here restates them
+FAMILY_TARGETS: dict[str, GPUTarget] = {"RDNA3": targets.AMD, "RDNA4": targets.AMD_RDNA4, "CDNA3": targets.AMD_CDNA3, "CDNA2": targets.AMD_CDNA2}
+# arch -> its family and tensor-core instruction kind (fp8 is converted in software everywhere: AMDGPURenderer.fp8_cast);
+# "wave" is the family record's warp size (the runtime's dispatch reads it)
+ARCHS: dict[str, dict[str, Any]] = {arch: {"family": fam, "tc": tc, "wave": FAMILY_TARGETS[fam].warp_size} for arch, fam, tc in (
+  ("gfx1100", "RDNA3", "wmma_gfx11"), ("gfx1101", "RDNA3", "wmma_gfx11"), ("gfx1102", "RDNA3", "wmma_gfx11"),
+  ("gfx1200", "RDNA4", "wmma_gfx12"), ("gfx1201", "RDNA4", "wmma_gfx12"), ("gfx90a", "CDNA2", "mfma"),
+  ("gfx940", "CDNA3", "mfma"), ("gfx941", "CDNA3", "mfma"), ("gfx942", "CDNA3", "mfma"))}
 
 # tensor-core intrinsics by (kind, a lanes, c lanes, input dtype): (intrinsic, extra trailing args)
 TC_INTRINSICS: dict[tuple[str, int, int, str], tuple[str, str]] = {
@@ -122,22 +117,14 @@ def render_const(v: Any, dt: DType) -> str:
 class AMDGPURenderer(Renderer):
   """LLVM IR for one gfx arch (gfx1100 by default; AMDDevice makes a subclass with the GPU's own arch)."""
   name, device, suffix = "AMDGPU", "AMD", "AMDGPU"
-  has_local, has_shared, supports_float4 = True, True, False
-  global_max = (2**31 - 1, 65535, 65535)
-  local_max = (1024, 1024, 1024)
-  local_max_threads = 1024
-  shared_max = 65536
-  warp_size = 32
+  caps = targets.AMD.caps()
   default_arch = "gfx1100"
 
   def __init__(self, arch: str | None = None) -> None:
     super().__init__(arch or self.default_arch)
     if self.arch not in ARCHS: raise ValueError(f"AMDGPU arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
     self.target = ARCHS[self.arch]
-    self.warp_size = self.target["wave"]
-    self.shared_max = self.target["lds"]
-    # tensor-core shapes and lane layouts as data (core's codegen/targets.py, the records EMULATE=AMD* runs too)
-    self.tensor_cores = list(TC_TARGETS[self.target["family"]].tensor_cores)
+    self.caps = FAMILY_TARGETS[self.target["family"]].caps()
 
   @classmethod
   def accepts_arch(cls, arch: str) -> bool: return arch in ARCHS
@@ -578,7 +565,7 @@ class AMDGPURenderer(Renderer):
       size = s.src[0]
       if size.op is not Ops.CONST: raise NotImplementedError(f"SPECIAL {s.arg}: workgroup size must be a constant, got {size}")
       block[int(s.arg[-1])] = int(size.arg)
-    if math.prod(block) > self.local_max_threads: raise ValueError(f"workgroup of {block} threads exceeds {self.local_max_threads}")
+    if math.prod(block) > self.caps.local_max_threads: raise ValueError(f"workgroup of {block} threads exceeds {self.caps.local_max_threads}")
     return block[0], block[1], block[2]
 
   def wmma(self, u: UOp) -> str:
@@ -608,8 +595,8 @@ class AMDGPURendererRDNA4(AMDGPURenderer):
 
 
 class AMDGPURendererCDNA3(AMDGPURenderer):
-  default_arch, warp_size = "gfx942", 64
+  default_arch = "gfx942"
 
 
 class AMDGPURendererCDNA2(AMDGPURenderer):
-  default_arch, warp_size = "gfx90a", 64
+  default_arch = "gfx90a"

@@ -8,6 +8,7 @@ C such as the smoke kernel) are called directly as `void name(T0 *buf0, ..., int
 """
 from __future__ import annotations
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import math
@@ -24,8 +25,8 @@ from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUA
 from plugrad.helpers import cache_dir, getenv
 from plugrad.codegen.cstyle import CStyleRenderer, Stmt
 from plugrad.codegen.opt import eval_index
-from plugrad.codegen.vectorize import DEFAULT_VECTOR_OPS
 from plugrad.dtype import DType, dtypes
+from plugrad.runtime.renderer import DEFAULT_VECTOR_OPS, Capabilities
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad_cpu import find_cc
@@ -133,10 +134,17 @@ HOST_KINDS = {
 }
 
 def simd_caps(flags: frozenset[str] | None = None) -> dict[str, int]:
-  """The ClangRenderer capability data that follows from a CPU's feature flags (default: cpu_flags(), the host or
-  CPU_MARCH's target): vector_lanes, vector_regs, dot4. Tests of the heuristics set it for a named host kind."""
+  """The fields of the ClangRenderer's capability record that follow from a CPU's feature flags (default: cpu_flags(),
+  the host or CPU_MARCH's target): vector_lanes, vector_regs, dot4. Tests of the heuristics apply it for a named host
+  kind (tests/conftest.py: cpu_host)."""
   lanes, regs = simd_shape(flags)
   return {"vector_lanes": lanes, "vector_regs": regs, "dot4": dot4_max(flags)}
+
+def host_caps(base: Capabilities, cc: str) -> Capabilities:
+  """`base` (the ClangRenderer's record) completed for this host: its SIMD shape and byte dots (simd_caps), its caches
+  (cache_sizes) and whether the compiler `cc` vectorizes reduce loops itself (clang does: see _loop)."""
+  return dataclasses.replace(base, **simd_caps(), cache_bytes=cache_sizes(),
+                             vectorizes_reductions="clang" in os.path.basename(cc.split()[0]))
 
 def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int, int]:
   """(L1 data, L2, L3) cache bytes of the host's first core, from Linux's sysfs cache description (0 for a level it
@@ -292,14 +300,12 @@ class ClangRenderer(CStyleRenderer):
   name, device, suffix = "CLANG", "CPU", "CLANG"
   string_rewrite = pm_clang
   emulated = frozenset({dtypes.fp8e4m3, dtypes.fp8e5m2})  # C has no 8-bit floats; the device adds the 16-bit ones the compiler lacks
-  supports_float4, global_max = True, None
-  pad_windows = True  # a conv's input padded once into a buffer: its taps then load without bounds tests (+12-30%)
-  upcast_max = 64  # accumulators per loop iteration for codegen/opt.py (32 AVX-512 or 16 AVX2 vector registers)
-  vectorizes_reductions = False  # set per device when the compiler is clang: see _loop
-  vector_lanes, vector_regs = 0, 16  # explicit SIMD (codegen/vectorize.py): set per device from the host, see simd_shape
-  dot2 = True  # WMMA "DOT2" (pairwise int16 multiply-add) on vectors: pg_dot2_T, pmaddwd on x86
-  dot4 = 0  # WMMA "DOT4" (uint8 x int8, 4 products a lane) on vectors: pg_dot4_T; set per device, see dot4_max
-  vector_ops = DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC}  # the rest lane by lane in C
+  # the capability record; CPUDevice completes it from the host (host_caps): the compiler, the SIMD shape, the caches
+  caps = Capabilities(
+    pad_windows=True,  # a conv's input padded once into a buffer: its taps then load without bounds tests (+12-30%)
+    upcast_max=64,  # accumulators per loop iteration (32 AVX-512 or 16 AVX2 vector registers)
+    dot2=True,  # WMMA "DOT2" (pairwise int16 multiply-add) on vectors: pg_dot2_T, pmaddwd on x86
+    vector_ops=DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC})  # the rest lane by lane in C
   prefetch_bytes = getenv("PREFETCH_BYTES", 4096)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
   prefetch_trips = getenv("PREFETCH_TRIPS", 16)  # strided loads: prefetch this many reduce-loop trips ahead (0: none)
 
@@ -371,7 +377,7 @@ class ClangRenderer(CStyleRenderer):
     self._streamed = self.streamed_loads(uops)
     self._strided = {u: step * self.prefetch_trips for u, step in self.strided_loads(uops).items()} if self.prefetch_trips else {}
     self._outer = next((u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"), None)
-    self._vec_loops = self.vectorizable_reduce_loops(uops) if self.vectorizes_reductions else set()
+    self._vec_loops = self.vectorizable_reduce_loops(uops) if self.caps.vectorizes_reductions else set()
     body = self.render_body(uops)
     gl, vs = [u for u in uops if u.op is Ops.DEFINE_GLOBAL], [u for u in uops if u.op is Ops.DEFINE_VAR]
     params = ", ".join(self.render_params(uops) + ["const int core_id", "const int core_n"])
@@ -381,7 +387,7 @@ class ClangRenderer(CStyleRenderer):
     split = "1LL" if self._outer is None else (f"{self._outer.src[0].arg}LL" if self._outer.src[0].op is Ops.CONST else
                                                f"(long long){self.work_const(self._outer.src[0])}")
     prelude = ([EXP2F_SRC] if "pg_exp2f(" in "".join(body) else []) + ([pre] if (pre := self.emulation_prelude("".join(body))) else [])
-    if self._vtypes: prelude.insert(0, _vector_prelude(self._vtypes, "\n".join(body), self.dot4))
+    if self._vtypes: prelude.insert(0, _vector_prelude(self._vtypes, "\n".join(body), self.caps.dot4))
     return "\n".join([*prelude, f"static inline void {name}_k({params}) {{", *guard, *body, "}",
                       f"void {name}(void **bufs, const int *vals, int core_id, int core_n) {{",
                       f"  {name}_k({args}{', ' if args else ''}core_id, core_n);", "}",
@@ -532,11 +538,7 @@ class CPUDevice(Compiled):
     if self.threads < 1:
       raise ValueError(f"CPU_THREADS{'_' + str(idx) if os.environ.get(f'CPU_THREADS_{idx}') else ''} must be >= 1, got {self.threads}")
     super().__init__(device, CPUAllocator(), [ClangRenderer], ClangCompiler(), CPUProgram)
-    if isinstance(self.renderer, ClangRenderer) and "clang" in os.path.basename(self.compiler.cc.split()[0]):
-      self.renderer.vectorizes_reductions = True
-    if isinstance(self.renderer, ClangRenderer):
-      for k, v in simd_caps().items(): setattr(self.renderer, k, v)
-      self.renderer.cache_bytes = cache_sizes()
+    if isinstance(self.renderer, ClangRenderer): self.renderer.caps = host_caps(self.renderer.caps, self.compiler.cc)
     if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
       self.renderer.emulated = type(self.renderer).emulated | frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
                                          if not self.compiler.supports_type(t))

@@ -21,7 +21,6 @@ from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 
-GRID_YZ_MAX, GRID_X_MAX = 65535, 2**31 - 1
 FP8 = (dtypes.fp8e4m3, dtypes.fp8e5m2)
 HALF_LIKE = (dtypes.fp8e4m3, dtypes.fp8e5m2, dtypes.bfloat16, dtypes.float16)
 MMA_IN = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
@@ -106,21 +105,16 @@ class CUDARenderer(CStyleRenderer):
   """CUDA C for NVRTC. `arch` is the target (sm_90 by default)."""
   name, device, suffix = "CUDA", "NV", "CUDA"
   string_rewrite = pm_cuda
-  supports_float4 = False
   restrict = "__restrict__"
   special_ids = {"gidx": "blockIdx", "lidx": "threadIdx"}
   shared_prefix = "__shared__ __align__(16) "
   barrier = "__syncthreads();"
-  # launch limits and memory as codegen reads them (the values of core's codegen/targets.py CUDA record, sm_80+)
-  has_local, has_shared = True, True
-  global_max, local_max, local_max_threads = (GRID_X_MAX, GRID_YZ_MAX, GRID_YZ_MAX), (1024, 1024, 64), 1024
-  shared_max, warp_size = 48 * 1024, 32
-  tensor_cores = list(CUDA.tensor_cores)  # mma.sync shapes and lane layouts as data (codegen/tc.py)
-  upcast_max = 16       # outputs/accumulators per thread for codegen/opt.py (register blocking)
+  caps = CUDA.caps()  # launch limits, shared memory and mma.sync shapes: core's codegen/targets.py record (sm_80+)
   default_arch = "sm_90"  # NVDevice makes a subclass with the GPU's own arch
   type_map = {**CStyleRenderer.type_map, dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16",
               dtypes.fp8e4m3: "__nv_fp8_e4m3", dtypes.fp8e5m2: "__nv_fp8_e5m2"}
   math_fns = {dtypes.float32: ("exp2f", "log2f", "sinf", "sqrtf", "truncf", "powf"), dtypes.float64: ("exp2", "log2", "sin", "sqrt", "trunc", "pow")}
+  emulated = frozenset()  # CUDA has half, __nv_bfloat16 and the fp8 types natively (type_map)
 
   def __init__(self, arch: str | None = None) -> None:
     super().__init__(arch or self.default_arch)
@@ -154,8 +148,8 @@ class CUDARenderer(CStyleRenderer):
     n = 1
     for u in uops:
       if u.op is Ops.SPECIAL and str(u.arg).startswith("lidx"):
-        n *= int(u.src[0].arg) if u.src[0].op is Ops.CONST else self.local_max_threads
-    return min(n, self.local_max_threads)
+        n *= int(u.src[0].arg) if u.src[0].op is Ops.CONST else self.caps.local_max_threads
+    return min(n, self.caps.local_max_threads)
 
   def render(self, name: str, uops: list) -> str:
     self.vtypes: dict[str, tuple[str, int, int]] = {}
