@@ -2,6 +2,7 @@
 pass, concurrent requests equal to the same requests run one at a time under greedy sampling, chunked prefill
 interleaved with running streams, cancellation freeing the slot at once, and the prefix cache reusing a slot's keys."""
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -197,3 +198,47 @@ def test_seeded_sampling_does_not_depend_on_the_prefix_cache(smollm2_engine):
   for seed, cold, warm, longer_cold, longer_warm, together in asyncio.run(main()):
     assert len(cold) > 20 and warm == cold and together == cold, (seed, cold, warm, together)
     assert longer_warm == longer_cold, (seed, longer_cold, longer_warm)
+
+
+def _captures(g: BatchGenerator) -> dict:
+  """Each step's TinyJit captures: {jit: [(call count, recorded kernels' list)]} (the list object changes on a capture)."""
+  jits = {"decode": g.decode_jit, "decode1": g.decode1_jit, "short": g.short_jit, "prefill": g.prefill_jit}
+  return {name: [(c.cnt, id(c.captured)) for c in j._captures.values()] for name, j in jits.items()}
+
+
+def test_warm_up_captures_every_step_the_engine_takes(tiny_gguf):
+  """Issue 39: the first concurrent requests on a fresh server paid schedule, compile and JIT capture (47 tok/s against
+  360 once warm). After warm_up every step the engine takes (batched decode, batch-1 decode, short and long prefill)
+  is captured, requests of every kind then only replay, and what warm-up wrote into the caches changes no answer."""
+  llm = LLM.load(tiny_gguf, max_context=96, batch=3, name="tiny")
+  cold, warm = llm.backend(), llm.backend()
+  warm.warm_up()
+  before = _captures(warm)
+  assert all(len(cs) == 1 and cs[0][0] == 2 for cs in before.values()), before
+  long_prompt = [1] + list(range(100, 170))   # 71 tokens: the long prefill graph
+  prompts = PROMPTS + [long_prompt]
+  async def requests(e: Engine):
+    alone = await collect(e, PROMPTS[2], greedy(5))   # one stream: the batch-1 decode
+    together = await asyncio.gather(*[collect(e, p, greedy(6)) for p in prompts])
+    return [(t, f.completion_tokens) for t, f, _ in [alone, *together]]
+  answers = []
+  for g in (warm, cold):
+    e = Engine(g, llm.tok, prefill_chunk=128)
+    try: answers.append(asyncio.run(requests(e)))
+    finally: e.shutdown()
+  assert _captures(warm) == before   # nothing compiled or captured while serving
+  assert answers[0] == answers[1] and all(n > 0 for _, n in answers[0])
+
+
+def test_serve_warms_up_before_it_says_it_serves(tiny_gguf):
+  """server.serve announces itself (and calls `ready`) only once every step is captured."""
+  from plugrad.apps.llm.server import serve
+  llm = LLM.load(tiny_gguf, max_context=96, batch=2, name="tiny")
+  seen: dict = {}
+  def ready(server) -> None:
+    seen.update(_captures(server.engine.backend))
+    server.should_exit = True
+  t = threading.Thread(target=serve, args=(llm,), kwargs={"port": 0, "ready": ready}, daemon=True)
+  t.start()
+  t.join(120)
+  assert not t.is_alive() and seen and all(len(cs) == 1 and cs[0][0] == 2 for cs in seen.values()), seen

@@ -379,7 +379,9 @@ def serve(llm: LLM, host: str = "127.0.0.1", port: int = 11434, api_key: str | N
   if api_key is not None: check_api_key(api_key)
   if sock is None: sock = bind_socket(host, port)
   HEAD_TIMEOUT, BODY_TIMEOUT = request_timeout, 3 * request_timeout
-  engine = Engine(llm.backend(), llm.tok, prefill_chunk=prefill_chunk)
+  backend = llm.backend()
+  backend.warm_up()   # before announcing: the first (concurrent) requests must not pay compilation and JIT capture
+  engine = Engine(backend, llm.tok, prefill_chunk=prefill_chunk)
   app = build_app(Server(llm, engine, api_key))
   config = uvicorn.Config(app, http=Protocol, lifespan="off", log_level="warning", access_log=False,
                           timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=0.5,  # type: ignore[arg-type]  # a float works: asyncio.wait_for
