@@ -1,16 +1,41 @@
-"""Codegen: kernel AST -> linearized program -> source, packaged as a ProgramSpec."""
+"""Codegen: kernel AST -> optimized AST -> linear program -> source, as one declared list of named passes.
+
+`PIPELINE` is the whole of codegen, in the order it runs; `get_program` runs it and nothing else. Each `Pass` says
+whether it is a `graph_rewrite` with a PatternMatcher (`rewrite=True`) or still a named imperative step, and what it
+does. As built:
+
+  optimize        the heuristic's (or the caller's) Opts applied one by one (codegen/opt.py, codegen/gpuopt.py). An Opt
+                  splits and retypes ranges; UPCAST/SPLIT/UNROLL also expand their copies right there (substitutions
+                  and graph_rewrites), so there is no separate expand pass. A step: choosing the Opts is not a rewrite.
+  vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`).
+                  A step: an expander object walks the lanes, then one graph_rewrite (dot accumulators).
+  gpudims         global/local ranges become SPECIAL hardware ids (codegen/gpudims.py; GPU renderers): a substitution.
+  decompositions  the renderer's `extra_matcher` (ops the target lacks, rewritten into ones it has) as a graph_rewrite.
+  reduce ranges   a REDUCE sharing a RANGE with another in a different loop nest gets fresh copies (codegen/linearize.py).
+  linearize       the flat program, REDUCEs lowered to accumulators on the way (codegen/linearize.py): a step, since
+                  the accumulator lowering is emitted while ordering, not rewritten beforehand.
+  param slots     every buffer slot stays a parameter, in slot order (a step).
+  render          the renderer's rules (`Renderer.render`: string rules for C/CUDA/AMDGPU) turn the program into source.
+
+DEBUG>=5 prints each pass's name and the size of what it produced; VIZ=1 records a marker rewrite named
+`pass <name>` (the AST after the pass) in the kernel's group, between the pass's own rewrites.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
-from plugrad.codegen.gpudims import gpudims, uses_gpudims
+from plugrad.codegen.gpudims import LaunchDims, gpudims, uses_gpudims
 from plugrad.codegen.gpuopt import apply_gpu_opt, optimize_gpu
-from plugrad.codegen.linearize import linearize
+from plugrad.codegen.linearize import linearize_program, unshare_ranges
 from plugrad.codegen.opt import Dots, Opt, optimize
 from plugrad.codegen.vectorize import vectorize
+from plugrad.helpers import getenv
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import prod, sint, sym_infer
+from plugrad.viz import capture
 
 
 @dataclass
@@ -63,25 +88,101 @@ def apply_opts(ast: UOp, opts: list[Opt], renderer: Renderer) -> UOp:
   return ast
 
 
-def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> ProgramSpec:
-  """Optimize (codegen/opt.py, or codegen/gpuopt.py for GPU renderers; `opts` replaces the heuristic's choice; vector
-  lanes become vector types with codegen/vectorize.py where the renderer has them), map ranges to hardware ids
-  (codegen/gpudims.py), linearize and render a kernel AST for `renderer`."""
-  caps = renderer.caps
-  if opts is not None: opt = apply_opts(ast, opts, renderer)
-  else: opt = optimize_gpu(ast, caps) if uses_gpudims(caps) else optimize(ast, caps)
-  if caps.vector_lanes: opt = vectorize(opt, caps.vector_ops, Dots.of(caps))
-  dims = gpudims(opt, caps)
-  uops = linearize(dims.ast)
+@dataclass
+class KernelState:
+  """What the passes hand each other: the kernel AST being rewritten (`source` is the scheduler's, kept for the name
+  and the parameter slots), the caller's Opts (None: the heuristic's), then the launch dims, linear program and source."""
+  source: UOp
+  renderer: Renderer
+  opts: list[Opt] | None
+  ast: UOp
+  dims: LaunchDims | None = None
+  uops: list[UOp] = field(default_factory=list)
+  src: str = ""
+
+
+@dataclass(frozen=True)
+class Pass:
+  """One named codegen pass: `run` updates the state; `rewrite` says whether it is a graph_rewrite with a
+  PatternMatcher (True) or still an imperative step (False), `doc` what it does."""
+  name: str
+  run: Callable[[KernelState], None]
+  rewrite: bool
+  doc: str
+
+
+def _optimize(k: KernelState) -> None:
+  caps = k.renderer.caps
+  if k.opts is not None: k.ast = apply_opts(k.ast, k.opts, k.renderer)
+  else: k.ast = optimize_gpu(k.ast, caps) if uses_gpudims(caps) else optimize(k.ast, caps)
+
+
+def _vectorize(k: KernelState) -> None:
+  if (caps := k.renderer.caps).vector_lanes: k.ast = vectorize(k.ast, caps.vector_ops, Dots.of(caps))
+
+
+def _gpudims(k: KernelState) -> None:
+  k.dims = gpudims(k.ast, k.renderer.caps)
+  k.ast = k.dims.ast
+
+
+def _decompositions(k: KernelState) -> None:
+  if (pm := k.renderer.extra_matcher) is not None: k.ast = graph_rewrite(k.ast, pm, name=f"{k.renderer.name} decompositions")
+
+
+def _reduce_ranges(k: KernelState) -> None: k.ast = unshare_ranges(k.ast)
+
+
+def _linearize(k: KernelState) -> None: k.uops = linearize_program(k.ast)
+
+
+def _param_slots(k: KernelState) -> None:
   # every buffer slot stays a parameter, also one whose loads the optimizer folded away (an unrolled reduce whose
   # where() picks another buffer at every step): runtimes pass buffers by slot, so a dropped one shifted the rest
-  slots = {u.arg: u for u in (*ast.toposort(), *uops) if u.op is Ops.DEFINE_GLOBAL}
-  uops = [slots[k] for k in sorted(slots)] + [u for u in uops if u.op is not Ops.DEFINE_GLOBAL]
-  name = kernel_name(ast)
-  glbls = [u for u in uops if u.op is Ops.DEFINE_GLOBAL]
+  slots = {u.arg: u for u in (*k.source.toposort(), *k.uops) if u.op is Ops.DEFINE_GLOBAL}
+  k.uops = [slots[s] for s in sorted(slots)] + [u for u in k.uops if u.op is not Ops.DEFINE_GLOBAL]
+
+
+def _render(k: KernelState) -> None: k.src = k.renderer.render(kernel_name(k.source), k.uops)
+
+
+PIPELINE: tuple[Pass, ...] = (
+  Pass("optimize", _optimize, False, "apply the heuristic's or the caller's Opts: each splits/retypes ranges (opt.py, gpuopt.py)"),
+  Pass("vectorize", _vectorize, False, "vector lane ranges become vector values (vectorize.py; renderers with vector_lanes)"),
+  Pass("gpudims", _gpudims, True, "global/local ranges become SPECIAL hardware ids under the launch limits (gpudims.py)"),
+  Pass("decompositions", _decompositions, True, "the renderer's extra_matcher: ops the target lacks rewritten into ones it has"),
+  Pass("reduce ranges", _reduce_ranges, True, "a REDUCE sharing a RANGE across loop nests gets fresh copies (linearize.py)"),
+  Pass("linearize", _linearize, False, "order the program, lowering REDUCEs to accumulators (linearize.py)"),
+  Pass("param slots", _param_slots, False, "every buffer slot stays a parameter, in slot order"),
+  Pass("render", _render, False, "the renderer's rules turn the linear program into source (Renderer.render)"),
+)
+
+
+def _show(i: int, p: Pass, k: KernelState) -> None:
+  """DEBUG>=5: the pass's name and what it produced; VIZ=1: a marker rewrite `pass <name>` holding the AST after it."""
+  if capture.VIZ and (rec := capture.TRACE.begin_rewrite(f"pass {p.name}", k.ast, False, False)) is not None: rec.out = k.ast
+  if getenv("DEBUG", 0) >= 5:
+    what = f"{len(k.src)} chars" if p.name == "render" else f"{len(k.uops)} uops" if k.uops else f"{len(k.ast.toposort())} nodes"
+    print(f"  codegen pass {i} {p.name:15s} {'rewrite' if p.rewrite else 'step':7s} {what}")
+
+
+def run_pipeline(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None, passes: tuple[Pass, ...] | None = None) -> KernelState:
+  """The state after running `passes` (by default the whole PIPELINE) on kernel `ast` for `renderer`."""
+  k = KernelState(ast, renderer, opts, ast)
+  for i, p in enumerate(PIPELINE if passes is None else passes):
+    p.run(k)
+    _show(i, p, k)
+  return k
+
+
+def get_program(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> ProgramSpec:
+  """The kernel AST `ast` rendered for `renderer` by the PIPELINE (`opts` replaces the heuristic's choice)."""
+  k = run_pipeline(ast, renderer, opts)
+  assert k.dims is not None, "the pipeline has no gpudims pass"
+  glbls = [u for u in k.uops if u.op is Ops.DEFINE_GLOBAL]
   mem = sum(g.dtype.size * g.dtype.base.itemsize for g in glbls if isinstance(g.dtype.size, int) and g.dtype.size > 0)
-  return ProgramSpec(name, renderer.render(name, uops), uops, glbls, [u for u in uops if u.op is Ops.DEFINE_VAR],
-                     global_size=dims.global_size, local_size=dims.local_size, flops=_mul(estimate_flops(uops), _threads(dims)), mem_bytes=mem)
+  return ProgramSpec(kernel_name(ast), k.src, k.uops, glbls, [u for u in k.uops if u.op is Ops.DEFINE_VAR], global_size=k.dims.global_size,
+                     local_size=k.dims.local_size, flops=_mul(estimate_flops(k.uops), _threads(k.dims)), mem_bytes=mem)
 
 
 def _mul(a: sint, b: sint) -> sint:

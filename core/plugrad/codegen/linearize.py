@@ -17,9 +17,12 @@ See docs/kernel_ir.md for the contract.
 from __future__ import annotations
 
 import sys
+from typing import Callable, TypeVar
 
 from plugrad.dtype import AddrSpace, DType, dtypes
 from plugrad.uop.ops import Ops, UOp
+
+T = TypeVar("T")
 
 
 def reduce_identity(op: Ops, dt: DType):
@@ -160,10 +163,25 @@ def unshare_reduce_ranges(ast: UOp) -> UOp:
     ast = ast.substitute({clash: UOp(Ops.REDUCE, clash.dtype, (clash.src[0].substitute(fresh), *fresh.values()), clash.arg)})
 
 
-def linearize(ast: UOp) -> list[UOp]:
-  """The flat program for a kernel AST (see the module docstring)."""
+def _deep(fn: Callable[[UOp], T], ast: UOp) -> T:
+  """fn(ast) with room for the recursion of deep kernels (the emitter recurses along the value chains)."""
   if ast.op is not Ops.SINK: raise ValueError(f"linearize needs a SINK kernel AST, got {ast.op}")
   old = sys.getrecursionlimit()
   sys.setrecursionlimit(max(old, 20000))
-  try: return Linearizer(unshare_reduce_ranges(ast)).run()
+  try: return fn(ast)
   finally: sys.setrecursionlimit(old)
+
+
+def unshare_ranges(ast: UOp) -> UOp:
+  """`unshare_reduce_ranges` of a kernel AST (codegen's "reduce ranges" pass)."""
+  return _deep(unshare_reduce_ranges, ast)
+
+
+def linearize_program(ast: UOp) -> list[UOp]:
+  """The flat program of a kernel AST whose reduce ranges are already unshared (codegen's "linearize" pass)."""
+  return _deep(lambda a: Linearizer(a).run(), ast)
+
+
+def linearize(ast: UOp) -> list[UOp]:
+  """The flat program for a kernel AST (see the module docstring)."""
+  return linearize_program(unshare_ranges(ast))

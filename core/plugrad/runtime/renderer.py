@@ -8,9 +8,11 @@ are built from codegen/targets.py's `GPUTarget`s, docs/backends.md lists the fie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from plugrad.uop.enums import Ops
+
+if TYPE_CHECKING: from plugrad.uop.upat import PatternMatcher
 
 # ops that C vector extensions (and most SIMD targets) compute lane by lane with the scalar semantics
 DEFAULT_VECTOR_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.RECIPROCAL, Ops.MULACC, Ops.CAST,
@@ -70,6 +72,9 @@ class Renderer:
   device: str = ""
   suffix: str = ""                       # kernel-name suffix used in DEBUG output and cache keys ("CLANG", "PTX")
   caps: Capabilities = Capabilities()    # the one record codegen reads (an instance may replace it: dataclasses.replace)
+  # codegen's "decompositions" pass (codegen/__init__.py PIPELINE): a uop.upat.PatternMatcher rewriting the optimized
+  # kernel AST's ops the target lacks into ones it has, before linearizing (None: nothing to rewrite)
+  extra_matcher: PatternMatcher | None = None
 
   def __init__(self, arch: str | None = None) -> None:
     self.arch = arch
