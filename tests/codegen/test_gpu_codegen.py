@@ -427,6 +427,7 @@ def test_capabilities_are_read_only_through_the_record():
   import plugrad_amd.renderer  # noqa: F401  (the plugins' renderer classes, for the subclass walk)
   import plugrad_cpu.device  # noqa: F401
   import plugrad_nv.renderer  # noqa: F401
+  import plugrad.runtime.softhcq  # noqa: F401
   from plugrad.runtime.renderer import Renderer
   root = Path(__file__).resolve().parents[2]
   for p in (p for d in ("core/plugrad", "plugins") for p in (root / d).rglob("*.py") if "autogen" not in p.parts):

@@ -40,6 +40,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("plugrad.device", "plugrad.plugins.loader"): "the plugin registry loads on the first use of Device",
   ("plugrad.tensor", "plugrad.plugins.loader"): "Tensor methods that plugins add resolve on first use (Tensor.__getattr__)",
   ("plugrad.plugins", "plugrad.plugins.hookspecs"): "plugrad.plugins.hookimpl resolves lazily: hookspecs imports pluggy",
+  ("plugrad.apps.llm.__main__", "plugrad.apps.llm.server"): "only --serve needs the server and its optional [serve] extra",
 }
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from plugrad.device import BufferOptions
 from plugrad.runtime.compiler import Compiler
 from plugrad.runtime.hcq import Command, HCQAllocator, HCQBuffer, HCQCompiled, HCQProgram, HWQueue, Signal
-from plugrad.runtime.renderer import Renderer
+from plugrad.runtime.renderer import Capabilities, Renderer
 
 class SoftSignal(Signal):
   def __init__(self, dev: SoftDevice | None = None, value: int = 0) -> None:
@@ -49,7 +49,7 @@ class SoftCompiler(Compiler):
 
 class SoftRenderer(Renderer):
   name = "PYTHON"
-  has_local, global_max, local_max = True, (1 << 31,) * 3, (1024,) * 3
+  caps = Capabilities(has_local=True, global_max=(1 << 31,) * 3, local_max=(1024,) * 3)
 
 class SoftProgram(HCQProgram):
   def __init__(self, dev: SoftDevice, name: str, lib: bytes) -> None:

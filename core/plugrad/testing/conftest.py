@@ -12,6 +12,7 @@ import importlib.util
 import pytest
 
 from plugrad.device import Device, DeviceError
+from plugrad.devices import one_line
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -19,7 +20,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-  from plugrad.devices import one_line
   if importlib.util.find_spec("hypothesis") is None:
     raise pytest.UsageError("the plugrad conformance suite needs hypothesis: pip install 'plugrad[conformance]'")
   try: Device[Device.DEFAULT]
