@@ -1,5 +1,5 @@
 """Shared by the LLM benchmarks: llama.cpp (the xllamacpp wheel, bench-only: pip install xllamacpp) as the peer, the
-synthetic qwen2-0.5B-shaped GGUF they also run, and the machine's load and memory figures.
+synthetic qwen2-0.5B-shaped and gemma-3-270m-shaped GGUFs they also run, and the machine's load and memory figures.
 
 The synthetic model has Qwen2.5-0.5B's shapes (24 layers, dim 896, ffn 4864, 14/2 heads of 64, vocab 151936, tied
 embeddings, q/k/v biases) and the tensor types llama.cpp's Q4_K_M recipe gives it (rows of 896 aren't a multiple of
@@ -84,6 +84,63 @@ def synthetic_qwen2(path: Path | None = None) -> Path:
     q(p + "attn_q.weight", T.Q5_0, d, d), q(p + "attn_k.weight", T.Q5_0, kv, d), q(p + "attn_output.weight", T.Q5_0, d, d)
     q(p + "attn_v.weight", T.Q8_0 if i % 2 == 0 else T.Q5_0, kv, d)
     for b, n in (("attn_q.bias", d), ("attn_k.bias", kv), ("attn_v.bias", kv)): f32(p + b, rng.uniform(-0.1, 0.1, n))
+    q(p + "ffn_gate.weight", T.Q5_0, f, d), q(p + "ffn_up.weight", T.Q5_0, f, d)
+    q(p + "ffn_down.weight", T.Q6_K if i % 2 == 0 else T.Q4_K, d, f)
+  w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+  w.close()
+  tmp.rename(path)
+  return path
+
+
+GEMMA3 = {"layers": 18, "dim": 640, "ffn": 2048, "heads": 4, "kv_heads": 1, "head_dim": 256, "vocab": 262144, "window": 512}
+
+
+def synthetic_gemma3(path: Path | None = None) -> Path:
+  """A synthetic gemma-3-270m-shaped GGUF, written once; its path. gemma-3-270m's shapes (18 layers, dim 640, ffn 2048,
+  4/1 heads of 256, vocab 262144, tied embeddings, q/k norms, post-attention and post-FFN norms, a 512-token sliding
+  window) in the tensor types llama.cpp's Q4_K_M recipe gives it: rows of 640 can't hold 256-blocks, so Q8_0 for the
+  embeddings and half the attn_v, Q5_0 for attn_q/k/output and ffn_gate/up, ffn_down (rows of 2048) alternating Q6_K
+  and Q4_K; random blocks with small scales. Its SentencePiece vocabulary: gemma's controls, `</s>` at id 212 as a
+  user-defined token (as in gemma 3), byte tokens, a few pieces and unused tokens up to 262144."""
+  import gguf
+  path = path or CACHE / "gemma3-270m-shaped-q4_k_m-mix.gguf"
+  if path.exists(): return path
+  path.parent.mkdir(parents=True, exist_ok=True)
+  c, T = GEMMA3, gguf.GGMLQuantizationType
+  specials = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<unused{i}>" for i in range(101)] + ["<start_of_turn>", "<end_of_turn>"]
+  specials += [f"<unused{i}>" for i in range(101, 206)]
+  tokens = specials + ["</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+  types = [3, 3, 3, 2] + [5] * 101 + [3, 3] + [5] * 105 + [4] + [6] * 256
+  pieces = [chr(ch) for ch in range(0x61, 0x7B)] + ["\u2581" + chr(ch) for ch in range(0x61, 0x7B)] + ["\u2581"]
+  tokens, types = tokens + pieces, types + [1] * len(pieces)
+  pad = c["vocab"] - len(tokens)
+  tokens, types = tokens + [f"<unused_pad{i}>" for i in range(pad)], types + [5] * pad
+  scores = [0.0] * (c["vocab"] - len(pieces) - pad) + [-float(i) for i in range(len(pieces))] + [-1e9] * pad
+  tmp = path.with_suffix(".tmp")
+  w = gguf.GGUFWriter(str(tmp), "gemma3")
+  w.add_name("synthetic gemma-3-270m-shaped (random weights)")
+  w.add_context_length(32768), w.add_embedding_length(c["dim"]), w.add_feed_forward_length(c["ffn"])
+  w.add_block_count(c["layers"]), w.add_head_count(c["heads"]), w.add_head_count_kv(c["kv_heads"])
+  w.add_key_length(c["head_dim"]), w.add_value_length(c["head_dim"]), w.add_sliding_window(c["window"])
+  w.add_rope_freq_base(1e6), w.add_layer_norm_rms_eps(1e-6), w.add_file_type(15)   # MOSTLY_Q4_K_M
+  w.add_tokenizer_model("llama"), w.add_token_list(tokens), w.add_token_types(types), w.add_token_scores(scores)
+  w.add_bos_token_id(2), w.add_eos_token_id(1), w.add_unk_token_id(3), w.add_pad_token_id(0)
+  w.add_add_bos_token(True), w.add_add_space_prefix(False)
+  w.add_chat_template("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+                      "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+  rng = np.random.default_rng(0)
+  d, f, hd = c["dim"], c["ffn"], c["head_dim"]
+  q_rows, kv_rows = c["heads"] * hd, c["kv_heads"] * hd
+  def q(name: str, qtype: Any, rows: int, cols: int) -> None: w.add_tensor(name, _blocks(rng, qtype, rows, cols), raw_dtype=qtype)
+  def f32(name: str, v: np.ndarray) -> None: w.add_tensor(name, v.astype(np.float32))
+  q("token_embd.weight", T.Q8_0, c["vocab"], d)
+  f32("output_norm.weight", np.ones(d))
+  for i in range(c["layers"]):
+    p = f"blk.{i}."
+    for n in ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm"): f32(p + n + ".weight", np.ones(d))
+    f32(p + "attn_q_norm.weight", np.ones(hd)), f32(p + "attn_k_norm.weight", np.ones(hd))
+    q(p + "attn_q.weight", T.Q5_0, q_rows, d), q(p + "attn_k.weight", T.Q5_0, kv_rows, d), q(p + "attn_output.weight", T.Q5_0, d, q_rows)
+    q(p + "attn_v.weight", T.Q8_0 if i % 2 == 0 else T.Q5_0, kv_rows, d)
     q(p + "ffn_gate.weight", T.Q5_0, f, d), q(p + "ffn_up.weight", T.Q5_0, f, d)
     q(p + "ffn_down.weight", T.Q6_K if i % 2 == 0 else T.Q4_K, d, f)
   w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
