@@ -14,7 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -48,6 +48,23 @@ def _blocks(rng: np.random.Generator, qtype: Any, rows: int, cols: int) -> np.nd
   return b.reshape(rows, -1)
 
 
+def _adders(w: Any) -> tuple[Callable[[str, Any, int, int], None], Callable[[str, np.ndarray], None], np.random.Generator]:
+  """A GGUF writer's two ways of adding a weight: random blocks of a quantized type, a float32 array; and their seeded
+  generator (other random values drawn from it keep the file the same from run to run)."""
+  rng = np.random.default_rng(0)
+  def q(name: str, qtype: Any, rows: int, cols: int) -> None: w.add_tensor(name, _blocks(rng, qtype, rows, cols), raw_dtype=qtype)
+  def f32(name: str, v: np.ndarray) -> None: w.add_tensor(name, v.astype(np.float32))
+  return q, f32, rng
+
+
+def _finish(w: Any, tmp: Path, path: Path) -> Path:
+  """Write the file out and move it into place (a half-written file never has the final name)."""
+  w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+  w.close()
+  tmp.rename(path)
+  return path
+
+
 def synthetic_qwen2(path: Path | None = None) -> Path:
   """The synthetic qwen2-0.5B-shaped Q4_K_M-mix GGUF (see the module docstring), written once; its path."""
   import gguf
@@ -71,11 +88,9 @@ def synthetic_qwen2(path: Path | None = None) -> Path:
   w.add_token_merges(list(field("tokenizer.ggml.merges")))
   w.add_bos_token_id(int(field("tokenizer.ggml.bos_token_id"))), w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id")))
   w.add_chat_template(field("tokenizer.chat_template"))
-  rng = np.random.default_rng(0)
+  q, f32, rng = _adders(w)
   d, f = c["dim"], c["ffn"]
   kv = c["kv_heads"] * d // c["heads"]
-  def q(name: str, qtype: Any, rows: int, cols: int) -> None: w.add_tensor(name, _blocks(rng, qtype, rows, cols), raw_dtype=qtype)
-  def f32(name: str, v: np.ndarray) -> None: w.add_tensor(name, v.astype(np.float32))
   q("token_embd.weight", T.Q8_0, c["vocab"], d)
   f32("output_norm.weight", np.ones(d))
   for i in range(c["layers"]):
@@ -86,10 +101,7 @@ def synthetic_qwen2(path: Path | None = None) -> Path:
     for b, n in (("attn_q.bias", d), ("attn_k.bias", kv), ("attn_v.bias", kv)): f32(p + b, rng.uniform(-0.1, 0.1, n))
     q(p + "ffn_gate.weight", T.Q5_0, f, d), q(p + "ffn_up.weight", T.Q5_0, f, d)
     q(p + "ffn_down.weight", T.Q6_K if i % 2 == 0 else T.Q4_K, d, f)
-  w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
-  w.close()
-  tmp.rename(path)
-  return path
+  return _finish(w, tmp, path)
 
 
 GEMMA3 = {"layers": 18, "dim": 640, "ffn": 2048, "heads": 4, "kv_heads": 1, "head_dim": 256, "vocab": 262144, "window": 512}
@@ -128,11 +140,9 @@ def synthetic_gemma3(path: Path | None = None) -> Path:
   w.add_add_bos_token(True), w.add_add_space_prefix(False)
   w.add_chat_template("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
                       "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-  rng = np.random.default_rng(0)
+  q, f32, _ = _adders(w)
   d, f, hd = c["dim"], c["ffn"], c["head_dim"]
   q_rows, kv_rows = c["heads"] * hd, c["kv_heads"] * hd
-  def q(name: str, qtype: Any, rows: int, cols: int) -> None: w.add_tensor(name, _blocks(rng, qtype, rows, cols), raw_dtype=qtype)
-  def f32(name: str, v: np.ndarray) -> None: w.add_tensor(name, v.astype(np.float32))
   q("token_embd.weight", T.Q8_0, c["vocab"], d)
   f32("output_norm.weight", np.ones(d))
   for i in range(c["layers"]):
@@ -143,10 +153,7 @@ def synthetic_gemma3(path: Path | None = None) -> Path:
     q(p + "attn_v.weight", T.Q8_0 if i % 2 == 0 else T.Q5_0, kv_rows, d)
     q(p + "ffn_gate.weight", T.Q5_0, f, d), q(p + "ffn_up.weight", T.Q5_0, f, d)
     q(p + "ffn_down.weight", T.Q6_K if i % 2 == 0 else T.Q4_K, d, f)
-  w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
-  w.close()
-  tmp.rename(path)
-  return path
+  return _finish(w, tmp, path)
 
 
 class LlamaCpp:
