@@ -13,7 +13,8 @@ from plugrad import Tensor
 from plugrad.codegen import get_program
 from plugrad.codegen.targets import AMD, AMD_CDNA2, AMD_CDNA3, AMD_RDNA4
 from plugrad.dtype import AddrSpace, dtypes
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad_amd import f64math
 from plugrad_amd.autogen import amdhsa_kd
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, unpack
@@ -190,9 +191,9 @@ def test_bad_special_is_a_clear_error():
 
 
 class TCRenderer(AMDGPURenderer):
-  """Core has no WMMA op on this branch yet (the GPU-codegen work adds it): a CUSTOM uop stands in for it here, rendered
-  by the same `wmma` method the renderer uses for WMMA."""
-  def alu(self, u: UOp, args: list[str]) -> str: return self.wmma(u) if u.op is Ops.CUSTOM else super().alu(u, args)
+  """A CUSTOM uop standing for WMMA, rendered by the renderer's `wmma`: a rule put in front of the renderer's table (how
+  a subclass extends the rules)."""
+  string_rewrite = PatternMatcher([(UPat(Ops.CUSTOM, name="x"), lambda ctx, x: ctx.wmma(x))]) + AMDGPURenderer.string_rewrite
 
 
 def tc_program(na: int, nc: int, lanes: int, dt_in) -> list[UOp]:
@@ -253,3 +254,68 @@ def test_two_over_pi_chunks_for_the_sin_reduction():
     m = c * 2.0 ** (28 * (i + 1))
     assert m == int(m) and 0 <= m < 2**28
   assert abs(sum(f64math.TWO_OVER_PI_CHUNKS) - 2 / math.pi) < 1e-16
+
+
+# ---- the renderer is rule tables (PatternMatchers), like the C and CUDA renderers
+
+def one_op_program(op: Ops, dt, n_src: int) -> list[UOp]:
+  """out[0] = op(in1[0], ...) over `n_src` loaded sources of `dt`."""
+  i = UOp.const(dtypes.int32, 0)
+  out, ins = gl(0, 4, dt), [gl(k + 1, 4, dt) for k in range(n_src)]
+  ixs = [UOp(Ops.INDEX, g.dtype, (g, i)) for g in ins]
+  lds = [UOp(Ops.LOAD, dt, (ix,)) for ix in ixs]
+  v = UOp(op, dt, tuple(lds))
+  ox = UOp(Ops.INDEX, out.dtype, (out, i))
+  return [out, *ins, *ixs, *lds, v, ox, UOp(Ops.STORE, dtypes.void, (ox, v))]
+
+
+def test_every_op_has_a_rule():
+  ren = AMDGPURenderer
+  ruled = set(ren.string_rewrite.pdict) | set(ren.alu_rewrite.pdict) | set(ren.alu_decomps.pdict)
+  program_ops = {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.DEFINE_REG, Ops.AFTER, Ops.INDEX,
+                 Ops.LOAD, Ops.STORE, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF, Ops.BARRIER, Ops.VECTORIZE, Ops.GEP, Ops.WMMA, Ops.NOOP}
+  alu = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC, Ops.RECIPROCAL, Ops.NEG, Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV,
+         Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.MAX, Ops.WHERE, Ops.MULACC, Ops.POW}
+  assert program_ops <= set(ren.string_rewrite.pdict) and alu <= set(ren.alu_rewrite.pdict) <= set(GroupOp.ALU)
+  assert {Ops.CAST, Ops.BITCAST} <= set(ren.alu_decomps.pdict) and program_ops | alu <= ruled
+
+
+def test_an_op_without_a_rule_is_a_clear_error():
+  with pytest.raises(NotImplementedError, match="can't render Ops.CUSTOM"):
+    AMDGPURenderer().render("k", [gl(0, 4), UOp(Ops.CUSTOM, dtypes.float32, (), "x")])
+  with pytest.raises(NotImplementedError, match="can't render Ops.EXP2 on dtypes.int32"):
+    AMDGPURenderer().render("k", one_op_program(Ops.EXP2, dtypes.int32, 1))
+
+
+def test_bf16_and_fp8_arithmetic_is_the_float32_rule():
+  """The decomposition rules: a bfloat16 add is a float add between bit conversions (shl 16 in, round-to-nearest-even
+  shifts out), an fp8 add a float add between the bit-level fp8 conversions; float16 has its own add."""
+  bf = AMDGPURenderer().render("k", one_op_program(Ops.ADD, dtypes.bfloat16, 2))
+  assert "fadd float" in bf and "shl i32" in bf and "add i32 %v" in bf and "fadd bfloat" not in bf
+  f8 = AMDGPURenderer().render("k", one_op_program(Ops.ADD, dtypes.fp8e4m3, 2))
+  assert "fadd float" in f8 and "@llvm.rint.f32" in f8 and "trunc i32" in f8
+  assert "fadd half" in AMDGPURenderer().render("k", one_op_program(Ops.ADD, dtypes.float16, 2))
+
+
+class PowIntrinsicRenderer(AMDGPURenderer):
+  """A renderer that replaces the pow decomposition by LLVM's intrinsic: one rule in front of the ALU table."""
+  alu_rewrite = PatternMatcher([(UPat(Ops.POW, dtypes.float32, name="x"),
+                                 lambda ctx, x: ctx.intrinsic("pow", x.dtype, [ctx.val(s) for s in x.src]))]) + AMDGPURenderer.alu_rewrite
+
+
+def test_a_rule_in_front_replaces_a_decomposition():
+  prog = one_op_program(Ops.POW, dtypes.float32, 2)
+  base, mine = AMDGPURenderer().render("k", prog), PowIntrinsicRenderer().render("k", prog)
+  assert "@llvm.exp2.f32" in base and "@llvm.log2.f32" in base and "@llvm.pow" not in base  # exp2(y*log2|x|) with sign rules
+  assert "call float @llvm.pow.f32(" in mine and "@llvm.exp2" not in mine
+  f64 = one_op_program(Ops.POW, dtypes.float64, 2)
+  assert PowIntrinsicRenderer().render("k", f64) == AMDGPURenderer().render("k", f64)  # the rule matches float32 only
+
+
+@needs_clang
+def test_rule_rendered_kernels_compile_for_every_arch():
+  for arch in GPU_ARCHS:
+    c = AMDGPUCompiler(arch)
+    for op, dt, n in ((Ops.ADD, dtypes.bfloat16, 2), (Ops.MUL, dtypes.fp8e5m2, 2), (Ops.POW, dtypes.float16, 2), (Ops.SIN, dtypes.float16, 1),
+                      (Ops.MAX, dtypes.float32, 2), (Ops.MULACC, dtypes.int32, 3), (Ops.IDIV, dtypes.int64, 2)):
+      assert c.compile(AMDGPURenderer(arch).render("k", one_op_program(op, dt, n)))

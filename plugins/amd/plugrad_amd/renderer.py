@@ -7,6 +7,11 @@ wave64). Buffers are `ptr addrspace(1)`, DEFINE_LOCAL an `addrspace(3)` global, 
 (promoted to registers by clang -O3). Loops are blocks with a counter in an alloca; a gated LOAD/STORE branches
 around the access so a false gate never touches memory.
 
+The renderer is rule tables, like the C and CUDA renderers (see "rules" below): `string_rewrite` (pm_amd) renders
+the program's ops, `alu_decomps` then `alu_rewrite` the ALU ops, `cast_rewrite` conversions. The decompositions are
+rules of their own: bfloat16/fp8 arithmetic in float32, fp8 and bf16 conversions by bit manipulation, float16 sin in
+float32, pow as exp2(y*log2|x|) with sign rules. They emit LLVM IR, so the C/CUDA renderers can't share them.
+
 The source carries no metadata: launch sizes travel in `ProgramSpec.global_size` (workgroups per dim, symbolic where
 the kernel is) / `local_size` (work-items per workgroup), which the engine passes to every launch. The renderer only
 checks the work-item ids it is given (gidx0..2 / lidx0..2, a constant workgroup size within `local_max_threads`) and
@@ -17,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -26,6 +31,7 @@ from plugrad.codegen.targets import GPUTarget
 from plugrad.dtype import AddrSpace, DType, PtrDType, dtypes, f32_to_fp8, fp8_to_f32
 from plugrad.runtime.renderer import Renderer
 from plugrad.uop.ops import GroupOp, Ops, UOp
+from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad_amd import f64math
 
 
@@ -114,11 +120,311 @@ def render_const(v: Any, dt: DType) -> str:
   return str(iv - (1 << bits) if iv >= 1 << (bits - 1) else iv)
 
 
+# ---------------------------------------------------------------------------- rules
+# The renderer is three rule tables (PatternMatchers of `(UPat, fn)` rules, like codegen/cstyle.py's string rules): a
+# rule gets the renderer as `ctx` and the uop `x`, emits LLVM instructions through ctx (ctx.emit, ctx._new and the
+# helpers below) and returns the LLVM value of `x` ("" for a uop that has none), or None to decline without emitting
+# anything (the next rule is tried). `ctx.val(u)` is the value of a rendered uop. A decomposition renders the ops it
+# decomposes into through the same tables, on holes (`ctx.hole(dtype, value)`: a NOOP standing for a value a rule
+# already computed). The first rule that returns a value wins, so a subclass extends a table by putting rules in front.
+
+def _src(x: UOp) -> DType: return x.src[0].dtype
+
+
+# ---- conversions (pm_casts): CAST to x.dtype with C semantics (float -> int truncates; bool is != 0)
+
+def _cast_same(ctx: AMDGPURenderer, x: UOp) -> str | None: return ctx.val(x.src[0]) if _src(x) == x.dtype else None
+
+
+def _cast_lanes(ctx: AMDGPURenderer, x: UOp) -> str | None:
+  src, dst = _src(x), x.dtype
+  if src.count == 1 and dst.count == 1: return None
+  if src.count != dst.count: raise NotImplementedError(f"AMDGPU renderer: cast {src} -> {dst} changes the lane count")
+  return ctx._cast_ins(ctx.val(x.src[0]), src.scalar(), dst.scalar(), ltype(src), ltype(dst))
+
+
+def _cast_fp8(ctx: AMDGPURenderer, x: UOp) -> str | None:
+  """Decomposition: fp8 <-> other types through float32, by bit manipulation (AMDGPURenderer.fp8_cast)."""
+  if _src(x) not in FP8 and x.dtype not in FP8: return None
+  return ctx.fp8_cast(ctx.val(x.src[0]), _src(x), x.dtype)
+
+
+def _cast_half_bf16(ctx: AMDGPURenderer, x: UOp) -> str | None:
+  """Decomposition: float16 <-> bfloat16 through float32."""
+  if {_src(x), x.dtype} != {dtypes.float16, dtypes.bfloat16}: return None
+  return ctx.cast(ctx.cast(ctx.val(x.src[0]), _src(x), dtypes.float32), dtypes.float32, x.dtype)
+
+
+def _cast_bf16(ctx: AMDGPURenderer, x: UOp) -> str | None:
+  """Decomposition: bfloat16 <-> float32 as bit operations (the backend can't select every bf16 conversion), other
+  types through float32."""
+  if dtypes.bfloat16 not in (_src(x), x.dtype): return None
+  if _src(x) == dtypes.bfloat16: return ctx.cast(ctx.bf16_to_f32(ctx.val(x.src[0])), dtypes.float32, x.dtype)
+  return ctx.f32_to_bf16(ctx.cast(ctx.val(x.src[0]), _src(x), dtypes.float32))
+
+
+def _cast_ins(ctx: AMDGPURenderer, x: UOp) -> str: return ctx._cast_ins(ctx.val(x.src[0]), _src(x), x.dtype, ltype(_src(x)), ltype(x.dtype))
+
+
+pm_casts = PatternMatcher([(UPat(Ops.CAST, name="x"), fn) for fn in (_cast_same, _cast_lanes, _cast_fp8, _cast_half_bf16, _cast_bf16, _cast_ins)])
+
+
+# ---- decompositions of ALU ops, tried before an op reserves its result's name (pm_alu_decomps)
+
+EMULATED = (dtypes.bfloat16, *FP8)  # computed in float32
+
+
+def _in_float32(ctx: AMDGPURenderer, x: UOp) -> str | None:
+  """Decomposition: arithmetic on bfloat16 and fp8 in float32 (fp8 has none; the bf16 math intrinsics need float):
+  their sources are widened, the op rendered on float32, the result narrowed back (a comparison keeps its bool)."""
+  cmp = x.op in GroupOp.Comparison
+  if x.op is Ops.WHERE or (_src(x) if cmp else x.dtype).scalar() not in EMULATED: return None
+  n = (_src(x) if cmp else x.dtype).count
+  f32 = dtypes.float32.vec(n) if n > 1 else dtypes.float32
+  src = tuple(ctx.hole(f32, ctx.cast(ctx.val(s), s.dtype, f32)) if s.dtype.scalar() in EMULATED else s for s in x.src)
+  res = ctx.render_alu(UOp(x.op, x.dtype if cmp else f32, src, x.arg))
+  return res if cmp else ctx.cast(res, f32, x.dtype)
+
+
+pm_alu_decomps = pm_casts + PatternMatcher([
+  (UPat(Ops.BITCAST, name="x"), lambda ctx, x: ctx._bitcast(ctx.val(x.src[0]), _src(x), x.dtype)),
+  (UPat(GroupOp.ALU, name="x"), _in_float32),
+])
+
+
+# ---- ALU ops (pm_alu): `ctx.out` is the name reserved for the result (a rule that calls a helper leaves it unused)
+
+def _ins(ctx: AMDGPURenderer, text: str) -> str:
+  """`ctx.out = <text>`: the op as one instruction."""
+  ctx.emit(f"{ctx.out} = {text}")
+  return ctx.out
+
+
+def _a(ctx: AMDGPURenderer, x: UOp) -> list[str]: return [ctx.val(s) for s in x.src]
+
+
+def _bool_of(dt: DType) -> str: return ltype(dtypes.bool.vec(dt.count)) if dt.count > 1 else "i1"
+
+
+UNARY = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+ARITH = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul"}
+BOOL_ARITH = {Ops.ADD: "or", Ops.SUB: "xor", Ops.MUL: "and"}
+FCMP, ICMP = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}, {Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}
+
+
+def _sin_f16(ctx: AMDGPURenderer, x: UOp) -> str | None:
+  """Decomposition: float16 has no sin, it is computed in float32."""
+  if x.dtype.scalar() != dtypes.float16: return None
+  f32 = dtypes.float32.vec(x.dtype.count) if x.dtype.count > 1 else dtypes.float32
+  return ctx.cast(ctx.intrinsic("sin", f32, [ctx.cast(ctx.val(x.src[0]), x.dtype, f32)]), f32, x.dtype)
+
+
+def _neg(ctx: AMDGPURenderer, x: UOp) -> str:
+  a, lt = ctx.val(x.src[0]), ltype(x.dtype)
+  if x.dtype == dtypes.bool: return _ins(ctx, f"xor i1 {a}, true")
+  return _ins(ctx, f"fneg {lt} {a}" if is_float(x.dtype) else f"sub {lt} {render_const(0, x.dtype)}, {a}")
+
+
+def _arith(ctx: AMDGPURenderer, x: UOp) -> str:
+  a, b = _a(ctx, x)
+  name = BOOL_ARITH[x.op] if x.dtype.scalar() == dtypes.bool else ARITH[x.op]
+  return _ins(ctx, f"{'f' if is_float(x.dtype) else ''}{name} {ltype(x.dtype)} {a}, {b}")
+
+
+def _shift(ctx: AMDGPURenderer, x: UOp) -> str:
+  a, b = _a(ctx, x)
+  ins = "shl" if x.op is Ops.SHL else "lshr" if dtypes.is_unsigned(x.dtype) else "ashr"
+  return _ins(ctx, f"{ins} {ltype(x.dtype)} {a}, {ctx.cast(b, x.src[1].dtype, x.dtype)}")
+
+
+def _cmp(ctx: AMDGPURenderer, x: UOp) -> str:
+  a, b = _a(ctx, x)
+  sdt = _src(x)
+  if is_float(sdt): return _ins(ctx, f"fcmp {FCMP[x.op]} {ltype(sdt)} {a}, {b}")
+  unsigned = dtypes.is_unsigned(sdt) or sdt.scalar() == dtypes.bool
+  return _ins(ctx, f"icmp {ICMP.get(x.op) or ('ult' if unsigned else 'slt')} {ltype(sdt)} {a}, {b}")
+
+
+def _max(ctx: AMDGPURenderer, x: UOp) -> str:
+  """max(a, b) as a select; for floats a NaN `a` wins (a > b or a is NaN), as the other backends compute it."""
+  out, (a, b), lt, dt = ctx.out, _a(ctx, x), ltype(x.dtype), x.dtype
+  c = ctx._new()
+  if is_float(dt):
+    n, o = ctx._new(), ctx._new()
+    ctx.emit(f"{c} = fcmp ogt {lt} {a}, {b}")
+    ctx.emit(f"{n} = fcmp uno {lt} {a}, {a}")
+    ctx.emit(f"{o} = or {_bool_of(dt)} {c}, {n}")
+    c = o
+  else: ctx.emit(f"{c} = icmp {'ugt' if dtypes.is_unsigned(dt) or dt.scalar() == dtypes.bool else 'sgt'} {lt} {a}, {b}")
+  ctx.emit(f"{out} = select {_bool_of(dt)} {c}, {lt} {a}, {lt} {b}")
+  return out
+
+
+def _mulacc(ctx: AMDGPURenderer, x: UOp) -> str:
+  out, (a, b, c), lt = ctx.out, _a(ctx, x), ltype(x.dtype)
+  if is_float(x.dtype): return ctx.intrinsic("fma", x.dtype, [a, b, c])
+  m = ctx._new()
+  ctx.emit(f"{m} = mul {lt} {a}, {b}")
+  ctx.emit(f"{out} = add {lt} {m}, {c}")
+  return out
+
+
+pm_alu = PatternMatcher([
+  (UPat(Ops.SIN, name="x"), _sin_f16),
+  (UPat(tuple(UNARY), name="x"), lambda ctx, x: ctx.intrinsic(UNARY[x.op], x.dtype, [ctx.val(x.src[0])]) if is_float(x.dtype) else None),
+  (UPat(Ops.RECIPROCAL, name="x"), lambda ctx, x: _ins(ctx, f"fdiv {ltype(x.dtype)} {render_const(1, x.dtype)}, {ctx.val(x.src[0])}")),
+  (UPat(Ops.NEG, name="x"), _neg),
+  (UPat(tuple(ARITH), name="x"), _arith),
+  (UPat(Ops.FDIV, name="x"), lambda ctx, x: _ins(ctx, f"fdiv {ltype(x.dtype)} {', '.join(_a(ctx, x))}")),
+  (UPat((Ops.IDIV, Ops.MOD), name="x"), lambda ctx, x: ctx.int_divmod(x.op, x.dtype, _a(ctx, x))),
+  (UPat((Ops.AND, Ops.OR, Ops.XOR), name="x"), lambda ctx, x: _ins(ctx, f"{x.op.name.lower()} {ltype(x.dtype)} {', '.join(_a(ctx, x))}")),
+  (UPat((Ops.SHL, Ops.SHR), name="x"), _shift),
+  (UPat((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ), name="x"), _cmp),
+  (UPat(Ops.MAX, name="x"), _max),
+  (UPat(Ops.WHERE, name="x"), lambda ctx, x: _ins(ctx, "select {} {}, {lt} {}, {lt} {}".format(ltype(_src(x)), *_a(ctx, x), lt=ltype(x.dtype)))),
+  (UPat(Ops.MULACC, name="x"), _mulacc),
+  (UPat(Ops.POW, name="x"), lambda ctx, x: ctx.pow(x.dtype, _a(ctx, x))),  # a decomposition: exp2/log2 and selects
+])
+
+
+# ---- the program's ops (pm_amd, the renderer's string_rewrite)
+
+def _param(ctx: AMDGPURenderer, decl: str, name: str) -> str:
+  ctx.params.append(f"{decl} {name}")
+  return name
+
+
+def _define_local(ctx: AMDGPURenderer, x: UOp) -> str:
+  lname, size = (x.arg if isinstance(x.arg, tuple) else (f"lds{x.arg}", x.dtype.size))
+  ctx.globals_.append(f"@{lname} = internal addrspace(3) global [{size} x {mtype(x.dtype.base)}] undef, align 16")
+  return f"@{lname}"
+
+
+def _define_reg(ctx: AMDGPURenderer, x: UOp) -> str:
+  ctx.allocas.append(f"%acc{x.arg} = alloca [{max(x.dtype.size, 1)} x {mtype(x.dtype.base)}], align 16, addrspace(5)")
+  return f"%acc{x.arg}"
+
+
+def _index(ctx: AMDGPURenderer, x: UOp) -> str:
+  base = x.src[0].dtype
+  p = ctx._new("p")
+  ctx.emit(f"{p} = getelementptr inbounds {mtype(base.base)}, {ltype(base)} {ctx.val(x.src[0])}, {ltype(x.src[1].dtype)} {ctx.val(x.src[1])}")
+  if len(x.src) > 2: ctx.gates[x] = ctx.val(x.src[2])
+  return p
+
+
+def _ptr(ctx: AMDGPURenderer, idx: UOp) -> str: return f"{ltype(idx.src[0].dtype) if idx.op is Ops.INDEX else ltype(idx.dtype)} {ctx.val(idx)}"
+
+
+def _store(ctx: AMDGPURenderer, x: UOp) -> str:
+  idx, v = x.src[0], x.src[1]
+  ptr = _ptr(ctx, idx)
+  if idx in ctx.gates: ctx.gated(ctx.gates[idx], lambda: ctx.store(ptr, ctx.val(v), v.dtype))
+  else: ctx.store(ptr, ctx.val(v), v.dtype)
+  return ""
+
+
+def _range(ctx: AMDGPURenderer, x: UOp) -> str:
+  """A loop: a counter in an alloca, a head block testing it, the body; END increments and branches back."""
+  n = f"r{len(ctx.loops)}_{ctx._new('x')[2:]}"
+  cnt, lt = f"%{n}_i", ltype(x.dtype)
+  ctx.allocas.append(f"{cnt} = alloca {lt}, addrspace(5)")
+  ctx.emit(f"store {lt} 0, ptr addrspace(5) {cnt}")
+  ctx.br(f"{n}_head")
+  ctx.label(f"{n}_head")
+  iv = ctx._new("idx")
+  ctx.emit(f"{iv} = load {lt}, ptr addrspace(5) {cnt}")
+  c = ctx._new()
+  ctx.emit(f"{c} = icmp slt {lt} {iv}, {ctx.val(x.src[0])}")
+  ctx.emit(f"br i1 {c}, label %{n}_body, label %{n}_exit")
+  ctx.label(f"{n}_body")
+  ctx.loops.append((x, n, cnt))
+  return iv
+
+
+def _end(ctx: AMDGPURenderer) -> str:
+  r, n, cnt = ctx.loops.pop()
+  nx = ctx._new()
+  ctx.emit(f"{nx} = add {ltype(r.dtype)} {ctx.r[r]}, 1")
+  ctx.emit(f"store {ltype(r.dtype)} {nx}, ptr addrspace(5) {cnt}")
+  ctx.br(f"{n}_head")
+  ctx.label(f"{n}_exit")
+  return ""
+
+
+def _if(ctx: AMDGPURenderer, x: UOp) -> str:
+  n = ctx._new("if")[1:]
+  ctx.emit(f"br i1 {ctx.val(x.src[0])}, label %{n}_then, label %{n}_end")
+  ctx.label(f"{n}_then")
+  ctx.ifs.append(n)
+  return ""
+
+
+def _endif(ctx: AMDGPURenderer) -> str:
+  n = ctx.ifs.pop()
+  ctx.br(f"{n}_end")
+  ctx.label(f"{n}_end")
+  return ""
+
+
+def _barrier(ctx: AMDGPURenderer) -> str:
+  ctx.emit('fence syncscope("workgroup") release')
+  ctx.emit("call void @llvm.amdgcn.s.barrier()")
+  ctx.emit('fence syncscope("workgroup") acquire')
+  ctx.decls.add("declare void @llvm.amdgcn.s.barrier()")
+  return ""
+
+
+def _vectorize(ctx: AMDGPURenderer, x: UOp) -> str:
+  """insertelement lane by lane (one source: broadcast)."""
+  cur = "poison"
+  for i in range(x.dtype.count):
+    s = x.src[i] if len(x.src) > 1 else x.src[0]
+    nv = ctx._new()
+    ctx.emit(f"{nv} = insertelement {ltype(x.dtype)} {cur}, {ltype(s.dtype)} {ctx.val(s)}, i32 {i}")
+    cur = nv
+  return cur
+
+
+def _gep(ctx: AMDGPURenderer, x: UOp) -> str:
+  out = ctx._new()
+  ctx.emit(f"{out} = extractelement {ltype(_src(x))} {ctx.val(x.src[0])}, i32 {x.arg[0]}")
+  return out
+
+
+pm_amd = PatternMatcher([
+  (UPat(Ops.DEFINE_GLOBAL, name="x"), lambda ctx, x: _param(ctx, f"ptr addrspace(1) noalias align {max(x.dtype.base.itemsize, 1)}", f"%data{x.arg}")),
+  (UPat(Ops.DEFINE_VAR, name="x"), lambda ctx, x: _param(ctx, ltype(x.dtype), f"%{x.arg[0]}")),
+  (UPat(Ops.CONST, name="x"), lambda x: render_const(x.arg, x.dtype)),
+  (UPat(Ops.SPECIAL, name="x"), lambda ctx, x: ctx.special(x)),
+  (UPat(Ops.DEFINE_LOCAL, name="x"), _define_local),
+  (UPat(Ops.DEFINE_REG, name="x"), _define_reg),
+  (UPat(Ops.AFTER, name="x"), lambda ctx, x: ctx.r[x.src[0]]),
+  (UPat(Ops.INDEX, name="x"), _index),
+  (UPat(Ops.LOAD, name="x"), lambda ctx, x: ctx.render_load(x)),
+  (UPat(Ops.STORE, name="x"), _store),
+  (UPat(Ops.RANGE, name="x"), _range),
+  (UPat(Ops.END), _end),
+  (UPat(Ops.IF, name="x"), _if),
+  (UPat(Ops.ENDIF), _endif),
+  (UPat(Ops.BARRIER), _barrier),
+  (UPat(Ops.VECTORIZE, name="x"), _vectorize),
+  (UPat(Ops.GEP, name="x"), _gep),
+  (UPat(Ops.WMMA, name="x"), lambda ctx, x: ctx.wmma(x)),
+  (UPat(Ops.NOOP, name="x"), lambda ctx, x: ctx.val(x.src[0])),
+  (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), lambda ctx, x: ctx.render_alu(x)),
+])
+
+
 class AMDGPURenderer(Renderer):
   """LLVM IR for one gfx arch (gfx1100 by default; AMDDevice makes a subclass with the GPU's own arch)."""
   name, device, suffix = "AMDGPU", "AMD", "AMDGPU"
   caps = targets.AMD.caps()
   default_arch = "gfx1100"
+  string_rewrite: ClassVar[PatternMatcher] = pm_amd          # the program's ops
+  alu_decomps: ClassVar[PatternMatcher] = pm_alu_decomps      # casts, bitcasts, bf16/fp8 arithmetic in float32
+  alu_rewrite: ClassVar[PatternMatcher] = pm_alu              # the other ALU ops
+  cast_rewrite: ClassVar[PatternMatcher] = pm_casts           # conversions (also those the decompositions make)
 
   def __init__(self, arch: str | None = None) -> None:
     super().__init__(arch or self.default_arch)
@@ -147,20 +453,25 @@ class AMDGPURenderer(Renderer):
     if u not in self.r: raise RuntimeError(f"AMDGPU renderer: {u.op} used before it was rendered (the linear order is broken)")
     return self.r[u]
 
+  def hole(self, dt: DType, value: str) -> UOp:
+    """A NOOP of dtype `dt` standing for LLVM value `value` (a source of the uops a decomposition renders)."""
+    self._holes += 1
+    h = UOp(Ops.NOOP, dt, arg=("hole", self._holes))
+    self.r[h] = value
+    return h
+
   # ---- ALU
+  def render_alu(self, x: UOp) -> str:
+    """An ALU op (or CAST/BITCAST) by the rule tables: decompositions first, then the op's own rule."""
+    if (res := self.alu_decomps.apply(x, self)) is not None: return res
+    self.out = self._new()
+    if (res := self.alu_rewrite.apply(x, self)) is None: raise NotImplementedError(f"AMDGPU renderer can't render {x.op} on {x.dtype}")
+    return res
+
   def cast(self, x: str, src: DType, dst: DType) -> str:
-    """Value conversion (C semantics: float -> int truncates; bool is != 0)."""
+    """LLVM value `x` of `src` converted to `dst` by the conversion rules (cast_rewrite)."""
     if src == dst: return x
-    if src.count > 1 or dst.count > 1:
-      if src.count != dst.count: raise NotImplementedError(f"AMDGPU renderer: cast {src} -> {dst} changes the lane count")
-      return self._cast_ins(x, src.scalar(), dst.scalar(), ltype(src), ltype(dst))
-    if src in FP8 or dst in FP8: return self.fp8_cast(x, src, dst)
-    if src in (dtypes.float16, dtypes.bfloat16) and dst in (dtypes.float16, dtypes.bfloat16):
-      return self.cast(self.cast(x, src, dtypes.float32), dtypes.float32, dst)
-    if dtypes.bfloat16 in (src, dst):  # bf16 <-> float32 as bit operations (the backend can't select every bf16 conversion)
-      if src == dtypes.bfloat16: return self.cast(self.bf16_to_f32(x), dtypes.float32, dst)
-      return self.f32_to_bf16(self.cast(x, src, dtypes.float32))
-    return self._cast_ins(x, src, dst, ltype(src), ltype(dst))
+    return self.cast_rewrite.apply(UOp(Ops.CAST, dst, (self.hole(src, x),)), self)
 
   def bf16_to_f32(self, x: str) -> str:
     b, w, sh, out = self._new(), self._new(), self._new(), self._new()
@@ -284,71 +595,6 @@ class AMDGPURenderer(Renderer):
     self.emit(f"{out} = call {lt} @llvm.{name}.{suffix}({', '.join(f'{lt} {a}' for a in args)})")
     return out
 
-  def alu(self, u: UOp, args: list[str]) -> str:
-    op, dt = u.op, u.dtype
-    sdt = u.src[0].dtype if u.src else dt
-    if op is Ops.CAST: return self.cast(args[0], sdt, dt)
-    if op is Ops.BITCAST:
-      if sdt in FP8 or dt in FP8: return args[0] if mtype(sdt) == mtype(dt) else self._bitcast(args[0], sdt, dt)
-      return self._bitcast(args[0], sdt, dt)
-    # half-like and fp8 arithmetic: compute in float32 (fp8 has no arithmetic; bf16 math intrinsics need float)
-    cdt = dt if op not in GroupOp.Comparison else sdt
-    if cdt.scalar() in (dtypes.bfloat16, *FP8) and op is not Ops.WHERE:
-      f32 = dtypes.float32.vec(cdt.count) if cdt.count > 1 else dtypes.float32
-      widen = [s.dtype.scalar() in (dtypes.bfloat16, *FP8) for s in u.src]
-      fargs = [self.cast(a, s.dtype, f32) if w else a for a, s, w in zip(args, u.src, widen)]
-      fsrc = tuple(UOp(Ops.NOOP, f32 if w else s.dtype) for s, w in zip(u.src, widen))
-      res = self.alu(UOp(op, f32 if op not in GroupOp.Comparison else dt, fsrc, u.arg), fargs)
-      return res if op in GroupOp.Comparison else self.cast(res, f32, dt)
-    lt = ltype(dt)
-    fl = is_float(dt)
-    out = self._new()
-    if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
-      if dt.scalar() == dtypes.float16 and op in (Ops.SIN,):  # no f16 sin: through float
-        f32 = dtypes.float32.vec(dt.count) if dt.count > 1 else dtypes.float32
-        return self.cast(self.intrinsic("sin", f32, [self.cast(args[0], dt, f32)]), f32, dt)
-      return self.intrinsic({Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op], dt, args)
-    if op is Ops.RECIPROCAL: self.emit(f"{out} = fdiv {lt} {render_const(1, dt)}, {args[0]}")
-    elif op is Ops.NEG:
-      if dt == dtypes.bool: self.emit(f"{out} = xor i1 {args[0]}, true")
-      elif fl: self.emit(f"{out} = fneg {lt} {args[0]}")
-      else: self.emit(f"{out} = sub {lt} {render_const(0, dt)}, {args[0]}")
-    elif op in (Ops.ADD, Ops.SUB, Ops.MUL):
-      name = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul"}[op]
-      if dt.scalar() == dtypes.bool: name = {Ops.ADD: "or", Ops.SUB: "xor", Ops.MUL: "and"}[op]
-      self.emit(f"{out} = {'f' if fl else ''}{name} {lt} {args[0]}, {args[1]}")
-    elif op is Ops.FDIV: self.emit(f"{out} = fdiv {lt} {args[0]}, {args[1]}")
-    elif op in (Ops.IDIV, Ops.MOD): return self.int_divmod(op, dt, args)
-    elif op in (Ops.AND, Ops.OR, Ops.XOR): self.emit(f"{out} = {op.name.lower()} {lt} {args[0]}, {args[1]}")
-    elif op is Ops.SHL: self.emit(f"{out} = shl {lt} {args[0]}, {self.cast(args[1], u.src[1].dtype, dt)}")
-    elif op is Ops.SHR: self.emit(f"{out} = {'lshr' if dtypes.is_unsigned(dt) else 'ashr'} {lt} {args[0]}, {self.cast(args[1], u.src[1].dtype, dt)}")
-    elif op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
-      st = ltype(sdt)
-      if is_float(sdt): pred = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}[op]
-      else: pred = {Ops.CMPLT: "ult" if dtypes.is_unsigned(sdt) or sdt.scalar() == dtypes.bool else "slt", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}[op]
-      self.emit(f"{out} = {'fcmp' if is_float(sdt) else 'icmp'} {pred} {st} {args[0]}, {args[1]}")
-    elif op is Ops.MAX:
-      c = self._new()
-      if fl:
-        n = self._new()
-        o = self._new()
-        self.emit(f"{c} = fcmp ogt {lt} {args[0]}, {args[1]}")
-        self.emit(f"{n} = fcmp uno {lt} {args[0]}, {args[0]}")
-        self.emit(f"{o} = or {ltype(dtypes.bool.vec(dt.count)) if dt.count > 1 else 'i1'} {c}, {n}")
-        c = o
-      else: self.emit(f"{c} = icmp {'ugt' if dtypes.is_unsigned(dt) or dt.scalar() == dtypes.bool else 'sgt'} {lt} {args[0]}, {args[1]}")
-      self.emit(f"{out} = select {ltype(dtypes.bool.vec(dt.count)) if dt.count > 1 else 'i1'} {c}, {lt} {args[0]}, {lt} {args[1]}")
-    elif op is Ops.WHERE:
-      self.emit(f"{out} = select {ltype(u.src[0].dtype)} {args[0]}, {lt} {args[1]}, {lt} {args[2]}")
-    elif op is Ops.MULACC:
-      if fl: return self.intrinsic("fma", dt, args)
-      m = self._new()
-      self.emit(f"{m} = mul {lt} {args[0]}, {args[1]}")
-      self.emit(f"{out} = add {lt} {m}, {args[2]}")
-    elif op is Ops.POW: return self.pow(dt, args)
-    else: raise NotImplementedError(f"AMDGPU renderer can't render {op} on {dt}")
-    return out
-
   def _bitcast(self, x: str, src: DType, dst: DType) -> str:
     if mtype(src) == mtype(dst): return x
     out = self._new()
@@ -422,117 +668,36 @@ class AMDGPURenderer(Renderer):
 
   # ---- the kernel
   def render(self, name: str, uops: list) -> str:
-    self._n, self._lines, self._block = 0, [], "entry"
+    self._n, self._holes, self._lines, self._block = 0, 0, [], "entry"
     self.r: dict[UOp, str] = {}
     self.decls: set[str] = set()
     self.helpers: set[str] = set()
     self.f32_helpers: set[str] = set()
     self.globals_: list[str] = []
-    allocas: list[str] = []
-    params: list[str] = []
-    gates: dict[UOp, str] = {}
-    loops: list[tuple[UOp, str, str]] = []
-    ifs: list[str] = []
-    specials = [u for u in uops if u.op is Ops.SPECIAL]
+    self.allocas: list[str] = []
+    self.params: list[str] = []
+    self.gates: dict[UOp, str] = {}
+    self.loops: list[tuple[UOp, str, str]] = []
+    self.ifs: list[str] = []
     for u in uops:
-      op, dt, src = u.op, u.dtype, u.src
-      if op is Ops.DEFINE_GLOBAL:
-        self.r[u] = f"%data{u.arg}"
-        params.append(f"ptr addrspace(1) noalias align {max(dt.base.itemsize, 1)} %data{u.arg}")
-      elif op is Ops.DEFINE_VAR:
-        self.r[u] = f"%{u.arg[0]}"
-        params.append(f"{ltype(dt)} %{u.arg[0]}")
-      elif op is Ops.CONST: self.r[u] = render_const(u.arg, dt)
-      elif op is Ops.SPECIAL: self.r[u] = self.special(u)
-      elif op is Ops.DEFINE_LOCAL:
-        lname, size = (u.arg if isinstance(u.arg, tuple) else (f"lds{u.arg}", dt.size))
-        self.globals_.append(f"@{lname} = internal addrspace(3) global [{size} x {mtype(dt.base)}] undef, align 16")
-        self.r[u] = f"@{lname}"
-      elif op is Ops.DEFINE_REG:
-        self.r[u] = f"%acc{u.arg}"
-        allocas.append(f"%acc{u.arg} = alloca [{max(dt.size, 1)} x {mtype(dt.base)}], align 16, addrspace(5)")
-      elif op is Ops.AFTER: self.r[u] = self.r[src[0]]
-      elif op is Ops.INDEX:
-        base = src[0].dtype
-        p = self._new("p")
-        self.emit(f"{p} = getelementptr inbounds {mtype(base.base)}, {ltype(base)} {self.val(src[0])}, {ltype(src[1].dtype)} {self.val(src[1])}")
-        self.r[u] = p
-        if len(src) > 2: gates[u] = self.val(src[2])
-      elif op is Ops.LOAD: self.r[u] = self.render_load(u, gates)
-      elif op is Ops.STORE:
-        idx, v = src[0], src[1]
-        ptr = f"{ltype(idx.src[0].dtype) if idx.op is Ops.INDEX else ltype(idx.dtype)} {self.val(idx)}"
-        if idx in gates: self.gated(gates[idx], lambda: self.store(ptr, self.val(v), v.dtype))
-        else: self.store(ptr, self.val(v), v.dtype)
-      elif op is Ops.RANGE:
-        n = f"r{len(loops)}_{self._new('x')[2:]}"
-        cnt = f"%{n}_i"
-        allocas.append(f"{cnt} = alloca {ltype(dt)}, addrspace(5)")
-        self.emit(f"store {ltype(dt)} 0, ptr addrspace(5) {cnt}")
-        self.br(f"{n}_head")
-        self.label(f"{n}_head")
-        iv = self._new("idx")
-        self.emit(f"{iv} = load {ltype(dt)}, ptr addrspace(5) {cnt}")
-        c = self._new()
-        self.emit(f"{c} = icmp slt {ltype(dt)} {iv}, {self.val(src[0])}")
-        self.emit(f"br i1 {c}, label %{n}_body, label %{n}_exit")
-        self.label(f"{n}_body")
-        self.r[u] = iv
-        loops.append((u, n, cnt))
-      elif op is Ops.END:
-        r, n, cnt = loops.pop()
-        nx = self._new()
-        self.emit(f"{nx} = add {ltype(r.dtype)} {self.r[r]}, 1")
-        self.emit(f"store {ltype(r.dtype)} {nx}, ptr addrspace(5) {cnt}")
-        self.br(f"{n}_head")
-        self.label(f"{n}_exit")
-      elif op is Ops.IF:
-        n = self._new("if")[1:]
-        self.emit(f"br i1 {self.val(src[0])}, label %{n}_then, label %{n}_end")
-        self.label(f"{n}_then")
-        ifs.append(n)
-      elif op is Ops.ENDIF:
-        n = ifs.pop()
-        self.br(f"{n}_end")
-        self.label(f"{n}_end")
-      elif op is Ops.BARRIER:
-        self.emit('fence syncscope("workgroup") release')
-        self.emit("call void @llvm.amdgcn.s.barrier()")
-        self.emit('fence syncscope("workgroup") acquire')
-        self.decls.add("declare void @llvm.amdgcn.s.barrier()")
-        self.r[u] = ""
-      elif op is Ops.VECTORIZE:
-        cur = "poison" if len(src) > 1 else None
-        if cur is None:  # broadcast of one scalar
-          cur = "poison"
-        for i in range(dt.count):
-          s = src[i] if len(src) > 1 else src[0]
-          nv = self._new()
-          self.emit(f"{nv} = insertelement {ltype(dt)} {cur}, {ltype(s.dtype)} {self.val(s)}, i32 {i}")
-          cur = nv
-        self.r[u] = cur
-      elif op is Ops.GEP:
-        out = self._new()
-        self.emit(f"{out} = extractelement {ltype(src[0].dtype)} {self.val(src[0])}, i32 {u.arg[0]}")
-        self.r[u] = out
-      elif op.name == "WMMA": self.r[u] = self.wmma(u)
-      elif op is Ops.NOOP: self.r[u] = self.val(src[0])
-      else: self.r[u] = self.alu(u, [self.val(s) for s in src])
+      if (res := self.string_rewrite.apply(u, self)) is None: raise NotImplementedError(f"AMDGPU renderer can't render {u.op} on {u.dtype}")
+      self.r[u] = res
+    specials = [u for u in uops if u.op is Ops.SPECIAL]
     threads = math.prod(self.workgroup_size(specials))
     attrs = (f'"amdgpu-flat-work-group-size"="1,{threads}" "uniform-work-group-size"="true" '
              f'"target-cpu"="{self.arch}" "amdgpu-no-implicitarg-ptr"')
-    body = ["entry:", *("  " + a for a in allocas), *self._lines, "  ret void"]
+    body = ["entry:", *("  " + a for a in self.allocas), *self._lines, "  ret void"]
     if self.helpers: self.decls.update(f64math.DECLS)
     if self.f32_helpers: self.decls.update(f64math.F32_DECLS)
     helpers = [f64math.HELPERS[h]() for h in sorted(self.helpers)] + [f64math.F32_HELPERS[h]() for h in sorted(self.f32_helpers)]
     out = ['target triple = "amdgcn-amd-amdhsa"', *self.globals_, *sorted(self.decls), *helpers, "",
-           f"define amdgpu_kernel void @{name}({', '.join(params)}) #0 {{", *body, "}", f"attributes #0 = {{ nounwind {attrs} }}", ""]
+           f"define amdgpu_kernel void @{name}({', '.join(self.params)}) #0 {{", *body, "}", f"attributes #0 = {{ nounwind {attrs} }}", ""]
     return "\n".join(out)
 
-  def render_load(self, u: UOp, gates: dict[UOp, str]) -> str:
-    idx = u.src[0]
-    dt = u.dtype
-    ptr = f"{ltype(idx.src[0].dtype) if idx.op is Ops.INDEX else ltype(idx.dtype)} {self.val(idx)}"
+  def render_load(self, u: UOp) -> str:
+    """A LOAD; a gated one branches around the access and yields 0 (a phi) when the gate is false."""
+    idx, dt, gates = u.src[0], u.dtype, self.gates
+    ptr = _ptr(self, idx)
     if idx not in gates: return self.load(ptr, dt)
     pre = self._block
     n = self._new("g")[1:]
