@@ -61,6 +61,17 @@ def test_decoder_names_a_truncated_packet() -> None:
   data = sqtt.encode([Packet(0x16, 123456)])
   with pytest.raises(SQTTError, match="cut off"): sqtt.decode(data[:-1])
 
+def test_lenient_decode_drops_a_cut_off_tail() -> None:
+  ps = [Packet(0x0F, 5), Packet(0x01, 2, 7)]
+  data = sqtt.encode(ps + [Packet(0x16, 99)])
+  assert sqtt.decode(data[:-2], strict=False) == ps
+
+def test_time_long_marker_does_not_advance_the_clock() -> None:
+  marker = Packet(0x16, 0x123456789, 1 << 2)  # payload bit 2 is packet bit 9 (payload starts at bit 7)
+  assert marker.is_marker and not Packet(0x16, 5).is_marker
+  ps = sqtt.decode(sqtt.encode([Packet(0x0F, 4), marker, Packet(0x16, 10)]))
+  assert [t for t, _ in sqtt.timeline(ps)] == [4, 4, 14]
+
 def test_decoder_names_a_reserved_type() -> None:
   with pytest.raises(SQTTError, match="reserved"): sqtt.decode(b"\x07")
 

@@ -4,7 +4,8 @@ The trace is a stream of 4-bit nibbles, low nibble of each byte first. A packet'
 first byte (two nibbles) indexes TYPE_OF_BYTE; a type whose identity needs only the low nibble maps every byte with that
 nibble to it. Type 0x10 is not a packet but a one-nibble filler (a zero nibble): the decoder skips it. Each type has a
 fixed size in bits (PACKET_BITS) and most carry a time delta (DELTA_FIELD: bit offset, width) that advances the trace's
-clock; type 0x0F adds 4 to its field. The bits outside the type and the delta are the packet's payload, kept raw here.
+clock; type 0x0F adds 4 to its field, and a TIME_LONG (0x16) whose bit 9 is set carries a marker value in that field,
+not a delta. The bits outside the type and the delta are the packet's payload, kept raw here.
 Where these facts come from is in docs/amd.md (SQTT)."""
 from __future__ import annotations
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ DELTA_FIELD = {0x01: (3, 3), 0x02: (4, 2), 0x03: (4, 2), 0x04: (4, 3), 0x05: (5,
                0x0F: (4, 4), 0x11: (7, 9), 0x12: (8, 3), 0x13: (8, 3), 0x14: (4, 3), 0x15: (7, 3), 0x16: (12, 36),
                0x17: (0, 0), 0x18: (4, 3), 0x19: (7, 2)}
 DELTA_BIAS = {0x0F: 4}
+MARKER_BIT = {0x16: 9}  # packet type -> the bit that, when set, makes its delta field a marker value (clock unchanged)
 NAMES = {0x01: "VALU", 0x02: "FLAT", 0x03: "SMEM_MSG", 0x04: "SCALAR", 0x0F: "TIME_SHORT", 0x11: "TIME_MEDIUM",
          0x16: "TIME_LONG", 0x09: "STATE", 0x15: "REGION"}
 
@@ -52,6 +54,15 @@ class Packet:
   payload: int = 0
   @property
   def name(self) -> str: return NAMES.get(self.type, f"TYPE_{self.type:02X}")
+  @property
+  def is_marker(self) -> bool:
+    """Whether the delta field holds a marker value instead of a time delta (TIME_LONG with bit 9 set)."""
+    if self.type not in MARKER_BIT: return False
+    return bool((self.payload >> _free_positions(self.type).index(MARKER_BIT[self.type])) & 1)
+  @property
+  def clock_delta(self) -> int:
+    """How far this packet advances the trace clock."""
+    return 0 if self.is_marker else self.delta
 
 def payload_bits(ptype: int) -> int:
   """How many payload bits a packet of this type carries."""
@@ -83,9 +94,10 @@ def encode(packets: Iterable[Packet]) -> bytes:
   if len(nibbles) % 2: nibbles.append(0)
   return bytes(nibbles[i] | (nibbles[i + 1] << 4) for i in range(0, len(nibbles), 2))
 
-def decode(data: bytes) -> list[Packet]:
-  """The packets in an SQTT byte stream; filler nibbles are skipped. Raises SQTTError on a reserved type or a packet
-  cut off by the end of the stream."""
+def decode(data: bytes, strict: bool = True) -> list[Packet]:
+  """The packets in an SQTT byte stream; filler nibbles are skipped. Raises SQTTError on a reserved type, and on a
+  packet cut off by the end of the stream unless strict is False (a buffer read back from a GPU can end mid-packet:
+  then the cut-off tail is dropped)."""
   nib = [(b >> s) & 0xF for b in data for s in (0, 4)]
   out: list[Packet] = []
   i = 0
@@ -95,7 +107,9 @@ def decode(data: bytes) -> list[Packet]:
     if ptype == FILLER: i += 1; continue
     if ptype not in ID_BITS: raise SQTTError(f"reserved SQTT packet type at nibble {i} (byte {low:#04x})")
     n = PACKET_BITS[ptype] // 4
-    if i + n > len(nib): raise SQTTError(f"SQTT packet {ptype:#x} at nibble {i} is cut off by the end of the stream")
+    if i + n > len(nib):
+      if not strict: break
+      raise SQTTError(f"SQTT packet {ptype:#x} at nibble {i} is cut off by the end of the stream")
     bits = sum(nib[i + j] << (4 * j) for j in range(n))
     off, width = DELTA_FIELD[ptype]
     payload = sum(((bits >> pos) & 1) << k for k, pos in enumerate(_free_positions(ptype)))
@@ -104,9 +118,9 @@ def decode(data: bytes) -> list[Packet]:
   return out
 
 def timeline(packets: Iterable[Packet]) -> list[tuple[int, Packet]]:
-  """(the clock at each packet, after its delta, the packet): the deltas summed from 0."""
+  """(the clock at each packet, after its delta, the packet): the deltas summed from 0 (markers do not advance it)."""
   t, out = 0, []
   for p in packets:
-    t += p.delta
+    t += p.clock_delta
     out.append((t, p))
   return out
