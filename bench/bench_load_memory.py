@@ -20,15 +20,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_peer import load_avg, synthetic_gemma3, synthetic_qwen2
+from llm_peer import load_avg, status_mb, synthetic_gemma3, synthetic_qwen2
 
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def status_mb(key: str) -> float:
-  for line in open("/proc/self/status"):
-    if line.startswith(key + ":"): return int(line.split()[1]) / 1024
-  return float("nan")
 
 
 def child_ours(path: str, ids: list[int], n: int) -> dict:

@@ -19,10 +19,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_serve import QUESTIONS
 from llm_peer import load_avg
-
-QUESTIONS = ["What is a register allocator?", "Explain loop tiling.", "Why do compilers inline functions?", "What is SSA form?",
-             "What does a linker do?", "Describe constant folding.", "What is a basic block?", "Explain dead code elimination."]
 
 
 def free_port() -> int:

@@ -28,11 +28,16 @@ def load_avg() -> str:
   return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def status_mb(key: str = "VmRSS") -> float:
+  """A memory figure of this process from /proc/self/status in MB (VmRSS: resident now, VmHWM: the peak so far)."""
+  for line in Path("/proc/self/status").read_text().splitlines():
+    if line.startswith(key + ":"): return int(line.split()[1]) / 1024
+  return float("nan")
+
+
 def rss_mb() -> float:
   """This process's resident memory (VmRSS) in MB."""
-  for line in Path("/proc/self/status").read_text().splitlines():
-    if line.startswith("VmRSS:"): return int(line.split()[1]) / 1024
-  return float("nan")
+  return status_mb("VmRSS")
 
 
 def _blocks(rng: np.random.Generator, qtype: Any, rows: int, cols: int) -> np.ndarray:
