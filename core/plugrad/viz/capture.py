@@ -65,6 +65,43 @@ class ProfileEvent:
   device_s: float | None = None
 
 
+@dataclass(frozen=True)
+class WaveInst:
+  """One instruction a traced wave issued: its byte offset in the kernel's code, its disassembly, the cycle it issued
+  at, the cycles until the wave's next instruction issued (its stalls included), and its kind ("VALU", "SALU", "SMEM",
+  "VMEM", "LDS", "BRANCH", "WAIT", "BARRIER", "OTHER")."""
+  pc: int
+  text: str
+  cycle: int
+  duration: int
+  kind: str
+
+
+@dataclass
+class WaveTrace:
+  """One wave's life: where it ran (shader engine, CU, SIMD, wave slot), the cycles it started and ended at, and the
+  instructions traced for it (empty for a wave on a SIMD whose instructions were not traced)."""
+  se: int
+  cu: int
+  simd: int
+  slot: int
+  start: int
+  end: int
+  insts: list[WaveInst] = field(default_factory=list)
+
+
+@dataclass
+class KernelTrace:
+  """A kernel launch's device-side instruction trace (SQTT on AMD): its waves on the device's clock (`clock_hz`), the
+  host perf_counter time (ns) its launch was submitted at, and whether the device dropped part of it (buffer full)."""
+  device: str
+  kernel: str
+  st: int
+  clock_hz: float
+  waves: list[WaveTrace]
+  truncated: bool = False
+
+
 class Trace:
   """Everything recorded in this process (one instance, `TRACE`)."""
   def __init__(self) -> None: self.clear()
@@ -78,6 +115,8 @@ class Trace:
     self.mem: list[tuple[int, str, int]] = []  # (time ns, device, bytes in use after the change)
     self.in_use: dict[str, int] = {}
     self.profile_truncated = False
+    self.kernel_traces: list[KernelTrace] = []
+    self.n_trace_items = 0
     self.t0 = time.perf_counter_ns()
 
   def _group_for(self, name: str) -> Group:
@@ -108,6 +147,12 @@ class Trace:
   def event(self, ev: ProfileEvent) -> None:
     if len(self.events) >= MAX_EVENTS: self.profile_truncated = True
     else: self.events.append(ev)
+
+  def kernel_trace(self, kt: KernelTrace) -> None:
+    """Keep a device's instruction trace of one launch (bounded like events: by PROFILE_MAX_EVENTS instructions)."""
+    n = sum(len(w.insts) + 1 for w in kt.waves)
+    if self.n_trace_items + n > MAX_EVENTS: self.profile_truncated = True
+    else: self.kernel_traces.append(kt); self.n_trace_items += n
 
   def mem_change(self, device: str, delta: int) -> None:
     now = self.in_use[device] = self.in_use.get(device, 0) + delta

@@ -11,6 +11,20 @@ from typing import Callable, Optional, Protocol
 
 
 @dataclass(frozen=True)
+class TraceTarget:
+  """The thread-trace (SQTT) programming of one shader engine when a dispatch starts, as the command processor saw
+  SQ_THREAD_TRACE_MASK / TOKEN_MASK: which shader array, WGP and SIMD get instruction tokens, the token kinds excluded
+  (bit n of `token_exclude` drops kind n: soc21_enum's SQ_TT_TOKEN_EXCLUDE_*_SHIFT), and `write`, which appends
+  bytes to this shader engine's trace buffer (the command processor keeps its write pointer and drops what overflows)."""
+  se: int
+  sa_sel: int
+  wgp_sel: int
+  simd_sel: int
+  token_exclude: int
+  write: Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
 class Dispatch:
   """One kernel launch as the hardware sees it."""
   kernel_object: int                        # GPU virtual address of the 64-byte amdhsa kernel descriptor
@@ -20,6 +34,8 @@ class Dispatch:
   group_segment_size: int                   # LDS bytes
   private_segment_size: int                 # scratch bytes per work-item
   arch: str                                 # "gfx1100"
+  sqtt: tuple[TraceTarget, ...] = ()        # the shader engines tracing this dispatch (empty: thread trace off)
+  shader_engines: int = 6                   # how many shader engines the GPU spreads workgroups over
 
 
 class PageFault(RuntimeError):
