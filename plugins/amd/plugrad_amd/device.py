@@ -19,16 +19,19 @@ from __future__ import annotations
 import ctypes
 import importlib
 import struct
+import warnings
 from typing import Any
 
 from plugrad.device import BufferOptions, parse_device
 from plugrad.helpers import getenv
+from plugrad.viz import capture
 from plugrad.runtime.hcq import Command, HCQAllocator, HCQArgsState, HCQBuffer, HCQCompiled, HCQProgram, HWQueue, Signal, Var
 from plugrad_amd import TOPOLOGY, gfx_arch, read_properties
 from plugrad_amd.autogen import amd_hsa, amdhsa_kd, kfd, pm4_nv, sdma_gfx11
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, unpack
 from plugrad_amd.kfd import MAP_ANONYMOUS, MAP_FIXED, MAP_NORESERVE, MAP_PRIVATE, MAP_SHARED, PROT_NONE, PROT_READ, PROT_WRITE, OSInterface
 from plugrad_amd.renderer import ARCHS, AMDGPURenderer
+from plugrad_amd.thread_trace import Tracer, TraceSettings
 
 GC_BASE = {"gfx11": 0x1260, "gfx12": 0x1260}  # GC register segment 0 base (IP discovery) of the supported families
 TIMESTAMP_HZ = 100_000_000
@@ -155,6 +158,12 @@ class AMDComputeQueue(HWQueue):
     e.put(initiator)
 
   def _pm4_copy(self, e: Encoded, *args: Any) -> None: raise NotImplementedError("copies go on the SDMA queue (AMDDevice.hw_copy_queue_t)")
+
+  def raw(self, words: list[int]) -> AMDComputeQueue:
+    """Already-encoded PM4 packets (the thread-trace programming of plugrad_amd.thread_trace)."""
+    return self._add("raw", tuple(words))  # type: ignore[return-value]
+
+  def _pm4_raw(self, e: Encoded, words: tuple[int, ...]) -> None: e.put(*words)
 
   def _submit(self, dev: AMDDevice, encoded: Encoded, var_vals: dict[str, int]) -> None:  # type: ignore[override]
     dev.compute_ring.submit(encoded.patched(var_vals))
@@ -329,7 +338,14 @@ class AMDProgram(HCQProgram):
       missing = " and ".join(n for n, v in (("global_size", global_size), ("local_size", local_size)) if v is None)
       raise ValueError(f"{self.name}: an AMD kernel launch needs global_size (workgroups) and local_size (work-items per workgroup); "
                        f"{missing} not given (a rendered kernel's sizes are ProgramSpec.launch_dims(var_vals))")
+    if (tracer := self.dev.tracer) is not None and (capture.PROFILE or capture.VIZ):
+      return tracer.launch(self, lambda: super(AMDProgram, self).__call__(*bufs, global_size=global_size, local_size=local_size,
+                                                                          vals=tuple(vals), wait=True))
     return super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=tuple(vals), wait=wait)
+
+  def disassembly(self) -> str:
+    """llvm-objdump's disassembly of this code object."""
+    return AMDGPUCompiler(self.dev.arch).disassemble(self.lib)
 
 
 def load_image(elf: bytes) -> bytes:
@@ -433,9 +449,27 @@ class AMDDevice(HCQCompiled):
     self._kernargs = self.alloc_gpu(1 << 20, "gtt")
     self._kernarg_next = 0
     self.compute_ring, self.sdma_ring = self.make_rings()
+    self.gc_base = GC_BASE[self.family]
+    self.tracer = self.make_tracer() if getenv("SQTT", 0) else None
     renderer = type("AMDGPURenderer", (AMDGPURenderer,), {"default_arch": self.arch})
     super().__init__(device, allocator or AMDAllocator, [renderer], lambda r: AMDGPUCompiler(r.arch), AMDProgram, AMDSignal, AMDComputeQueue,
                      AMDCopyQueue, timeout_ms=getenv("AMD_TIMEOUT_MS", 30000))
+
+  def make_tracer(self) -> Tracer:
+    """SQTT=1: the thread tracer (SQTT_SIMD_SEL / SQTT_WGP_SEL / SQTT_SA_SEL pick the SIMD whose instructions are
+    traced, SQTT_ITRACE_SE_MASK the shader engines that trace instructions, SQTT_BUFFER_SIZE the MiB per shader engine)."""
+    if not (capture.PROFILE or capture.VIZ):
+      warnings.warn("SQTT=1 records traces only with PROFILE=1 or VIZ=1 (neither is set)", RuntimeWarning, stacklevel=2)
+    settings = TraceSettings(getenv("SQTT_SIMD_SEL", 0), getenv("SQTT_WGP_SEL", 0), getenv("SQTT_SA_SEL", 0), getenv("SQTT_ITRACE_SE_MASK", 0xFFFF))
+    return Tracer(self, self.shader_engines(), self.engine_clock_hz(), settings, getenv("SQTT_BUFFER_SIZE", 16))
+
+  def shader_engines(self) -> int:
+    """How many shader engines the GPU has (KFD topology: shader arrays / arrays per engine)."""
+    return max(1, self.props.get("array_count", 1) // max(1, self.props.get("simd_arrays_per_engine", 1)))
+
+  def engine_clock_hz(self) -> float:
+    """The shader clock SQTT cycles count (KFD topology's max_engine_clk_fcompute, MHz)."""
+    return self.props.get("max_engine_clk_fcompute", 0) * 1e6 or 2.5e9
 
   def make_rings(self) -> tuple[Ring, Ring]:
     """The compute (PM4) and copy (SDMA) rings: KFD user-mode queues."""
@@ -501,6 +535,7 @@ class AMDDevice(HCQCompiled):
     return self._kernargs.va_addr + self._kernarg_next - size
 
   def batch_runner(self, items: list) -> AMDBatch | None:
+    if self.tracer is not None: return None  # traced launches run one by one, each between its own start and stop
     if not items or any(ei.runner is None or not isinstance(ei.runner.prg, AMDProgram) or ei.runner.prg.dev is not self or
                         ei.runner.spec.local_size is None for ei in items): return None
     return AMDBatch(self, items)

@@ -103,6 +103,10 @@ class AMDPCIDevice(AMDDevice):
 
   def make_rings(self) -> tuple[Ring, Ring]: return PCIRing(self, "compute"), PCIRing(self, "sdma")
 
+  def shader_engines(self) -> int:
+    """From the IP discovery table's GC info (gc_num_se)."""
+    return max(1, self.adev.discovery.gc_info.get("gc_num_se", 1))
+
   def alloc_gpu(self, size: int, kind: str, cpu_access: bool = True, uncached: bool = False) -> HCQBuffer:
     m = self.adev.alloc(size, kind, uncached)
     view = memoryview((ctypes.c_uint8 * m.size).from_address(m.va)).cast("B")[:size]

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import struct
 import time
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
 
-from plugrad_amd.autogen import amd_hsa, amdhsa_kd, pm4_nv, sdma_gfx11
+from plugrad_amd.autogen import amd_hsa, amdhsa_kd, pm4_nv, sdma_gfx11, soc21_enum
 from plugrad_amd.device import GC_BASE, gc_regs
-from plugrad_amd.mock.dispatch import Dispatch, GPUMemory, PageFault, execute
+from plugrad_amd.mock.dispatch import Dispatch, GPUMemory, PageFault, TraceTarget, execute
+from plugrad_amd.thread_trace import GC_SEGMENT1
 
 DESCRIPTOR_SEARCH = 1 << 20  # how far below a kernel's entry the engine looks for its descriptor
 
@@ -49,12 +51,29 @@ def compare(func: int, v: int, ref: int) -> bool:
   return ops[func](v, ref)
 
 
+class ThreadTrace:
+  """One shader engine's thread-trace unit: its SQ_THREAD_TRACE_* registers (GC segment-1 dword address -> value) and
+  the trace it is writing. MODE=ON in CTRL starts a fresh trace (write pointer 0); THREAD_TRACE_START arms it,
+  THREAD_TRACE_STOP stops tokens, THREAD_TRACE_FINISH clears STATUS.FINISH_PENDING, MODE=OFF pads the trace to whole
+  32-byte lines and clears STATUS.BUSY. Bytes past the buffer's end are dropped and counted in DROPPED_CNTR."""
+  def __init__(self) -> None:
+    self.regs: dict[int, int] = {}
+    self.on = self.armed = self.finished = False
+    self.written = self.dropped = 0
+
+
 class Engines:
-  """One GPU's command processor state (SET_SH_REG registers), clock and dispatch log."""
-  def __init__(self, arch: str = "gfx1100") -> None:
+  """One GPU's command processor state (SET_SH_REG registers, per-shader-engine thread-trace units), clock and
+  dispatch log. `written` counts the register writes per (space, dword address): the tests check what a queue
+  programmed."""
+  def __init__(self, arch: str = "gfx1100", shader_engines: int = 6) -> None:
     self.arch, self.sh, self.clock = arch, {}, Clock()
     self.dispatches: list[Dispatch] = []
     self._kd_cache: dict[int, int] = {}
+    self.shader_engines = shader_engines
+    self.tt = [ThreadTrace() for _ in range(shader_engines)]
+    self.grbm_se: int | None = None  # GRBM_GFX_INDEX: the shader engine register writes go to (None: all)
+    self.written: Counter = Counter()
 
   def run_ring(self, kind: str, mem: GPUMemory, ring: int, ring_size: int, start: int, end: int) -> int:
     """Execute `kind` ("PM4"/"SDMA") packets from byte `start` to `end` (monotonic counters, wrapping at ring_size);
@@ -81,7 +100,18 @@ class Engines:
     if op == P.PACKET3_NOP: pass
     elif op == P.PACKET3_SET_SH_REG:
       if n < 2: raise PacketError(f"SET_SH_REG with {n} body dwords")
-      for i, v in enumerate(body[1:]): self.sh[P.PACKET3_SET_SH_REG_START + body[0] + i] = v
+      for i, v in enumerate(body[1:]):
+        self.sh[P.PACKET3_SET_SH_REG_START + body[0] + i] = v
+        self.written["sh", P.PACKET3_SET_SH_REG_START + body[0] + i] += 1
+    elif op == P.PACKET3_SET_UCONFIG_REG:
+      if n < 2: raise PacketError(f"SET_UCONFIG_REG with {n} body dwords")
+      for i, v in enumerate(body[1:]): self.write_uconfig(P.PACKET3_SET_UCONFIG_REG_START + body[0] + i, v)
+    elif op == P.PACKET3_EVENT_WRITE:
+      need("EVENT_WRITE", 1)
+      self.event(body[0] & 0x3F)
+    elif op == P.PACKET3_COPY_DATA:
+      need("COPY_DATA", 5)
+      self.copy_data(mem, body)
     elif op == P.PACKET3_RELEASE_MEM:
       need("RELEASE_MEM", 7)
       data_sel, dst_sel = body[1] >> 29, (body[1] >> 16) & 3
@@ -93,8 +123,8 @@ class Engines:
       elif data_sel != 0: raise PacketError(f"RELEASE_MEM data_sel {data_sel} is not supported")
     elif op == P.PACKET3_WAIT_REG_MEM:
       need("WAIT_REG_MEM", 6)
-      if not body[0] & P.WAIT_REG_MEM_MEM_SPACE(1): raise PacketError("WAIT_REG_MEM on a register: only memory waits are supported")
-      if not compare(body[0] & 7, mem.u32(body[1] | (body[2] << 32)) & body[4], body[3] & body[4]): return 0
+      v = mem.u32(body[1] | (body[2] << 32)) if body[0] & P.WAIT_REG_MEM_MEM_SPACE(1) else self.read_reg(body[1])
+      if not compare(body[0] & 7, v & body[4], body[3] & body[4]): return 0
     elif op == P.PACKET3_ACQUIRE_MEM: need("ACQUIRE_MEM", 7)
     elif op == P.PACKET3_DISPATCH_DIRECT:
       need("DISPATCH_DIRECT", 4)
@@ -119,9 +149,103 @@ class Engines:
       kernarg = self.sh_reg("COMPUTE_USER_DATA_0") | (self.sh_reg("COMPUTE_USER_DATA_1") << 32)
     else: kernarg = 0
     d = Dispatch(kd_addr, kernarg, (groups[0] * threads[0], groups[1] * threads[1], groups[2] * threads[2]), threads,
-                 kd.group_segment_fixed_size, kd.private_segment_fixed_size, self.arch)
+                 kd.group_segment_fixed_size, kd.private_segment_fixed_size, self.arch, self.trace_targets(mem), self.shader_engines)
     self.dispatches.append(d)
     execute(mem, d)
+
+  # ---- registers outside the SH window and the thread trace (SQTT)
+  def reg(self, name: str) -> int:
+    """Absolute dword address of GC segment-1 register `name`."""
+    return GC_SEGMENT1["gfx11"] + getattr(gc_regs(self.arch), f"reg{name}")
+
+  def field(self, value: int, reg: str, name: str) -> int:
+    r = gc_regs(self.arch)
+    return (value & getattr(r, f"{reg}__{name}_MASK")) >> getattr(r, f"{reg}__{name}__SHIFT")
+
+  def selected(self) -> list[ThreadTrace]: return self.tt if self.grbm_se is None else [self.tt[self.grbm_se]]
+
+  def write_uconfig(self, addr: int, v: int) -> None:
+    self.written["uconfig", addr] += 1
+    if addr == self.reg("GRBM_GFX_INDEX"):
+      se = self.field(v, "GRBM_GFX_INDEX", "SE_INDEX")
+      if not self.field(v, "GRBM_GFX_INDEX", "SE_BROADCAST_WRITES") and se >= self.shader_engines:
+        raise PacketError(f"GRBM_GFX_INDEX selects shader engine {se}; the GPU has {self.shader_engines}")
+      self.grbm_se = None if self.field(v, "GRBM_GFX_INDEX", "SE_BROADCAST_WRITES") else se
+      return
+    for t in self.selected():
+      t.regs[addr] = v
+      if addr == self.reg("SQ_THREAD_TRACE_CTRL"): self.trace_mode(t, self.field(v, "SQ_THREAD_TRACE_CTRL", "MODE"))
+
+  def trace_mode(self, t: ThreadTrace, mode: int) -> None:
+    if mode == soc21_enum.SQ_TT_MODE_ON and not t.on:
+      t.on, t.armed, t.finished, t.written, t.dropped = True, False, False, 0, 0
+    elif mode == soc21_enum.SQ_TT_MODE_OFF and t.on:
+      t.on = t.armed = False
+      t.written = min(-(-t.written // 32) * 32, self.trace_buffer(t)[1])  # the tail line's rest is already zero (trace_write)
+    elif mode not in (soc21_enum.SQ_TT_MODE_ON, soc21_enum.SQ_TT_MODE_OFF):
+      raise PacketError(f"SQ_THREAD_TRACE_CTRL.MODE {mode}: the mock traces compute waves with MODE_ON only")
+
+  def event(self, kind: int) -> None:
+    E = soc21_enum
+    if kind == E.THREAD_TRACE_START:
+      for t in self.tt: t.armed = t.on
+    elif kind == E.THREAD_TRACE_STOP:
+      for t in self.tt: t.armed = False
+    elif kind == E.THREAD_TRACE_FINISH:
+      for t in self.tt: t.finished = True
+    elif kind not in (E.THREAD_TRACE_MARKER, E.CS_PARTIAL_FLUSH):
+      raise PacketError(f"EVENT_WRITE event type {kind:#x} is not supported by the mock command processor")
+
+  def read_reg(self, addr: int) -> int:
+    """A register read (WAIT_REG_MEM, COPY_DATA) from the selected shader engine (shader engine 0 under broadcast)."""
+    t = self.tt[self.grbm_se or 0]
+    r = gc_regs(self.arch)
+    if addr == self.reg("SQ_THREAD_TRACE_STATUS"):
+      pending = t.on and not t.finished
+      return (int(pending) << r.SQ_THREAD_TRACE_STATUS__FINISH_PENDING__SHIFT) | (int(t.finished) << r.SQ_THREAD_TRACE_STATUS__FINISH_DONE__SHIFT) | \
+        (int(t.on) << r.SQ_THREAD_TRACE_STATUS__BUSY__SHIFT)
+    if addr == self.reg("SQ_THREAD_TRACE_WPTR"):  # 32-byte lines counted from address 0 (gfx11.0)
+      return ((self.trace_buffer(t)[0] >> 5) + t.written // 32) & r.SQ_THREAD_TRACE_WPTR__OFFSET_MASK
+    if addr == self.reg("SQ_THREAD_TRACE_DROPPED_CNTR"): return t.dropped & 0xFFFFFFFF
+    return t.regs.get(addr, 0)
+
+  def copy_data(self, mem: GPUMemory, body: list[int]) -> None:
+    src_sel, dst_sel, wide = body[0] & 0xF, (body[0] >> 8) & 0xF, bool(body[0] >> 16 & 1)
+    if src_sel in (0, 4): v = self.read_reg(body[1])
+    elif src_sel == 5: v = body[1] | (body[2] << 32)
+    else: raise PacketError(f"COPY_DATA src_sel {src_sel} is not supported by the mock (register 0/4 or immediate 5)")
+    if dst_sel not in (2, 5): raise PacketError(f"COPY_DATA dst_sel {dst_sel} is not supported by the mock (memory 2/5)")
+    mem.write(body[3] | (body[4] << 32), struct.pack("<Q" if wide else "<I", v if wide else v & 0xFFFFFFFF))
+
+  def trace_buffer(self, t: ThreadTrace) -> tuple[int, int]:
+    """(address, size) of a shader engine's trace buffer from BUF0_BASE / BUF0_SIZE (4 KiB units)."""
+    size_reg = t.regs.get(self.reg("SQ_THREAD_TRACE_BUF0_SIZE"), 0)
+    lo = self.field(t.regs.get(self.reg("SQ_THREAD_TRACE_BUF0_BASE"), 0), "SQ_THREAD_TRACE_BUF0_BASE", "BASE_LO")
+    hi = self.field(size_reg, "SQ_THREAD_TRACE_BUF0_SIZE", "BASE_HI")
+    return ((hi << 32) | lo) << 12, self.field(size_reg, "SQ_THREAD_TRACE_BUF0_SIZE", "SIZE") << 12
+
+  def trace_write(self, mem: GPUMemory, t: ThreadTrace, data: bytes) -> None:
+    addr, size = self.trace_buffer(t)
+    keep = max(0, min(len(data), size - t.written))
+    pad = min((-(t.written + keep)) % 32, size - t.written - keep)  # zero filler to the end of the line: a whole trace at MODE=OFF
+    if keep: mem.write(addr + t.written, data[:keep] + bytes(pad))
+    t.written += keep
+    t.dropped += len(data) - keep
+
+  def trace_targets(self, mem: GPUMemory) -> tuple[TraceTarget, ...]:
+    """The shader engines tracing a dispatch that starts now: MODE=ON and armed, COMPUTE_THREAD_TRACE_ENABLE set, and
+    compute waves included by SQ_THREAD_TRACE_MASK.WTYPE_INCLUDE."""
+    if not self.sh_reg("COMPUTE_THREAD_TRACE_ENABLE") & 1: return ()
+    out = []
+    for se, t in enumerate(self.tt):
+      mask = t.regs.get(self.reg("SQ_THREAD_TRACE_MASK"), 0)
+      if not (t.on and t.armed) or not self.field(mask, "SQ_THREAD_TRACE_MASK", "WTYPE_INCLUDE") & soc21_enum.SQ_TT_WTYPE_INCLUDE_CS_BIT: continue
+      if not self.trace_buffer(t)[1]: raise PacketError(f"thread trace on shader engine {se} has no buffer (SQ_THREAD_TRACE_BUF0_SIZE is 0)")
+      tok = t.regs.get(self.reg("SQ_THREAD_TRACE_TOKEN_MASK"), 0)
+      out.append(TraceTarget(se, self.field(mask, "SQ_THREAD_TRACE_MASK", "SA_SEL"), self.field(mask, "SQ_THREAD_TRACE_MASK", "WGP_SEL"),
+                             self.field(mask, "SQ_THREAD_TRACE_MASK", "SIMD_SEL"), self.field(tok, "SQ_THREAD_TRACE_TOKEN_MASK", "TOKEN_EXCLUDE"),
+                             lambda data, t=t: self.trace_write(mem, t, data)))
+    return tuple(out)
 
   def find_descriptor(self, mem: GPUMemory, entry: int) -> int:
     """The kernel descriptor whose code entry is `entry` (COMPUTE_PGM_LO/HI): descriptors are 64-byte aligned in the same

@@ -120,7 +120,8 @@ class MockKFD:
     if parts[-1] == "gpu_id": return f"{self.gpu_ids[node - 1] if node else 0}\n"
     if parts[-1] != "properties": raise FileNotFoundError(path)
     if node == 0: return "cpu_cores_count 2\nsimd_count 0\ngfx_target_version 0\n"
-    return (f"cpu_cores_count 0\nsimd_count 96\nmax_waves_per_simd 16\nlds_size_in_kb 64\nwave_front_size 32\narray_count 6\n"
+    return (f"cpu_cores_count 0\nsimd_count 96\nmax_waves_per_simd 16\nlds_size_in_kb 64\nwave_front_size 32\narray_count 12\n"
+            f"simd_arrays_per_engine 2\nmax_engine_clk_fcompute 2500\n"
             f"gfx_target_version {GFX1100}\ndrm_render_minor {127 + node}\nlocal_mem_size {self.vram_bytes}\n")
 
   # ---- files
