@@ -15,10 +15,12 @@ from plugrad.viz import capture
 from plugrad_amd import thread_trace
 from plugrad_amd.autogen import gc_11_0_0 as gc
 from plugrad_amd.autogen import pm4_nv
+from plugrad_amd.am.runtime import AMDPCIDevice
 from plugrad_amd.device import AMDDevice
 from plugrad_amd.mock import dispatch
 from plugrad_amd.mock.engines import Engines, PacketError
 from plugrad_amd.mock.kfd import MockKFD
+from plugrad_amd.mock.pci import MockPlatform
 from plugrad_amd.renderer import AMDGPURenderer
 
 pytestmark = pytest.mark.skipif(shutil.which("clang-19") is None, reason="clang-19 not installed (make sysdeps)")
@@ -55,17 +57,23 @@ def launch(dev: AMDDevice):
   return prg
 
 
-def device(monkeypatch, sqtt: bool, **env: str) -> tuple[AMDDevice, Engines]:
+def device(monkeypatch, sqtt: bool, iface: str = "KFD", **env: str) -> tuple[AMDDevice, Engines]:
+  """A fresh MOCK+AMD (iface "KFD") or MOCK+PCI+AMD ("PCI") device and its mock command processor."""
   if sqtt: monkeypatch.setenv("SQTT", "1")
   else: monkeypatch.delenv("SQTT", raising=False)
   for k, v in env.items(): monkeypatch.setenv(k, v)
+  if iface == "PCI":
+    plat = MockPlatform(1, 256 << 20)
+    pdev = AMDPCIDevice("MOCK+PCI+AMD", plat)
+    return pdev, plat.devices[0].engines
   kfd = MockKFD(1, 256 << 20)
   dev = AMDDevice("MOCK+AMD", os_iface=kfd)
   return dev, kfd.engines[dev.gpu_id]
 
 
-def test_sqtt_off_writes_no_trace_register(monkeypatch, recording):
-  dev, eng = device(monkeypatch, sqtt=False)
+@pytest.mark.parametrize("iface", ["KFD", "PCI"])
+def test_sqtt_off_writes_no_trace_register(monkeypatch, recording, iface):
+  dev, eng = device(monkeypatch, sqtt=False, iface=iface)
   ex = TokenWriter()
   prev = dispatch.set_executor(ex)
   try: launch(dev)
@@ -76,8 +84,10 @@ def test_sqtt_off_writes_no_trace_register(monkeypatch, recording):
   assert not recording.kernel_traces
 
 
-def test_traced_launch_programs_every_shader_engine(monkeypatch, recording):
-  dev, eng = device(monkeypatch, sqtt=True, SQTT_SIMD_SEL="2", SQTT_WGP_SEL="3", SQTT_SA_SEL="1", SQTT_ITRACE_SE_MASK="5", SQTT_BUFFER_SIZE="1")
+@pytest.mark.parametrize("iface", ["KFD", "PCI"])
+def test_traced_launch_programs_every_shader_engine(monkeypatch, recording, iface):
+  dev, eng = device(monkeypatch, sqtt=True, iface=iface, SQTT_SIMD_SEL="2", SQTT_WGP_SEL="3", SQTT_SA_SEL="1", SQTT_ITRACE_SE_MASK="5",
+                    SQTT_BUFFER_SIZE="1")
   assert dev.tracer is not None and dev.tracer.n_se == 6 and dev.tracer.clock_hz == 2.5e9
   ex = TokenWriter()
   prev = dispatch.set_executor(ex)
