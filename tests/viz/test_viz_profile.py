@@ -19,6 +19,10 @@ from plugrad.viz.profile import chrome_trace
 from viz_helpers import HERE
 
 
+X_ARGS = {"kernel": {"bytes", "flops"}, "copy": {"bytes", "flops"}, "jit": {"bytes", "flops"},  # what each kind of bar carries
+          "wave": {"start", "end", "instructions"}, "inst": {"pc", "cycle", "duration", "kind"}}  # a traced launch's waves
+
+
 def check_schema(tr: dict) -> list[dict]:
   """The trace-event fields Perfetto and chrome://tracing need; returns the timed events, checked to be in time order."""
   assert set(tr) >= {"traceEvents", "displayTimeUnit"} and isinstance(tr["traceEvents"], list)
@@ -27,7 +31,7 @@ def check_schema(tr: dict) -> list[dict]:
   for e in tr["traceEvents"]:
     assert e["ph"] in ("M", "X", "C") and isinstance(e["name"], str) and isinstance(e["pid"], int) and isinstance(e["tid"], int), e
     if e["ph"] != "M": assert e["pid"] in procs and isinstance(e["ts"], float) and e["ts"] >= 0, e
-    if e["ph"] == "X": assert e["dur"] >= 0 and e["cat"] in ("kernel", "copy", "jit") and {"bytes", "flops"} <= set(e["args"]), e
+    if e["ph"] == "X": assert e["dur"] >= 0 and set(e["args"]) >= X_ARGS[e["cat"]], e
     if e["ph"] == "C": assert e["name"] == "memory" and e["args"]["bytes"] >= 0, e
   ts = [e["ts"] for e in timed]
   assert ts == sorted(ts), "timestamps are not monotonic"

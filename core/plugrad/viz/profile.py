@@ -63,17 +63,49 @@ def jit_replay(name: str, device: str, st: int) -> None:
 
 
 TRACKS = {"kernel": 1, "copy": 2, "jit": 3}
+WAVE_TID0 = 100  # wave slots' threads follow the kind-of-work threads
+
+
+def _wave_threads(trace: Trace) -> dict[tuple[str, int, int, int, int], int]:
+  """A thread id per (device, SE, CU, SIMD, wave slot) that a traced launch used, numbered in that order per device."""
+  keys = sorted({(kt.device, w.se, w.cu, w.simd, w.slot) for kt in trace.kernel_traces for w in kt.waves})
+  tids: dict[tuple[str, int, int, int, int], int] = {}
+  used: dict[str, int] = {}
+  for k in keys: tids[k] = WAVE_TID0 + (n := used.get(k[0], 0)); used[k[0]] = n + 1
+  return tids
+
+
+def _wave_events(trace: Trace, pid: dict[str, int], tids: dict, us: Callable[[int], float]) -> list[dict]:
+  """Each traced wave as a bar ("wave": the kernel's name over the wave's life) on its slot's thread, with its
+  instructions as bars inside it ("inst": the instruction's text from its issue to the wave's next issue)."""
+  out: list[dict] = []
+  for kt in trace.kernel_traces:
+    base, per_cycle = us(kt.st), 1e6 / kt.clock_hz
+    for w in kt.waves:
+      p, t = pid[kt.device], tids[(kt.device, w.se, w.cu, w.simd, w.slot)]
+      end = max([w.end, *(i.cycle + i.duration for i in w.insts)])
+      out.append({"name": kt.kernel, "cat": "wave", "ph": "X", "pid": p, "tid": t, "ts": base + w.start * per_cycle,
+                  "dur": max(end - w.start, 0) * per_cycle, "args": {"start": w.start, "end": w.end, "instructions": len(w.insts)}})
+      out += [{"name": i.text, "cat": "inst", "ph": "X", "pid": p, "tid": t, "ts": base + i.cycle * per_cycle, "dur": i.duration * per_cycle,
+               "args": {"pc": i.pc, "cycle": i.cycle, "duration": i.duration, "kind": i.kind}} for i in w.insts]
+  return out
 
 
 def chrome_trace(trace: Trace = TRACE) -> dict:
-  """The profile in the Trace Event Format that Perfetto and chrome://tracing open:
-  one process per device, a thread per kind of work ("X" complete events, microseconds) and a "memory" counter."""
-  devices = sorted({e.device for e in trace.events} | {d for _, d, _ in trace.mem})
+  """The profile in the Trace Event Format that Perfetto and chrome://tracing open: one process per device, a thread
+  per kind of work ("X" complete events, microseconds), a "memory" counter, and for launches with a device instruction
+  trace a thread per wave slot ("SE0 CU1 SIMD0 wave 3") holding each wave and its instructions at launch time +
+  cycle / clock."""
+  devices = sorted({e.device for e in trace.events} | {d for _, d, _ in trace.mem} | {kt.device for kt in trace.kernel_traces})
   pid = {d: i + 1 for i, d in enumerate(devices)}
+  tids = _wave_threads(trace)
   out: list[dict] = []
   for d in devices:
     out.append({"name": "process_name", "ph": "M", "pid": pid[d], "tid": 0, "args": {"name": d}})
     for kind, tid in TRACKS.items(): out.append({"name": "thread_name", "ph": "M", "pid": pid[d], "tid": tid, "args": {"name": kind}})
+  for (d, se, cu, simd, slot), tid in tids.items():
+    out.append({"name": "thread_name", "ph": "M", "pid": pid[d], "tid": tid, "args": {"name": f"SE{se} CU{cu} SIMD{simd} wave {slot}"}})
+    out.append({"name": "thread_sort_index", "ph": "M", "pid": pid[d], "tid": tid, "args": {"sort_index": tid}})
   def us(t: int) -> float: return (t - trace.t0) / 1e3
   timed: list[dict] = []
   for e in trace.events:
@@ -82,6 +114,7 @@ def chrome_trace(trace: Trace = TRACE) -> dict:
     timed.append({"name": e.name, "cat": e.kind, "ph": "X", "pid": pid[e.device], "tid": TRACKS[e.kind], "ts": us(e.st),
                   "dur": max(us(e.en) - us(e.st), 0.0), "args": args})
   timed += [{"name": "memory", "ph": "C", "pid": pid[d], "tid": 0, "ts": us(t), "args": {"bytes": b}} for t, d, b in trace.mem]
+  timed += _wave_events(trace, pid, tids, us)
   out += sorted(timed, key=lambda e: e["ts"])  # one time-ordered stream: viewers and the tests read it in order
   meta: dict[str, Any] = {"clock": "host perf_counter", "truncated": trace.profile_truncated}
   return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": meta}

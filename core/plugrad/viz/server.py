@@ -3,7 +3,8 @@
 Routes: `/` the page (static/index.html, app.js, style.css: no external resources), `/api/trace` the group list,
 `/api/group/{g}` a group's rewrites and kernel (AST, optimizations, linear program, source), `/api/rewrite/{r}/{k}`
 the graph after k steps of rewrite r as SVG with the nodes step k created highlighted, `/api/kernel/{g}/ast` a
-kernel's AST graph, `/api/profile` the Chrome trace-event profile the timeline draws.
+kernel's AST graph, `/api/profile` the Chrome trace-event profile the timeline draws, `/api/waves` the launches with a
+device instruction trace and `/api/waves/{k}` one of them (its waves, instructions and hot instructions: viz/waves.py).
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from plugrad.viz.capture import KernelTrace
 from plugrad.viz.graph import NodeGraph, draw, replay
+from plugrad.viz.waves import decode, launch_detail, launch_summary
 
 STATIC = Path(__file__).parent / "static"
 
@@ -22,6 +25,8 @@ class Viewer:
   def __init__(self, data: dict):
     self.data, self.graph = data, NodeGraph(data["nodes"])
     self.svg = functools.lru_cache(maxsize=512)(self._svg)
+    self.saved_waves: list = data.get("waves") or []
+    self.kernel_trace = functools.lru_cache(maxsize=64)(self._kernel_trace)
 
   def summary(self) -> dict:
     out = []
@@ -29,7 +34,14 @@ class Viewer:
       k = g.get("kernel")
       out.append({"id": i, "kind": g["kind"], "name": k["name"] if k else g["name"], "device": k["device"] if k else "",
                   "rewrites": len(g["rewrites"]), "steps": sum(len(self.data["rewrites"][r]["steps"]) for r in g["rewrites"])})
-    return {"groups": out, "truncated": bool(self.data.get("truncated")), "profile": bool(self.data.get("profile", {}).get("traceEvents"))}
+    return {"groups": out, "truncated": bool(self.data.get("truncated")), "profile": bool(self.data.get("profile", {}).get("traceEvents")),
+            "waves": len(self.saved_waves)}
+
+  def _kernel_trace(self, k: int) -> KernelTrace: return decode(self._get(self.saved_waves, k, "traced launch"), f"traced launch {k}")
+
+  def waves(self) -> dict: return {"launches": [launch_summary(k, self.kernel_trace(k)) for k in range(len(self.saved_waves))]}
+
+  def wave_launch(self, k: int) -> dict: return launch_detail(k, self.kernel_trace(k), self.saved_waves[k])
 
   def group(self, gid: int) -> dict:
     g = self._get(self.data["groups"], gid, "group")
@@ -94,6 +106,7 @@ def make_app(data: dict) -> Any:
             Route("/api/trace", api(v.summary)), Route("/api/group/{g:int}", api(v.group)),
             Route("/api/rewrite/{r:int}/{k:int}", api(v.rewrite)), Route("/api/kernel/{g:int}/ast", api(v.kernel_ast)),
             Route("/api/profile", api(lambda: data.get("profile") or {"traceEvents": []})),
+            Route("/api/waves", api(v.waves)), Route("/api/waves/{k:int}", api(v.wave_launch)),
             Mount("/static", StaticFiles(directory=STATIC))]
   return Starlette(routes=routes)
 

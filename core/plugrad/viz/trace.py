@@ -8,6 +8,8 @@ Format (version 1):
   "truncated"}` with node ids; `groups`: `{"kind", "name", "rewrites": [ids], "kernel": {...} | null}` in run order.
 - a kernel's `built_by`: the ids of the scheduler's rewrites that built its AST (indexing, simplify kernel).
 - `profile`: Chrome trace-event JSON (viz/profile.py); `truncated`: a cap was hit while recording.
+- `waves`: the device instruction traces of traced launches (SQTT on AMD), compact, as viz/waves.py documents; a
+  trace saved before they existed has none (read as an empty list).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any
 from plugrad.uop.ops import UOp, pretty
 from plugrad.viz.capture import TRACE, Trace
 from plugrad.viz.profile import chrome_trace
+from plugrad.viz.waves import encode as encode_waves
 
 VERSION = 1
 MAX_ARG_CHARS = 2000
@@ -102,7 +105,7 @@ def serialize(trace: Trace = TRACE) -> dict:
     groups.append({"kind": g.kind, "name": g.name, "rewrites": rids, "kernel": _kernel(g.info, nodes) if g.kind == "kernel" else None})
   _link_kernel_builders(groups, rewrites)
   return {"version": VERSION, "nodes": nodes.rows, "rules": rules, "rewrites": rewrites, "groups": groups,
-          "truncated": trace.truncated, "profile": chrome_trace(trace)}
+          "truncated": trace.truncated, "profile": chrome_trace(trace), "waves": [encode_waves(kt, trace.t0) for kt in trace.kernel_traces]}
 
 
 def save(data: dict, path: str | Path) -> Path:
@@ -125,4 +128,6 @@ def load(path: str | Path) -> dict:
     data = {"version": VERSION, "nodes": [], "rules": [], "rewrites": [], "groups": [], "truncated": False, "profile": data}
   if not isinstance(data, dict) or data.get("version") != VERSION or not all(k in data for k in ("nodes", "rewrites", "groups")):
     raise ValueError(f"{p} is not a plugrad trace of version {VERSION} (keys: {sorted(data)[:8] if isinstance(data, dict) else type(data).__name__})")
+  if not isinstance(waves := data.setdefault("waves", []), list):
+    raise ValueError(f"{p}: `waves` is {type(waves).__name__}, not a list of traced launches")
   return data
