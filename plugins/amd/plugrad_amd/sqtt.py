@@ -227,7 +227,7 @@ class CodeLine:
   def is_branch(self) -> bool: return self.target is not None
 
 _SYMBOL = re.compile(r"^([0-9a-fA-F]+) <(.+)>:\s*$")
-_INSTRUCTION = re.compile(r"^\s+(\S.*?)\s*// ([0-9a-fA-F]+): ((?:[0-9a-fA-F]{8}\s?)+)\s*$")
+_INSTRUCTION = re.compile(r"^\s+(\S.*?)\s*// ([0-9a-fA-F]+): ((?:[0-9a-fA-F]{8}\s?)+)\s*(?:<[^>]*>\s*)?$")
 SOPP_PREFIX = 0x17F  # bits 31:23 of a SOPP instruction word
 
 def _branch_target(mnemonic: str, pc: int, word: int) -> int | None:

@@ -2,7 +2,9 @@
 descriptor at `kernel_object`, fetches and decodes the code it points at (cached by address and bytes), sets the
 initial wave state as the hardware's SPI does (user SGPRs: private segment buffer, dispatch ptr, queue ptr, kernarg
 ptr, dispatch id, flat scratch init, private segment size, then workgroup ids and the scratch wave offset; work-item
-ids packed in v0 as x | y<<10 | z<<20) and runs the waves of each workgroup round-robin between s_barriers."""
+ids packed in v0 as x | y<<10 | z<<20) and runs the waves of each workgroup round-robin between s_barriers. When the
+dispatch asks for a thread trace (Dispatch.sqtt) it also records each wave's executed PCs and hands them to trace.py,
+which writes the SQTT streams; the results are the same either way."""
 from __future__ import annotations
 
 import functools
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plugrad_amd.mock.dispatch import Dispatch, GPUMemory, PageFault
+from plugrad_amd.mock.rdna3 import trace
 from plugrad_amd.mock.rdna3.compile import BARRIER, ENDPGM, Fn, compile_inst
 from plugrad_amd.mock.rdna3.decode import DecodeError, Inst, decode_one
 from plugrad_amd.mock.rdna3.wave import LANES, EmulatorError, Wave
@@ -68,6 +71,7 @@ class Program:
   def __init__(self, mem: GPUMemory, entry: int, name: str):
     self.entry, self.name, self.mem = entry, name, mem
     self.ops: dict[int, tuple[Fn, int]] = {}
+    self.insts: dict[int, Inst] = {}  # the decoded instructions, for the thread trace
     self.extent = 0
     self._code = b""
 
@@ -89,6 +93,7 @@ class Program:
       raise EmulatorError(f"kernel {self.name}: {e} (code offset {pc:#x})") from None
     inst.addr = pc
     fn = compile_inst(inst, self.name)
+    self.insts[pc] = inst
     STATS.decoded[(inst.enc, inst.name or "?")] += 1
     self.ops[pc] = (fn, pc + inst.size)
     self.extent = max(self.extent, pc + inst.size)
@@ -230,6 +235,33 @@ def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
     budget[0] -= n
 
 
+def _run_wave_logged(w: Wave, prog: Program, budget: list[int], pcs: list[int]) -> int:
+  """_run_wave that also appends each executed instruction's PC to `pcs` (for the thread trace; _run_wave stays the
+  fast path)."""
+  pc = w.pc
+  ops = prog.ops
+  n = 0
+  try:
+    while True:
+      hit = ops.get(pc)
+      fn, nxt = hit if hit is not None else prog.at(pc)
+      pcs.append(pc)
+      r = fn(w)
+      n += 1
+      if r is None: pc = nxt
+      elif r >= 0: pc = r
+      else:
+        w.pc = nxt
+        return r
+      if n > budget[0]: raise EmulatorError(f"kernel {prog.name}: wave exceeded {budget[0]} instructions (infinite loop?)")
+  except IndexError:
+    raise EmulatorError(f"kernel {prog.name}: the instruction at offset {pc:#x} uses a register beyond the {len(w.v)} VGPRs "
+                        "the kernel descriptor grants") from None
+  finally:
+    w.count += n
+    budget[0] -= n
+
+
 @functools.lru_cache(maxsize=1024)
 def _workitem_ids(wave_in_group: int, local: tuple[int, int, int]) -> tuple[np.ndarray, int]:
   """v0 of a wave (x | y<<10 | z<<20 per lane) and the mask of lanes inside the workgroup."""
@@ -260,12 +292,14 @@ def execute(mem: GPUMemory, d: Dispatch) -> None:
   budget = [MAX_INSTRUCTIONS]
   t0 = time.perf_counter()
   start = budget[0]
+  logs: list[list[list[int]]] | None = [] if d.sqtt else None  # per workgroup, per wave: the executed PCs
   with np.errstate(all="ignore"):  # IEEE overflow/invalid are results here, not Python warnings
     for gz in range(groups[2]):
       for gy in range(groups[1]):
         for gx in range(groups[0]):
-          _run_group(mem, d, kd, prog, (gx, gy, gz), nwaves, lds_size, scratch, budget)
+          _run_group(mem, d, kd, prog, (gx, gy, gz), nwaves, lds_size, scratch, budget, logs)
   prog.snapshot()
+  if logs is not None: trace.write(d, logs, prog.insts)
   STATS.instructions += start - budget[0]
   STATS.seconds += time.perf_counter() - t0
   STATS.dispatches += 1
@@ -273,7 +307,7 @@ def execute(mem: GPUMemory, d: Dispatch) -> None:
 
 
 def _run_group(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, prog: Program, group: tuple[int, int, int], nwaves: int,
-               lds_size: int, scratch: int, budget: list[int]) -> None:
+               lds_size: int, scratch: int, budget: list[int], logs: list[list[list[int]]] | None = None) -> None:
   lds = np.zeros(lds_size, np.uint8)
   # partial workgroups at the grid edge: the hardware launches only the work-items inside the grid
   local = tuple(min(l, g - i * l) for l, g, i in zip(d.workgroup_size, d.grid_size, group))
@@ -289,8 +323,11 @@ def _run_group(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, prog: Program,
     w.set_exec(valid)
     waves.append(w)
   live = list(waves)
+  pcs: list[list[int]] = [[] for _ in waves]
+  if logs is not None: logs.append(pcs)
   while live:
-    states = [_run_wave(w, prog, budget) for w in live]
+    if logs is None: states = [_run_wave(w, prog, budget) for w in live]
+    else: states = [_run_wave_logged(w, prog, budget, pcs[w.wave_id]) for w in live]
     at_barrier = [w for w, s in zip(live, states) if s == BARRIER]
     if at_barrier and len(at_barrier) != len(live):
       ended = [w.wave_id for w, s in zip(live, states) if s == ENDPGM]
