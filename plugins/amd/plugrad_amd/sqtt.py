@@ -285,6 +285,8 @@ class _LiveWave:
 class _Mapper:
   """Walks one shader engine's packets, following each traced wave through the code."""
   def __init__(self, code: list[CodeLine], selected: tuple[int, int, int] | None) -> None:
+    bad = next((c for c in code if c.size <= 0), None)
+    if bad is not None: raise SQTTError(f"code line {bad.text!r} at PC {bad.pc:#x} has size {bad.size}")
     self.lines = {c.pc: c for c in code}
     self.entry = code[0].pc if code else 0
     self.selected = selected
