@@ -126,8 +126,7 @@ class _Workgroup:
     for waves in self.by_simd.values():
       w = next((w for w in waves if self.runnable(w, t)), None)
       if w is not None: self.issue_one(w, t)
-    live = [w for w in range(len(self.ops)) if self.end[w] is None]
-    if self.barrier and len(self.barrier) == len(live):
+    if self.barrier and len(self.barrier) == sum(e is None for e in self.end):
       go = max(self.barrier.values()) + 1
       for w in self.barrier: self.ready[w] = go
       self.barrier.clear()

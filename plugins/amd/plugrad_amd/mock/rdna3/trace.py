@@ -94,13 +94,13 @@ def _executed(pcs: list[int], insts: dict[int, Inst]) -> list[tuple[Inst, bool]]
 def time_waves(groups: list[list[list[int]]], insts: dict[int, Inst], shader_engines: int, traced_se: set[int]) -> list[TimedWave]:
   """The timed waves of the workgroups (each a list of its waves' executed PCs) on the traced shader engines."""
   free_at: dict[tuple[int, int, int], int] = {}
+  ops = {pc: timing.classify(inst) for pc, inst in insts.items()}
   out = []
   for g, pcs in enumerate(groups):
     where = placement(g, shader_engines)
     if where[0] not in traced_se: continue
     executed = [_executed(p, insts) for p in pcs]
-    times = timing.schedule([[timing.classify(i) for i, _ in ex] for ex in executed], [i % SIMDS_PER_WGP for i in range(len(pcs))],
-                            free_at.get(where, 0))
+    times = timing.schedule([[ops[pc] for pc in p] for p in pcs], [i % SIMDS_PER_WGP for i in range(len(pcs))], free_at.get(where, 0))
     free_at[where] = max((t.end for t in times), default=free_at.get(where, 0))
     out += [TimedWave(*where, i % SIMDS_PER_WGP, i // SIMDS_PER_WGP, ex, t) for i, (ex, t) in enumerate(zip(executed, times))]
   return out
