@@ -14,6 +14,8 @@ round numbers, not a measurement of the hardware; the trace only needs cycles th
 - s_barrier issues, then the wave waits until every wave of the workgroup that has not ended reached it; all of them
   go on the cycle after the last arrival.
 - s_endpgm issues and the wave ends the cycle after.
+- Instructions that give no trace token (s_delay_alu) still take an issue cycle, like any other SOPP.
+- Nothing is shared between WGPs (no memory bandwidth or cache model): each workgroup is timed on its own.
 """
 from __future__ import annotations
 
