@@ -12,7 +12,8 @@ import pytest
 
 from plugrad import Tensor, Variable
 from plugrad.codegen import get_program
-from plugrad.codegen.gpuopt import apply_gpu_opt, choose_gpu_opts
+from plugrad.codegen.gpuopt import choose_gpu_opts
+from plugrad.codegen.optops import apply_opt
 from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.codegen.targets import TARGETS
 from plugrad.dtype import AddrSpace, dtypes
@@ -49,7 +50,7 @@ def _run_item(it, dev: PythonDevice, opts: list[Opt] | None, var_vals: dict | No
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
   ast = it.ast
   if opts is not None:
-    for o in opts: ast = apply_gpu_opt(ast, o, dev.renderer.caps)
+    for o in opts: ast = apply_opt(ast, o, dev.renderer.caps)
   spec = get_program(ast, dev.renderer) if opts is None else _program_noopt(ast, dev.renderer)
   prg = PythonProgram(dev, spec.name, dev.compiler.compile(spec.src))
   vv = {v.arg[0]: x for v, x in it.var_vals.items()} if var_vals is None else var_vals
@@ -157,9 +158,9 @@ def test_group_max_and_local(monkeypatch):
 def test_bad_opts_raise(monkeypatch):
   ast = t_(np.zeros((4, 64), np.float32)).sum(1).schedule()[-1].ast
   g = next(r for r in ranges_of(ast).values() if r.arg[1] == "global").arg[0]
-  with pytest.raises(ValueError, match="reduce range"): apply_gpu_opt(ast, Opt("GROUP", g, 4))
+  with pytest.raises(ValueError, match="reduce range"): apply_opt(ast, Opt("GROUP", g, 4))
   r = next(r for r in ranges_of(ast).values() if r.arg[1] == "reduce").arg[0]
-  with pytest.raises(ValueError, match="before GROUP"): apply_gpu_opt(apply_gpu_opt(ast, Opt("GROUP", r, 4)), Opt("LOCAL", g, 2))
+  with pytest.raises(ValueError, match="before GROUP"): apply_opt(apply_opt(ast, Opt("GROUP", r, 4)), Opt("LOCAL", g, 2))
 
 
 @pytest.mark.parametrize("target", ["CUDA", "AMD", "AMD_CDNA3"])
@@ -358,7 +359,7 @@ def test_tc_tile_errors(monkeypatch):
   dev = emu_device(monkeypatch, "CUDA")
   ast = (t_(np.ones((32, 32), np.float16)) @ t_(np.ones((32, 32), np.float16))).schedule()[-1].ast
   for tile, msg in (((4, 1, 2, 1), "doesn't divide"), ((1, 1, 1, 1, 3), "stage 0, 1 or 2"), ((1, 0), ">= 1"), ((1,) * 6, "up to 5")):
-    with pytest.raises(ValueError, match=msg): apply_gpu_opt(ast, Opt("TC", -1, 0, tile), dev.renderer.caps)
+    with pytest.raises(ValueError, match=msg): apply_opt(ast, Opt("TC", -1, 0, tile), dev.renderer.caps)
 
 
 def test_tc_heuristic_tile_from_target_data(monkeypatch):
@@ -569,6 +570,6 @@ def test_groupout_errors(monkeypatch):
   ast = kernels(t_(np.ones((4, 128), np.float32)).softmax(-1))[-1].ast
   rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
   red = next(r for r in rngs if r.arg[1] == "reduce")
-  with pytest.raises(ValueError, match="global range"): apply_gpu_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer.caps)
-  grouped = apply_gpu_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer.caps)
-  with pytest.raises(ValueError, match="before GROUP"): apply_gpu_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer.caps)
+  with pytest.raises(ValueError, match="global range"): apply_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer.caps)
+  grouped = apply_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer.caps)
+  with pytest.raises(ValueError, match="before GROUP"): apply_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer.caps)

@@ -18,7 +18,7 @@ import pytest
 import plugrad.engine.realize as realize
 from plugrad import Tensor, TinyJit, Variable
 from plugrad.codegen import get_program
-from plugrad.codegen.gpuopt import apply_gpu_opt
+from plugrad.codegen.optops import apply_opt
 from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.device import Device
 from plugrad.dtype import dtypes
@@ -171,7 +171,7 @@ def run_with_opts(t: Tensor, opts: list[Opt] | None) -> tuple[np.ndarray, object
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
   ast = it.ast
   caps = getattr(dev.renderer, "caps", dev.renderer)  # the capability record codegen reads (the renderer itself before `caps`)
-  for o in opts or []: ast = apply_gpu_opt(ast, o, caps)
+  for o in opts or []: ast = apply_opt(ast, o, caps)
   mp = pytest.MonkeyPatch()
   if opts: mp.setenv("NOOPT", "1")
   try: spec = get_program(ast, dev.renderer)

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from plugrad.codegen.gpudims import LaunchDims, gpudims, uses_gpudims
-from plugrad.codegen.gpuopt import apply_gpu_opt, optimize_gpu
+from plugrad.codegen.gpuopt import optimize_gpu
 from plugrad.codegen.linearize import linearize_program, unshare_ranges
-from plugrad.codegen.opt import Dots, Opt, optimize
+from plugrad.codegen.opt import Dots, optimize
+from plugrad.codegen.optops import Opt, apply_opt
 from plugrad.codegen.vectorize import vectorize
 from plugrad.helpers import getenv
 from plugrad.runtime.renderer import Renderer
@@ -83,8 +84,8 @@ def estimate_flops(uops: list[UOp]) -> sint:
 
 
 def apply_opts(ast: UOp, opts: list[Opt], renderer: Renderer) -> UOp:
-  """`ast` with the given optimizations (LOCAL/GROUP/GROUPTOP/TC for GPU renderers, the CPU ones for any)."""
-  for o in opts: ast = apply_gpu_opt(ast, o, renderer.caps)
+  """`ast` with the given optimizations (any registered kind: codegen/optops.py)."""
+  for o in opts: ast = apply_opt(ast, o, renderer.caps)
   return ast
 
 

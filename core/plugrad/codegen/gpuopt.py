@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.linearize import reduce_identity
-from plugrad.codegen.opt import Opt, apply_opt, div_end, pm_opt_symbolic, ranges_of
+from plugrad.codegen.opt import div_end, pm_opt_symbolic, ranges_of
+from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, apply_opt, register, thread_amounts
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.helpers import getenv
@@ -37,7 +39,6 @@ from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic
 
-GPU_KINDS = ("LOCAL", "GROUP", "GROUPTOP", "GROUPOUT", "TC")
 
 
 def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
@@ -59,7 +60,6 @@ def _padded_outer(rng: UOp, k: int) -> tuple[UOp, bool]:
 
 
 def _local(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
-  if rng.arg[1] != "global" or len(rng.arg) > 2: raise ValueError(f"LOCAL needs a global range, range {rng.arg} isn't one")
   if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("LOCAL must come before GROUP")
   outer, exact = _padded_outer(rng, k)
   new = outer * k + UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
@@ -109,7 +109,6 @@ def in_loop(ast: UOp) -> set[UOp]:
 
 
 def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
-  if rng.arg[1] != "reduce" or len(rng.arg) > 2: raise ValueError(f"GROUP needs a reduce range, range {rng.arg} isn't one")
   reds = [n for n in ast.toposort() if n.op is Ops.REDUCE and rng in n.src[1:]]
   if not reds: raise ValueError(f"no REDUCE uses range {rng.arg}")
   if any(r in in_loop(ast) for r in reds): raise ValueError(f"GROUP of range {rng.arg}: its REDUCE runs inside another reduce's loop")
@@ -351,22 +350,26 @@ def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tupl
   return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
-def apply_gpu_opt(ast: UOp, opt: Opt, caps: Capabilities | None = None) -> UOp:
-  """`ast` with one optimization applied; LOCAL/GROUP/GROUPTOP/TC here, the others by codegen/opt.py (ValueError if it
-  doesn't fit). TC's amount is the index of the tensor core in `caps.tensor_cores`."""
-  if opt.kind not in GPU_KINDS: return apply_opt(ast, opt)
-  rngs = ranges_of(ast)
-  if opt.kind == "TC":
-    tcs = caps.tensor_cores if caps is not None else ()
-    if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
-    return graph_rewrite(_tc(ast, tcs[opt.amount], max(rngs) + 1, opt.arg), pm_opt_symbolic, name="simplify after TC")
-  if (rng := rngs.get(opt.rid)) is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
-  if opt.amount < 2: raise ValueError(f"{opt}: needs at least 2 threads")
-  nid = max(rngs) + 1
-  if opt.kind == "LOCAL": ast = _local(ast, rng, opt.amount, nid)
-  elif opt.kind == "GROUPOUT": ast = _group_out(ast, rng, opt.amount, nid)
-  else: ast = _group(ast, rng, opt.amount, opt.kind == "GROUPTOP", nid)
-  return graph_rewrite(ast, pm_opt_symbolic, name=f"simplify after {opt.kind}")
+def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
+  """TC: the amount is the index of the tensor core in `caps.tensor_cores`, `arg` the tile."""
+  tcs = caps.tensor_cores if caps is not None else ()
+  if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
+  return graph_rewrite(_tc(ast, tcs[opt.amount], max(ranges_of(ast)) + 1, opt.arg), pm_opt_symbolic, name="simplify after TC")
+
+
+def _threads(split: Callable[[UOp, UOp, int, int], UOp]) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
+  """The registered form of a thread split (LOCAL, GROUP, GROUPTOP, GROUPOUT): new ranges get ids past the kernel's."""
+  def apply(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
+    assert rng is not None
+    return graph_rewrite(split(ast, rng, opt.amount, max(ranges_of(ast)) + 1), pm_opt_symbolic, name=f"simplify after {opt.kind}")
+  return apply
+
+
+register(OptKind("LOCAL", _threads(_local), GLOBAL, device="gpu", min_amount=2, beam=thread_amounts))
+register(OptKind("GROUP", _threads(lambda a, r, k, nid: _group(a, r, k, False, nid)), REDUCE, device="gpu", min_amount=2, beam=thread_amounts))
+register(OptKind("GROUPTOP", _threads(lambda a, r, k, nid: _group(a, r, k, True, nid)), REDUCE, device="gpu", min_amount=2, beam=thread_amounts))
+register(OptKind("GROUPOUT", _threads(_group_out), GLOBAL, device="gpu", min_amount=2))
+register(OptKind("TC", _tc_opt, KERNEL, device="gpu"))
 
 
 def _loads(ast: UOp) -> list[UOp]: return [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD and n.src[0].src[0].op is Ops.DEFINE_GLOBAL]
@@ -465,7 +468,7 @@ def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[O
   free = [g for g in glbl if g not in used and g.src[0].op is Ops.CONST]
   if len(free) != 1 or free[0].src[0].arg > 16 * k: return groups
   opts = [Opt("GROUPOUT", free[0].arg[0], k)] + groups
-  try: cur = functools.reduce(lambda a, o: apply_gpu_opt(a, o, caps), opts, ast)
+  try: cur = functools.reduce(lambda a, o: apply_opt(a, o, caps), opts, ast)
   except ValueError: return groups
   loops = {r for n in cur.toposort() if n.op is Ops.REDUCE for r in n.src[1:] if r.src[0].op is Ops.CONST and 1 < r.src[0].arg <= 16}
   # (not the serial combine's loop over the k slots in local memory)
@@ -493,6 +496,6 @@ def optimize_gpu(ast: UOp, caps: Capabilities) -> UOp:
   """Apply the GPU heuristic's optimizations (NOOPT=1: none, one thread per workgroup)."""
   if getenv("NOOPT", False) or not uses_gpudims(caps): return ast
   for opt in choose_gpu_opts(ast, caps):
-    try: ast = apply_gpu_opt(ast, opt, caps)
+    try: ast = apply_opt(ast, opt, caps)
     except ValueError: break  # the heuristic's guess doesn't fit this kernel: keep what applied
   return ast

@@ -18,8 +18,9 @@ UPCAST/SPLIT/UNROLL produce plain scalar code that any renderer (and the PYTHON 
 `choose_opts` picks the optimizations from the renderer's capabilities: `upcast_max` (accumulators/outputs per loop
 iteration; 0 or missing disables all of this), `vectorizes_reductions` (the compiler vectorizes a plain reduce
 loop, so streaming ADD/MUL reductions aren't split), `vector_lanes`/`vector_regs` (explicit SIMD: the lanes of one
-float vector and the number of vector registers) and `has_local` / `has_shared` (GPU renderers: local memory and
-grouped reductions are hooks, not implemented; see `local_opts`). NOOPT=1 turns everything off.
+float vector and the number of vector registers); GPU renderers get theirs from codegen/gpuopt.py (LOCAL, GROUP,
+GROUPTOP, GROUPOUT, TC). Every kind is registered in codegen/optops.py, whose `apply_opt` applies any of them. NOOPT=1
+turns everything off.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from plugrad.codegen.optops import ANY_RANGE, GLOBAL, REDUCE, Opt, OptKind, apply_opt, is_vector_range, register, split_amounts
 from plugrad.codegen.pack import _mul_operands, _stride_one, pack_candidate, split_packs
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
@@ -39,23 +41,8 @@ from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad.viz import capture
 
 
-@dataclass(frozen=True)
-class Opt:
-  """One optimization: `kind` is "UPCAST" (global range), "SPLIT" or "UNROLL" (reduce range), "VECTOR" (either),
-  "OUTER" (a global range becomes the outermost loop; amount unused) or "PACK" (the operand read along global range
-  `rid` is repacked into panels of `amount` columns by a kernel that runs first: codegen/pack.py); `rid` the range id.
-  `arg` holds extra parameters of an optimization that needs more than one amount (TC's tile, codegen/gpuopt.py)."""
-  kind: str
-  rid: int
-  amount: int
-  arg: tuple[int, ...] = ()
-
-
 def ranges_of(ast: UOp) -> dict[int, UOp]:
   return {n.arg[0]: n for n in ast.toposort() if n.op is Ops.RANGE}
-
-
-def is_vector_range(r: UOp) -> bool: return r.op is Ops.RANGE and len(r.arg) > 2 and r.arg[2] == "vector"
 
 
 def _const_end(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
@@ -126,50 +113,62 @@ pm_split_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _split_reduce)]
 pm_vector_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _vector_reduce)])
 
 
-def apply_opt(ast: UOp, opt: Opt) -> UOp:
-  """`ast` with one optimization applied (raises ValueError if it doesn't fit the kernel)."""
+def _block(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
+  """Cache blocking: r = r_o*k + r_i, r_o the outermost global loop, r_i in r's place."""
   rngs = ranges_of(ast)
-  rng = rngs.get(opt.rid)
-  if rng is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
-  want = {"UPCAST": "global", "SPLIT": "reduce", "UNROLL": "reduce"}.get(opt.kind)
-  if opt.kind == "PACK": raise ValueError(f"{opt}: PACK adds a kernel; apply it with codegen.pack.split_packs")
-  if opt.kind not in ("UPCAST", "SPLIT", "UNROLL", "VECTOR", "OUTER", "BLOCK"): raise ValueError(f"{opt}: unknown optimization {opt.kind!r}")
-  if opt.kind == "BLOCK":  # cache blocking: r = r_o*k + r_i, r_o the outermost global loop, r_i in r's place
-    if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: BLOCK needs a global range")
-    if (n := _const_end(rng)) is None or opt.amount < 2 or n % opt.amount or n == opt.amount:
-      raise ValueError(f"{opt}: BLOCK of range {opt.rid} (size {rng.src[0].render()}) needs a constant size that {opt.amount} divides")
-    inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), rng.arg)
-    outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, n // opt.amount),), (max(rngs) + 1, "global"))
-    ast = ast.substitute({rng: outer * opt.amount + inner}, walk=True)
-    glbl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
-    order = [outer] + [r for r in glbl if r is not outer]
-    ids = sorted(r.arg[0] for r in glbl)
-    ast = ast.substitute({r: r.replace(arg=(i, *r.arg[1:])) for r, i in zip(order, ids) if r.arg[0] != i}, walk=True)
-    return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
-  if opt.kind == "OUTER":  # loop order: range rid becomes the outermost global loop (the one split across cores)
-    if rng.arg[1] != "global" or is_vector_range(rng): raise ValueError(f"{opt}: OUTER needs a global range")
-    glbl = sorted((r for r in rngs.values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
-    order = [rng] + [r for r in glbl if r is not rng]
-    return ast.substitute({r: r.replace(arg=(g.arg[0], *r.arg[1:])) for r, g in zip(order, glbl) if r is not g}, walk=True)
-  if want is not None and rng.arg[1] != want: raise ValueError(f"{opt}: range {opt.rid} is a {rng.arg[1]} range, {opt.kind} needs a {want} range")
-  if is_vector_range(rng): raise ValueError(f"{opt}: range {opt.rid} is a vector lane range")
-  if opt.kind == "UNROLL" and opt.amount != _const_end(rng): raise ValueError(f"{opt}: UNROLL must cover the whole range")
-  if opt.kind == "VECTOR":
-    if opt.amount < 2 or opt.amount & (opt.amount - 1): raise ValueError(f"{opt}: vector lanes must be a power of two >= 2")
-    if any(is_vector_range(r) and (r.arg[1] == "global" or rng.arg[1] == "global" or any(r in t and rng in t for t in _reduce_ranges(ast)))
-           for r in rngs.values()): raise ValueError(f"{opt}: the kernel has a vector lane range where range {opt.rid} is used")
-    outer = _outer(rng, opt.amount)
-    lane = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), (max(rngs) + 1, rng.arg[1], "vector"))
-    if rng.arg[1] == "global": ast = ast.substitute({rng: outer * opt.amount + lane}, walk=True)
-    else: ast = graph_rewrite(ast, pm_vector_reduce, ctx=(rng, outer, lane), name="vector reduce")
-    return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
-  outer, subs = _copies(rng, opt.amount)
-  if opt.kind == "UPCAST":
-    stores = [st.substitute(m, walk=True) for st in ast.src for m in subs] if all(rng in st.toposort() for st in ast.src) else None
-    if stores is None: raise ValueError(f"{opt}: a store of the kernel doesn't use range {opt.rid}")
-    ast = UOp(Ops.SINK, dtypes.void, tuple(stores))
-  else: ast = graph_rewrite(ast, pm_split_reduce, ctx=(rng, outer, subs), name=f"{opt.kind.lower()} reduce")
+  if (n := _const_end(rng)) is None or opt.amount < 2 or n % opt.amount or n == opt.amount:
+    raise ValueError(f"{opt}: BLOCK of range {opt.rid} (size {rng.src[0].render()}) needs a constant size that {opt.amount} divides")
+  inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), rng.arg)
+  outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, n // opt.amount),), (max(rngs) + 1, "global"))
+  ast = ast.substitute({rng: outer * opt.amount + inner}, walk=True)
+  glbl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+  order = [outer] + [r for r in glbl if r is not outer]
+  ids = sorted(r.arg[0] for r in glbl)
+  ast = ast.substitute({r: r.replace(arg=(i, *r.arg[1:])) for r, i in zip(order, ids) if r.arg[0] != i}, walk=True)
   return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
+
+
+def _outer_loop(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
+  """Loop order: range rid becomes the outermost global loop (the one split across cores)."""
+  glbl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+  order = [rng] + [r for r in glbl if r is not rng]
+  return ast.substitute({r: r.replace(arg=(g.arg[0], *r.arg[1:])) for r, g in zip(order, glbl) if r is not g}, walk=True)
+
+
+def _vector(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
+  rngs = ranges_of(ast)
+  if opt.amount < 2 or opt.amount & (opt.amount - 1): raise ValueError(f"{opt}: vector lanes must be a power of two >= 2")
+  if any(is_vector_range(r) and (r.arg[1] == "global" or rng.arg[1] == "global" or any(r in t and rng in t for t in _reduce_ranges(ast)))
+         for r in rngs.values()): raise ValueError(f"{opt}: the kernel has a vector lane range where range {opt.rid} is used")
+  outer = _outer(rng, opt.amount)
+  lane = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), (max(rngs) + 1, rng.arg[1], "vector"))
+  if rng.arg[1] == "global": ast = ast.substitute({rng: outer * opt.amount + lane}, walk=True)
+  else: ast = graph_rewrite(ast, pm_vector_reduce, ctx=(rng, outer, lane), name="vector reduce")
+  return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
+
+
+def _upcast(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
+  _, subs = _copies(rng, opt.amount)
+  stores = [st.substitute(m, walk=True) for st in ast.src for m in subs] if all(rng in st.toposort() for st in ast.src) else None
+  if stores is None: raise ValueError(f"{opt}: a store of the kernel doesn't use range {opt.rid}")
+  return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), pm_opt_symbolic, name="simplify after opt")
+
+
+def _split(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
+  """SPLIT (k accumulators) and UNROLL (k = the whole range)."""
+  if opt.kind == "UNROLL" and opt.amount != _const_end(rng): raise ValueError(f"{opt}: UNROLL must cover the whole range")
+  outer, subs = _copies(rng, opt.amount)
+  ast = graph_rewrite(ast, pm_split_reduce, ctx=(rng, outer, subs), name=f"{opt.kind.lower()} reduce")
+  return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
+
+
+register(OptKind("UPCAST", _upcast, GLOBAL, beam=split_amounts))
+register(OptKind("SPLIT", _split, REDUCE, beam=split_amounts))
+register(OptKind("UNROLL", _split, REDUCE, beam=lambda n: (n,)))
+register(OptKind("VECTOR", _vector, ANY_RANGE))
+register(OptKind("OUTER", _outer_loop, GLOBAL, device="cpu", beam=lambda n: (0,)))
+register(OptKind("BLOCK", _block, GLOBAL, device="cpu", beam=split_amounts))
+register(OptKind("PACK", None, GLOBAL, device="cpu", adds_kernel=True))  # BEAM proposes it on the unoptimized kernel (engine/search.py)
 
 
 def _reduce_ranges(ast: UOp) -> list[set[UOp]]:

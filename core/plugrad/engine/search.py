@@ -2,7 +2,8 @@
 
 With `BEAM=n` (n >= 1) the engine asks `beam_opts(ast, device)` for each new kernel. Starting from no optimization
 and from the heuristic's choice, each round extends every kept candidate by one optimization (UPCAST/UNROLL/SPLIT on
-any renderer, LOCAL/GROUP/GROUPTOP on GPU renderers, with the amounts in `AMOUNTS` that fit), compiles and times them
+any renderer, LOCAL/GROUP/GROUPTOP on GPU renderers, OUTER/BLOCK/PACK on CPU ones: each registered kind's BEAM rule in
+codegen/optops.py), compiles and times them
 on the device with scratch buffers, and keeps the n fastest; it stops when a round improves nothing (at most
 `BEAM_ROUNDS`, default 3; at most `BEAM_CANDIDATES`, default 48, timed per round). A winner other than the heuristic's
 choice is timed against it again, alternating (`BEAM_CONFIRM` times, default 5), and kept only when at least 3% faster
@@ -20,32 +21,22 @@ import time
 from plugrad.codegen import apply_opts, get_program
 from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.gpuopt import choose_gpu_opts
-from plugrad.codegen.opt import Opt, heuristic_opts, ranges_of
+from plugrad.codegen.opt import heuristic_opts, ranges_of
+from plugrad.codegen.optops import Opt, beam_actions
 from plugrad.codegen.pack import pack_candidate, split_packs
 from plugrad.device import Buffer, Device
 from plugrad.helpers import cache_dir, getenv
 from plugrad.uop.ops import Ops, UOp
-
-AMOUNTS = (2, 4, 8, 16, 32, 64, 128, 256)
-
 
 def _key(ast: UOp, device: str, arch: str | None) -> str:
   return hashlib.sha256(f"{ast!r}\0{device}\0{arch}".encode()).hexdigest()
 
 
 def _actions(ast: UOp, gpu: bool, orig: UOp | None = None, opts: tuple[Opt, ...] = ()) -> list[Opt]:
-  """One more optimization for `ast` (the kernel with `opts` applied). On CPU renderers also the loop order (OUTER),
-  cache blocking (BLOCK) and, on the unoptimized kernel `orig`, packing of an operand along a global range (PACK)."""
-  acts = []
-  for r in ranges_of(ast).values():
-    if len(r.arg) > 2 or r.src[0].op is not Ops.CONST: continue
-    kinds = (["LOCAL", "UPCAST"] if r.arg[1] == "global" else ["GROUP", "GROUPTOP", "UNROLL", "SPLIT"]) if gpu else \
-            (["UPCAST", "BLOCK"] if r.arg[1] == "global" else ["UNROLL", "SPLIT"])
-    for kind in kinds:
-      for a in (r.src[0].arg,) if kind == "UNROLL" else AMOUNTS if kind in ("LOCAL", "GROUP", "GROUPTOP") else AMOUNTS[:4]:
-        if a <= r.src[0].arg and (kind == "UNROLL" and a <= 16 or r.src[0].arg % a == 0 or kind in ("LOCAL", "GROUP", "GROUPTOP")):
-          acts.append(Opt(kind, r.arg[0], a))
-    if not gpu and r.arg[1] == "global": acts.append(Opt("OUTER", r.arg[0], 0))
+  """One more optimization for `ast` (the kernel with `opts` applied): every registered kind's BEAM rule
+  (codegen/optops.py) and, on CPU renderers and the unoptimized kernel `orig`, packing of an operand along a global
+  range (PACK adds a kernel, so it is planned on `orig`)."""
+  acts = beam_actions(ast, gpu)
   if not gpu and orig is not None and not any(o.kind == "PACK" for o in opts):
     for r in ranges_of(orig).values():
       if r.arg[1] == "global" and len(r.arg) == 2:
