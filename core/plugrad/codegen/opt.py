@@ -341,7 +341,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
   reuse = [g for g in reversed(glbl) if g is not vr and any(g not in ix.toposort() for ix in loads)]
   if vr.arg[1] == "global" and groups:   # a group dot with output rows in its lanes (quant.rows_linear): the rows of x
     # (the axes the dot's vector loads don't move with) upcast whole, each unpacked code vector multiplied with all of
-    # them; no second vector of rows (SmolLM2's Q4_1 gate/up, 4 rows of x: 4x1 23 us, 2x2 27-31 us)
+    # them; no second vector of rows (measured on a 4-bit group dot with 4 rows of x: 4x1 23 us, 2x2 27-31 us)
     vloads = [ix for ix in loads if any(is_vector_range(r) for r in ranges_of(ix).values())]
     budget = regs // 4
     for g in reuse:
@@ -380,8 +380,8 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
     # for all of them, and the cores split the columns)
     # (ties: the shorter axis, upcast whole: a batched decode step's rows share the weight stream, not x's)
     # not an axis whose copies share only the smaller operand while each streams its own part of the larger one (a
-    # decode matvec's weight rows: the copies share x, already in L1, and each adds a weight stream; the Q8_0 output
-    # layer of qwen2, 145 MB from DRAM: 4 rows 6.5-7.8 ms, 1 row 3.9-4.1 ms)
+    # decode matvec's weight rows: the copies share x, already in L1, and each adds a weight stream; measured on an
+    # 8-bit matvec streaming 145 MB from DRAM: 4 rows 6.5-7.8 ms, 1 row 3.9-4.1 ms)
     for g in sorted(reuse, key=lambda g: (-sum(g not in ix.toposort() for ix in loads), _const_end(g) or 1 << 30)):
       if _shares_only_the_smaller(g, loads): continue
       if (k := _pick(g, (4, 2), min(4, budget), whole=True)): opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
@@ -411,8 +411,8 @@ def _shares_only_the_smaller(g: UOp, loads: list[UOp]) -> bool:
 def _shared_split(ast: UOp, a: UOp, cs: list[UOp], lanes: int) -> UOp | None:
   """A reduce range to SPLIT by 2 when the lanes span a whole reduce range (its outer loop has one trip, so it gets
   no SPLIT of its own) and both copies read every weight (each vector load that moves with an output axis) from
-  the same place: two sub-blocks whose codes are the low and high fields of the same bytes (Q4_K) are then unpacked
-  from one load, with constant shifts (Q4_K's down projection on AVX2: 200 -> 150 us)."""
+  the same place: two sub-blocks whose codes are the low and high fields of the same bytes are then unpacked from one
+  load, with constant shifts (measured on such a 4-bit matvec with AVX2 code: 200 -> 150 us)."""
   if any(c.arg[1] != "reduce" or _const_end(_outer(c, lanes)) != 1 for c in cs): return None
   glbl = [r for r in ranges_of(a).values() if r.arg[1] == "global"]
   if not glbl: return None
