@@ -224,3 +224,9 @@ def test_fuzz_mapper(data: bytes, code: list[CodeLine], strict: bool) -> None:
 def test_fuzz_code_listing(text: str, kernel: str | None) -> None:
   res, err = bounded(lambda: sqtt.code_listing(text, kernel), (SQTTError,), len(text) + 1000)
   if err is None: assert all(c.size % 4 == 0 and c.size > 0 for c in res)
+
+
+def test_code_line_of_size_zero_is_an_error_not_a_hang() -> None:
+  """Regression: stepping over a size-0 s_delay_alu looped forever."""
+  data = stream((1, "WAVESTART", dict(wave=0)), (2, "VALUINST", dict(wave=0)), (3, "WAVEEND", dict(wave=0)))
+  with pytest.raises(SQTTError, match="has size 0"): sqtt.wave_traces(data, [CodeLine(0, 0, "s_delay_alu instid0(VALU_DEP_1)")])
