@@ -15,6 +15,8 @@ from plugrad.viz import capture
 
 from viz_helpers import HERE, free_port, wait_for_line
 
+BIG_WAVES_INSTS = 50_000
+
 
 @pytest.fixture
 def recording(monkeypatch):
@@ -32,10 +34,12 @@ def recording(monkeypatch):
 
 @pytest.fixture(scope="module")
 def served_program(tmp_path_factory):
-  """tests/viz/viz_program.py run with VIZ=1 PROFILE=1 on a free port: (url, its JSON report, profile path)."""
+  """tests/viz/viz_program.py run with VIZ=1 PROFILE=1 on a free port, recording viz_helpers' hand-built instruction trace
+  and a big one of BIG_WAVES_INSTS instructions: (url, its JSON report, profile path)."""
   tmp = tmp_path_factory.mktemp("viz")
   port = free_port()
-  env = {**os.environ, "VIZ": "1", "PROFILE": "1", "VIZ_PORT": str(port), "PROFILE_PATH": str(tmp / "profile.json"), "PYTHONUNBUFFERED": "1"}
+  env = {**os.environ, "VIZ": "1", "PROFILE": "1", "VIZ_PORT": str(port), "PROFILE_PATH": str(tmp / "profile.json"), "PYTHONUNBUFFERED": "1",
+         "VIZ_TEST_WAVES": "1", "VIZ_TEST_WAVES_BIG": str(BIG_WAVES_INSTS)}
   env.pop("VIZ_SAVE", None)
   proc = subprocess.Popen([sys.executable, str(HERE / "viz_program.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:

@@ -161,3 +161,74 @@ def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path)
   ActionChains(drv).double_click(drv.find_element(By.CSS_SELECTOR, ".tl-devname")).perform()
   wait(drv, lambda d: "showing" not in d.find_element(By.ID, "timeline-info").text)
   assert len(drv.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel")) == report["launches"]
+
+
+def canvas_data(drv) -> dict: return drv.execute_script("return Object.assign({}, document.getElementById('waves-canvas').dataset)")
+
+
+def hover(drv, row: int, inst: int) -> None:
+  """Move the real mouse over instruction `inst` of wave row `row` (the page's probe says where it is drawn)."""
+  p = drv.execute_script(f"return wavesProbe.point({row}, {inst})")
+  cv = drv.find_element(By.ID, "waves-canvas")
+  r = drv.execute_script("const b = arguments[0].getBoundingClientRect(); return {x: b.left + b.width / 2, y: b.top + b.height / 2}", cv)
+  ActionChains(drv).move_to_element_with_offset(cv, int(p["x"] - r["x"]), int(p["y"] - r["y"])).perform()
+
+
+def test_waves_view(browser, served_program, tmp_path):
+  from conftest import BIG_WAVES_INSTS
+  from viz_helpers import HOT, WAVES
+  url, report, _ = served_program
+  drv = browser
+  drv.get(url)
+  wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+  settle(drv)
+  assert drv.find_element(By.ID, "tab-waves").is_displayed()
+  # the traced kernel links to its launches' waves
+  traced = report["traced"][0]
+  click(drv, lambda d: next(e for e in d.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel")
+                            if e.find_element(By.CSS_SELECTOR, ".gname").text == traced))
+  wait(drv, lambda d: "2 traced launches" in d.find_element(By.ID, "k-waves").text)
+  click(drv, "#k-waves button")
+  wait(drv, lambda d: d.find_element(By.ID, "view-waves").is_displayed() and canvas_data(d).get("rows") == str(len(WAVES)))
+  settle(drv)
+  rows = drv.execute_script("return wavesProbe.rows()")
+  want = sorted((se, cu, simd, slot, a, b, len(ins)) for se, cu, simd, slot, a, b, ins in WAVES)
+  assert [(r["se"], r["cu"], r["simd"], r["slot"], r["start"], r["end"], r["insts"]) for r in rows] == want
+  assert int(canvas_data(drv)["drawn"]) == sum(len(w[6]) for w in WAVES), "every instruction is drawn when they fit"
+  # hovering an instruction shows its text, PC, cycle and duration; clicking keeps it
+  hover(drv, 0, 1)  # the first wave's s_waitcnt: pc 8, cycle 14, 20 cycles
+  wait(drv, lambda d: d.find_element(By.ID, "wave-tip").is_displayed())
+  tip = drv.find_element(By.ID, "wave-tip").text
+  assert tip.startswith("s_waitcnt lgkmcnt(0)") and "pc 0x8" in tip and "cycle 14 " in tip and "20 cycles" in tip and "WAIT" in tip, tip
+  ActionChains(drv).click().perform()
+  wait(drv, lambda d: d.find_element(By.ID, "wave-sel").text.split() == tip.split())
+  hot = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in drv.find_elements(By.CSS_SELECTOR, "#hot tbody tr")]
+  assert [(int(h[0], 16), h[1], int(h[3]), int(h[4])) for h in hot] == HOT
+  assert [float(h[5]) for h in hot] == [round(total / n, 1) for _, _, n, total in HOT]
+  shot(drv, "viz_waves", tmp_path)
+
+  # the big launch: only the visible rows are drawn, at most one instruction per pixel column, quickly
+  drv.execute_script("const s = document.getElementById('wave-launch'); s.value = '1'; s.dispatchEvent(new Event('change'))")
+  wait(drv, lambda d: canvas_data(d).get("rows") == str(BIG_WAVES_INSTS // 500))
+  settle(drv)
+  d = canvas_data(drv)
+  width = drv.execute_script("return document.getElementById('waves-canvas').width")
+  assert 0 < int(d["visibleRows"]) < BIG_WAVES_INSTS // 500 and int(d["drawn"]) <= int(d["visibleRows"]) * width
+  times = drv.execute_script("const t = [], b = document.getElementById('waves-scroll'), c = document.getElementById('waves-canvas');"
+                             "for (let k = 0; k < 20; k++) { b.scrollTop = k * 60; drawWaves(); t.push(+c.dataset.drawMs); }"
+                             "return t")
+  assert sorted(times)[len(times) // 2] < 50, f"redraw times (ms) {times}"
+  for _ in range(10):  # zoom in around the middle: fewer instructions drawn, each wider
+    drv.execute_script("const c = document.getElementById('waves-canvas'), r = c.getBoundingClientRect();"
+                       "c.dispatchEvent(new WheelEvent('wheel', {deltaY: -100, ctrlKey: true, clientX: r.left + r.width / 2,"
+                       " clientY: r.top + 50, bubbles: true, cancelable: true}))")
+  assert 0 < int(canvas_data(drv)["drawn"]) < int(d["drawn"])
+  shot(drv, "viz_waves_big", tmp_path)
+
+  # from the timeline: a traced launch's bar offers its waves
+  click(drv, "#tab-timeline")
+  wait(drv, lambda d: d.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel"))
+  next(b for b in drv.find_elements(By.CSS_SELECTOR, ".bar.bar-kernel") if b.get_attribute("data-name") == traced).click()
+  wait(drv, lambda d: d.find_elements(By.CSS_SELECTOR, "#bar-info button.waves-link"))
+  click(drv, "#bar-info button.waves-link")
+  wait(drv, lambda d: d.find_element(By.ID, "view-waves").is_displayed() and canvas_data(d).get("rows") == str(len(WAVES)))
