@@ -274,3 +274,14 @@ def test_token_exclude_and_shader_engines(monkeypatch) -> None:
            (n, n, 1), (8, 8, 1), [only_header])
   assert [p.name for p in sqtt.decode(bytes(buf))] == ["LAYOUT_HEADER"] and sqtt.wave_traces(bytes(buf), code) == []
   assert trace.placement(5, 3) == (2, 1, 0)
+
+
+@pytestmark_tools
+def test_bad_shader_engine_count_is_a_clear_error() -> None:
+  so = build(MATMUL)
+  mem = TestMemory()
+  co = load(mem, so)
+  pc = mem.alloc(4 * 64)
+  with pytest.raises(rdna3.EmulatorError, match="on 0 shader engines"):
+    dispatch(mem, co, "mm", (pc, mem.put(np.ones(64, np.float32)), mem.put(np.ones(64, np.float32)), 8), "QQQi", (8, 8, 1), (8, 8, 1),
+             [target()[0]], shader_engines=0)

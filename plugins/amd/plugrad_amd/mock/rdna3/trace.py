@@ -20,6 +20,7 @@ from plugrad_amd import sqtt
 from plugrad_amd.mock.dispatch import Dispatch, TraceTarget
 from plugrad_amd.mock.rdna3 import timing
 from plugrad_amd.mock.rdna3.decode import Inst
+from plugrad_amd.mock.rdna3.wave import EmulatorError
 
 T, OP = sqtt.T, sqtt.INST_OP
 WGPS_PER_SE, SIMDS_PER_WGP = 8, 4
@@ -132,5 +133,6 @@ def stream(target: TraceTarget, waves: list[TimedWave]) -> bytes:
 
 def write(d: Dispatch, groups: list[list[list[int]]], insts: dict[int, Inst]) -> None:
   """Write the dispatch's trace to each of its TraceTargets."""
+  if d.shader_engines < 1: raise EmulatorError(f"thread trace of a dispatch on {d.shader_engines} shader engines")
   waves = time_waves(groups, insts, d.shader_engines, {t.se for t in d.sqtt})
   for target in d.sqtt: target.write(stream(target, waves))
