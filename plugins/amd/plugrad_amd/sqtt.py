@@ -18,7 +18,7 @@ from typing import Iterable
 from plugrad.viz.capture import WaveInst, WaveTrace
 
 class SQTTError(ValueError):
-  """A byte stream that is not a well-formed SQTT packet stream."""
+  """A byte stream that is not a well-formed SQTT packet stream, or packets that do not fit the kernel's code."""
 
 # byte -> packet type (the first 32 entries repeat with small changes; 0x10 = filler nibble, 0x00 = reserved)
 TYPE_OF_BYTE = bytes.fromhex(
