@@ -34,6 +34,7 @@ def test_saved_trace_round_trip(tmp_path):
   data = serialize(traced(small, big))
   assert len(data["waves"]) == 2 and data["waves"][0]["texts"] == sorted(set(data["waves"][0]["texts"]), key=data["waves"][0]["texts"].index)
   assert len(data["waves"][0]["texts"]) == 4, "each distinct instruction text is stored once"
+  assert not [e for e in data["profile"]["traceEvents"] if e.get("cat") in ("wave", "inst")], "kept once, compact, in `waves`"
   back = load(save(data, tmp_path / "t.json.gz"))
   assert decode(back["waves"][0]) == replace(small, st=250_000), "st is kept relative to the recording's start"
   assert decode(back["waves"][1]) == replace(big, st=1_000_000)

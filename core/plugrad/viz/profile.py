@@ -91,14 +91,14 @@ def _wave_events(trace: Trace, pid: dict[str, int], tids: dict, us: Callable[[in
   return out
 
 
-def chrome_trace(trace: Trace = TRACE) -> dict:
+def chrome_trace(trace: Trace = TRACE, waves: bool = True) -> dict:
   """The profile in the Trace Event Format that Perfetto and chrome://tracing open: one process per device, a thread
   per kind of work ("X" complete events, microseconds), a "memory" counter, and for launches with a device instruction
   trace a thread per wave slot ("SE0 CU1 SIMD0 wave 3") holding each wave and its instructions at launch time +
-  cycle / clock."""
-  devices = sorted({e.device for e in trace.events} | {d for _, d, _ in trace.mem} | {kt.device for kt in trace.kernel_traces})
+  cycle / clock (left out with waves=False: the saved VIZ trace keeps them compact in its `waves` instead)."""
+  devices = sorted({e.device for e in trace.events} | {d for _, d, _ in trace.mem} | {kt.device for kt in trace.kernel_traces if waves})
   pid = {d: i + 1 for i, d in enumerate(devices)}
-  tids = _wave_threads(trace)
+  tids = _wave_threads(trace) if waves else {}
   out: list[dict] = []
   for d in devices:
     out.append({"name": "process_name", "ph": "M", "pid": pid[d], "tid": 0, "args": {"name": d}})
@@ -114,7 +114,7 @@ def chrome_trace(trace: Trace = TRACE) -> dict:
     timed.append({"name": e.name, "cat": e.kind, "ph": "X", "pid": pid[e.device], "tid": TRACKS[e.kind], "ts": us(e.st),
                   "dur": max(us(e.en) - us(e.st), 0.0), "args": args})
   timed += [{"name": "memory", "ph": "C", "pid": pid[d], "tid": 0, "ts": us(t), "args": {"bytes": b}} for t, d, b in trace.mem]
-  timed += _wave_events(trace, pid, tids, us)
+  if waves: timed += _wave_events(trace, pid, tids, us)
   out += sorted(timed, key=lambda e: e["ts"])  # one time-ordered stream: viewers and the tests read it in order
   meta: dict[str, Any] = {"clock": "host perf_counter", "truncated": trace.profile_truncated}
   return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": meta}

@@ -7,7 +7,8 @@ Format (version 1):
 - `rewrites`: `{"name", "group", "walk", "enter_calls", "input", "output", "steps": [[rule, before, after], ...],
   "truncated"}` with node ids; `groups`: `{"kind", "name", "rewrites": [ids], "kernel": {...} | null}` in run order.
 - a kernel's `built_by`: the ids of the scheduler's rewrites that built its AST (indexing, simplify kernel).
-- `profile`: Chrome trace-event JSON (viz/profile.py); `truncated`: a cap was hit while recording.
+- `profile`: Chrome trace-event JSON (viz/profile.py) without the traced waves' events; `truncated`: a cap was hit
+  while recording.
 - `waves`: the device instruction traces of traced launches (SQTT on AMD), compact, as viz/waves.py documents; a
   trace saved before they existed has none (read as an empty list).
 """
@@ -105,7 +106,8 @@ def serialize(trace: Trace = TRACE) -> dict:
     groups.append({"kind": g.kind, "name": g.name, "rewrites": rids, "kernel": _kernel(g.info, nodes) if g.kind == "kernel" else None})
   _link_kernel_builders(groups, rewrites)
   return {"version": VERSION, "nodes": nodes.rows, "rules": rules, "rewrites": rewrites, "groups": groups,
-          "truncated": trace.truncated, "profile": chrome_trace(trace), "waves": [encode_waves(kt, trace.t0) for kt in trace.kernel_traces]}
+          "truncated": trace.truncated, "profile": chrome_trace(trace, waves=False),
+          "waves": [encode_waves(kt, trace.t0) for kt in trace.kernel_traces]}
 
 
 def save(data: dict, path: str | Path) -> Path:
