@@ -71,7 +71,9 @@ def _wave_threads(trace: Trace) -> dict[tuple[str, int, int, int, int], int]:
   keys = sorted({(kt.device, w.se, w.cu, w.simd, w.slot) for kt in trace.kernel_traces for w in kt.waves})
   tids: dict[tuple[str, int, int, int, int], int] = {}
   used: dict[str, int] = {}
-  for k in keys: tids[k] = WAVE_TID0 + (n := used.get(k[0], 0)); used[k[0]] = n + 1
+  for k in keys:
+    tids[k] = WAVE_TID0 + used.get(k[0], 0)
+    used[k[0]] = used.get(k[0], 0) + 1
   return tids
 
 
