@@ -49,6 +49,8 @@ def test_trace_saved_before_waves_still_loads(tmp_path):
   v = Viewer(data)
   assert v.waves() == {"launches": []} and v.summary()["waves"] == 0
   with pytest.raises(KeyError, match="no traced launch 0"): v.wave_launch(0)
+  broken = Viewer({**data, "waves": [{**encode(synthetic_kernel_trace(), 0), "clock_hz": -1}]})
+  with pytest.raises(ValueError, match="traced launch 0: clock_hz -1 is not a positive number"): broken.waves()
   (tmp_path / "bad.json").write_text(json.dumps({**old, "waves": {"a": 1}}))
   with pytest.raises(ValueError, match="not a list of traced launches"): load(tmp_path / "bad.json")
 
