@@ -32,16 +32,15 @@ def recording(monkeypatch):
   capture.TRACE.clear()
 
 
-@pytest.fixture(scope="module")
-def served_program(tmp_path_factory):
-  """tests/viz/viz_program.py run with VIZ=1 PROFILE=1 on a free port, recording viz_helpers' hand-built instruction trace
-  and a big one of BIG_WAVES_INSTS instructions: (url, its JSON report, profile path)."""
+def serve(tmp_path_factory, script: str, extra_env: dict[str, str]):
+  """`script` (in tests/viz) run with VIZ=1 PROFILE=1 and `extra_env` on a free port, serving its trace:
+  yields (url, its JSON report, profile path)."""
   tmp = tmp_path_factory.mktemp("viz")
   port = free_port()
   env = {**os.environ, "VIZ": "1", "PROFILE": "1", "VIZ_PORT": str(port), "PROFILE_PATH": str(tmp / "profile.json"), "PYTHONUNBUFFERED": "1",
-         "VIZ_TEST_WAVES": "1", "VIZ_TEST_WAVES_BIG": str(BIG_WAVES_INSTS)}
+         **extra_env}
   env.pop("VIZ_SAVE", None)
-  proc = subprocess.Popen([sys.executable, str(HERE / "viz_program.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen([sys.executable, str(HERE / script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
     report = json.loads(wait_for_line(proc, "{"))
     url = wait_for_line(proc, "VIZ: open ").split()[2]
@@ -51,3 +50,16 @@ def served_program(tmp_path_factory):
     try: proc.wait(10)
     except subprocess.TimeoutExpired: proc.kill()
     proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def served_program(tmp_path_factory):
+  """tests/viz/viz_program.py served, recording viz_helpers' hand-built instruction trace and a big one of
+  BIG_WAVES_INSTS instructions."""
+  yield from serve(tmp_path_factory, "viz_program.py", {"VIZ_TEST_WAVES": "1", "VIZ_TEST_WAVES_BIG": str(BIG_WAVES_INSTS)})
+
+
+@pytest.fixture(scope="module")
+def served_amd_matmul(tmp_path_factory):
+  """tests/viz/viz_amd_matmul.py served: a matmul on DEV=MOCK+AMD traced with SQTT=1."""
+  yield from serve(tmp_path_factory, "viz_amd_matmul.py", {"DEV": "MOCK+AMD", "SQTT": "1"})

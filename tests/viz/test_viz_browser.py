@@ -232,3 +232,30 @@ def test_waves_view(browser, served_program, tmp_path):
   wait(drv, lambda d: d.find_elements(By.CSS_SELECTOR, "#bar-info button.waves-link"))
   click(drv, "#bar-info button.waves-link")
   wait(drv, lambda d: d.find_element(By.ID, "view-waves").is_displayed() and canvas_data(d).get("rows") == str(len(WAVES)))
+
+
+def test_sqtt_matmul_on_mock_amd_shows_waves(browser, served_amd_matmul, tmp_path):
+  """Issue 43's acceptance: a matmul run with DEV=MOCK+AMD SQTT=1 VIZ=1 shows its waves and instructions in the browser,
+  the instructions being the kernel's own (llvm-objdump's text at the traced PCs)."""
+  url, report, _ = served_amd_matmul
+  assert report["traced"] and report["insts"][-1] > 0, report
+  drv = browser
+  drv.get(url)
+  wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+  settle(drv)
+  click(drv, "#tab-waves")
+  drv.execute_script(f"const s = document.getElementById('wave-launch'); s.value = '{len(report['traced']) - 1}';"
+                     "s.dispatchEvent(new Event('change'))")
+  wait(drv, lambda d: d.find_element(By.ID, "view-waves").is_displayed() and canvas_data(d).get("rows") == str(report["waves"][-1]))
+  settle(drv)
+  rows = drv.execute_script("return wavesProbe.rows()")
+  assert len(rows) == report["waves"][-1] and sum(r["insts"] for r in rows) == report["insts"][-1]
+  traced_row = next(i for i, r in enumerate(rows) if r["insts"])
+  hover(drv, traced_row, 0)
+  wait(drv, lambda d: d.find_element(By.ID, "wave-tip").is_displayed())
+  tip = drv.find_element(By.ID, "wave-tip").text
+  texts = {t for _, t in report["first"]}
+  assert any(tip.startswith(t) for t in texts) and "pc 0x" in tip, (tip, texts)
+  hot = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in drv.find_elements(By.CSS_SELECTOR, "#hot tbody tr")]
+  assert hot and sum(int(h[3]) for h in hot) <= report["insts"][-1] and any(h[1].startswith("v_") for h in hot)
+  shot(drv, "viz_waves_mock_amd", tmp_path)

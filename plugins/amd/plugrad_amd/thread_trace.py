@@ -195,8 +195,8 @@ class Tracer:
     d = self.dev
     self.ensure_buffers()
     self.info.view[:] = bytes(len(self.info.view))
+    st = capture.now()  # the launch's profile bar starts about here too: the waves are placed from it
     self.submit(start_words(d.regs, d.family, d.gc_base, [(b.va_addr, b.size) for b in self.buffers], self.settings))
-    st = capture.now()
     result = run()
     self.submit(stop_words(d.regs, d.family, d.gc_base, self.n_se, self.info.va_addr))
     d.synchronize()
@@ -205,10 +205,10 @@ class Tracer:
 
   def record(self, prg: Any, st: int, ses: list[SEResult]) -> None:
     listing = self.listings.get(id(prg))
-    if listing is None: listing = self.listings[id(prg)] = sqtt.code_listing(prg.disassembly())
-    waves = []
+    if listing is None: listing = self.listings[id(prg)] = sqtt.code_listing(prg.disassembly(), prg.name)
+    s, waves = self.settings, []
     for se, r in enumerate(ses):
-      for w in sqtt.wave_traces(r.data, listing, strict=not r.full):
+      for w in sqtt.wave_traces(r.data, listing, strict=not r.full, selected=(s.sa_sel, s.wgp_sel, s.simd_sel)):
         w.se = se
         waves.append(w)
     full = [se for se, r in enumerate(ses) if r.full]
