@@ -49,11 +49,18 @@ def test_known_bytes() -> None:
   assert sqtt.encode([Packet(0x01, 5, 0x2A)]) == bytes([0xAB, 0x0A])
   assert sqtt.decode(bytes([0xAB, 0x0A])) == [Packet(0x01, 5, 0x2A)]
 
+def test_the_bytes_the_published_tables_disagreed_on() -> None:
+  """0x31/0xB1 start a UTILCTR (type 14, 48 bits), 0xE1 an EVENT_BIG (19, 32 bits) while 0x61 is an EVENT (18, 24
+  bits), and TS_DELTA_S8_W3 (7) is 72 bits: the newer of the two published tables (docs/amd.md, SQTT)."""
+  assert [sqtt.TYPE_OF_BYTE[b] for b in (0x31, 0xB1, 0xE1, 0x61, 0x21)] == [0x0E, 0x0E, 0x13, 0x12, 0x07]
+  assert [p.type for p in sqtt.decode(bytes([0xE1, 0, 0, 0, 0x61, 0, 0]))] == [0x13, 0x12]
+  assert len(sqtt.encode([Packet(0x07, 3)])) == 9 and sqtt.decode(sqtt.encode([Packet(0x07, 3)])) == [Packet(0x07, 3)]
+
 def test_timeline_sums_deltas() -> None:
   ps = [Packet(0x0F, 4), Packet(0x01, 3), Packet(0x16, 1000)]
   assert [t for t, _ in sqtt.timeline(sqtt.decode(sqtt.encode(ps)))] == [4, 7, 1007]
 
-@pytest.mark.parametrize("p", [Packet(0x0F, 3), Packet(0x0F, 20), Packet(0x02, 0, 4), Packet(0x13), Packet(0x17, 1)])
+@pytest.mark.parametrize("p", [Packet(0x0F, 3), Packet(0x0F, 20), Packet(0x02, 0, 4), Packet(0x19), Packet(0x17, 1)])
 def test_encoder_rejects_what_does_not_fit(p: Packet) -> None:
   with pytest.raises(SQTTError): sqtt.encode([p])
 

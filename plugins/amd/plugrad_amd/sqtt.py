@@ -22,19 +22,20 @@ class SQTTError(ValueError):
 
 # byte -> packet type (the first 32 entries repeat with small changes; 0x10 = filler nibble, 0x00 = reserved)
 TYPE_OF_BYTE = bytes.fromhex(
-  "10161801050b0c000f141801090403021017180106080d000f1418010a04030210071801050b0c000f141801090403021019180106080d00"
+  "10161801050b0c000f141801090403021017180106080d000f1418010a04030210071801050b0c000f14180109040302100e180106080d00"
   "0f1418010a04030210001801050b0c000f141801090403021011180106080d000f1418010a04030210121801050b0c000f14180109040302"
   "1015180106080d000f1418010a040302") * 2
+TYPE_OF_BYTE = TYPE_OF_BYTE[:0xE1] + bytes([0x13]) + TYPE_OF_BYTE[0xE2:]  # 0xE1 is EVENT_BIG, 0x61 EVENT: the one byte the halves differ in
 FILLER, RESERVED = 0x10, 0x00
 # packet type -> size in bits
-PACKET_BITS = {0x01: 12, 0x02: 8, 0x03: 8, 0x04: 12, 0x05: 24, 0x06: 24, 0x07: 64, 0x08: 20, 0x09: 32, 0x0A: 48,
+PACKET_BITS = {0x01: 12, 0x02: 8, 0x03: 8, 0x04: 12, 0x05: 24, 0x06: 24, 0x07: 72, 0x08: 20, 0x09: 32, 0x0A: 48,
                0x0B: 20, 0x0C: 52, 0x0D: 28, 0x0E: 48, 0x0F: 8, 0x11: 24, 0x12: 24, 0x13: 32, 0x14: 64, 0x15: 64,
-               0x16: 48, 0x17: 64, 0x18: 20, 0x19: 48}
+               0x16: 48, 0x17: 64, 0x18: 20}
 # packet type -> (bit offset, width) of its time delta
 DELTA_FIELD = {0x01: (3, 3), 0x02: (4, 2), 0x03: (4, 2), 0x04: (4, 3), 0x05: (5, 3), 0x06: (5, 3), 0x07: (8, 3),
                0x08: (5, 3), 0x09: (5, 2), 0x0A: (5, 2), 0x0B: (5, 3), 0x0C: (5, 3), 0x0D: (5, 3), 0x0E: (7, 2),
                0x0F: (4, 4), 0x11: (7, 9), 0x12: (8, 3), 0x13: (8, 3), 0x14: (4, 3), 0x15: (7, 3), 0x16: (12, 36),
-               0x17: (0, 0), 0x18: (4, 3), 0x19: (7, 2)}
+               0x17: (0, 0), 0x18: (4, 3)}
 DELTA_BIAS = {0x0F: 4}
 # packet type ids as rocprof-trace-decoder numbers them (16, the filler nibble, is not a packet)
 NAMES = {0x01: "VALUINST", 0x02: "VMEMEXEC", 0x03: "ALUEXEC", 0x04: "IMMEDIATE", 0x05: "IMMEDIATE_MASK", 0x06: "WAVERDY",
