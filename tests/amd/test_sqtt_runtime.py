@@ -4,8 +4,11 @@ SQTT off no thread-trace register is written at all. The executor here writes kn
 targets, so these tests pin the command processor and the runtime independently of the emulator's trace writer."""
 from __future__ import annotations
 
+import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -201,3 +204,45 @@ def test_sqtt_without_profile_or_viz_warns(monkeypatch):
   try:
     with pytest.warns(RuntimeWarning, match="SQTT=1 records traces only with PROFILE=1 or VIZ=1"): device(monkeypatch, sqtt=True)
   finally: capture.enable(*was)
+
+
+@pytest.mark.parametrize("iface", ["KFD", "PCI"])
+def test_traced_launch_on_the_emulator_records_the_kernels_waves(monkeypatch, recording, iface):
+  """The whole path on the real emulator: programmed trace, emulator packets, read back, decoded onto the code object's
+  disassembly, recorded as a KernelTrace; the kernel's results are the untraced ones."""
+  dev, _ = device(monkeypatch, sqtt=True, iface=iface, SQTT_BUFFER_SIZE="1")
+  spec = get_program(elementwise_ast(64), AMDGPURenderer("gfx1100"))
+  prg = dev.load(spec.name, dev.compiler.compile_cached(spec.src))
+  a, b = dev.allocator.alloc(256), dev.allocator.alloc(256)
+  dev.allocator._copyin(b, memoryview(bytearray(struct.pack("<64f", *range(64)))))
+  glb, lcl = spec.launch_dims()
+  prg(a, b, global_size=glb, local_size=lcl)
+  out = bytearray(256)
+  dev.allocator._copyout(memoryview(out), a)
+  assert struct.unpack("<64f", out) == tuple(2.0 * i + 1 for i in range(64))
+  (kt,) = recording.kernel_traces
+  assert kt.kernel == spec.name and kt.device == dev.device and kt.clock_hz > 0 and not kt.truncated
+  traced = [w for w in kt.waves if w.insts]
+  assert kt.waves and traced and all(w.start <= w.insts[0].cycle and w.insts[-1].cycle <= w.end for w in traced)
+  listing = prg.disassembly()
+  assert all(i.text in listing for w in traced for i in w.insts) and any(i.kind == "VMEM" for w in traced for i in w.insts)
+
+
+JIT_PROGRAM = """
+import numpy as np
+from plugrad import Tensor, TinyJit
+from plugrad.viz import capture
+@TinyJit
+def step(x): return (x * 2 + 1).contiguous()
+for i in range(4): assert (step(Tensor(np.full(8, i, np.float32))).numpy() == 2 * i + 1).all()
+print(len(capture.TRACE.kernel_traces), sum(1 for e in capture.TRACE.events if e.kind == "kernel"))
+"""
+
+
+def test_tinyjit_replays_are_traced_one_launch_at_a_time(tmp_path):
+  """With SQTT on, TinyJit's batched replay gives way to single launches, each traced (and the results stay right)."""
+  env = {**os.environ, "DEV": "MOCK+AMD", "SQTT": "1", "PROFILE": "1", "PROFILE_PATH": str(tmp_path / "p.json")}
+  out = subprocess.run([sys.executable, "-c", JIT_PROGRAM], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  traces, launches = map(int, out.stdout.split())
+  assert traces == launches >= 4
