@@ -210,8 +210,9 @@ def _initial_sgprs(w: Wave, kd: KernelDescriptor, d: Dispatch, group: tuple[int,
   if kd.rsrc2 & 1: put([scratch_off])                               # private segment wave offset
 
 
-def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
-  """Run until s_endpgm or s_barrier; returns ENDPGM or BARRIER."""
+def _run_wave(w: Wave, prog: Program, budget: list[int], pcs: list[int] | None = None) -> int:
+  """Run until s_endpgm or s_barrier; returns ENDPGM or BARRIER. With `pcs` (a traced dispatch) each executed
+  instruction's PC is appended to it."""
   pc = w.pc
   ops = prog.ops
   n = 0
@@ -219,33 +220,7 @@ def _run_wave(w: Wave, prog: Program, budget: list[int]) -> int:
     while True:
       hit = ops.get(pc)
       fn, nxt = hit if hit is not None else prog.at(pc)
-      r = fn(w)
-      n += 1
-      if r is None: pc = nxt
-      elif r >= 0: pc = r
-      else:
-        w.pc = nxt
-        return r
-      if n > budget[0]: raise EmulatorError(f"kernel {prog.name}: wave exceeded {budget[0]} instructions (infinite loop?)")
-  except IndexError:
-    raise EmulatorError(f"kernel {prog.name}: the instruction at offset {pc:#x} uses a register beyond the {len(w.v)} VGPRs "
-                        "the kernel descriptor grants") from None
-  finally:
-    w.count += n
-    budget[0] -= n
-
-
-def _run_wave_logged(w: Wave, prog: Program, budget: list[int], pcs: list[int]) -> int:
-  """_run_wave that also appends each executed instruction's PC to `pcs` (for the thread trace; _run_wave stays the
-  fast path)."""
-  pc = w.pc
-  ops = prog.ops
-  n = 0
-  try:
-    while True:
-      hit = ops.get(pc)
-      fn, nxt = hit if hit is not None else prog.at(pc)
-      pcs.append(pc)
+      if pcs is not None: pcs.append(pc)
       r = fn(w)
       n += 1
       if r is None: pc = nxt
@@ -326,8 +301,7 @@ def _run_group(mem: GPUMemory, d: Dispatch, kd: KernelDescriptor, prog: Program,
   pcs: list[list[int]] = [[] for _ in waves]
   if logs is not None: logs.append(pcs)
   while live:
-    if logs is None: states = [_run_wave(w, prog, budget) for w in live]
-    else: states = [_run_wave_logged(w, prog, budget, pcs[w.wave_id]) for w in live]
+    states = [_run_wave(w, prog, budget, None if logs is None else pcs[w.wave_id]) for w in live]
     at_barrier = [w for w, s in zip(live, states) if s == BARRIER]
     if at_barrier and len(at_barrier) != len(live):
       ended = [w.wave_id for w, s in zip(live, states) if s == ENDPGM]
