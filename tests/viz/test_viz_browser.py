@@ -57,6 +57,13 @@ def wait(drv, cond, timeout: float = 30):
   return WebDriverWait(drv, timeout).until(lambda d: cond(d))
 
 
+def open_viewer(drv, url: str) -> None:
+  """Load the page and wait until it has fetched the trace and drawn."""
+  drv.get(url)
+  wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+  settle(drv)
+
+
 def step_label(drv) -> str: return drv.find_element(By.ID, "step-label").text
 
 
@@ -84,9 +91,7 @@ def click(drv, target) -> None:
 def test_kernels_rewrites_source_and_timeline(browser, served_program, tmp_path):
   url, report, _ = served_program
   drv = browser
-  drv.get(url)
-  wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
-  settle(drv)
+  open_viewer(drv, url)
   # the kernel list holds exactly the program's kernels, by name
   names = [e.text for e in drv.find_elements(By.CSS_SELECTOR, "#groups li.kind-kernel .gname")]
   assert sorted(names) == report["kernels"]
@@ -179,9 +184,7 @@ def test_waves_view(browser, served_program, tmp_path):
   from viz_helpers import HOT, WAVES
   url, report, _ = served_program
   drv = browser
-  drv.get(url)
-  wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
-  settle(drv)
+  open_viewer(drv, url)
   assert drv.find_element(By.ID, "tab-waves").is_displayed()
   # the traced kernel links to its launches' waves
   traced = report["traced"][0]
@@ -240,9 +243,7 @@ def test_sqtt_matmul_on_mock_amd_shows_waves(browser, served_amd_matmul, tmp_pat
   url, report, _ = served_amd_matmul
   assert report["traced"] and report["insts"][-1] > 0, report
   drv = browser
-  drv.get(url)
-  wait(drv, lambda d: d.execute_script("return document.body.dataset.ready") == "1")
-  settle(drv)
+  open_viewer(drv, url)
   click(drv, "#tab-waves")
   drv.execute_script(f"const s = document.getElementById('wave-launch'); s.value = '{len(report['traced']) - 1}';"
                      "s.dispatchEvent(new Event('change'))")

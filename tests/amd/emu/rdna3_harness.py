@@ -71,6 +71,22 @@ class TestMemory:
     return np.frombuffer(self.read(addr, np.dtype(dtype).itemsize * count), dtype).copy()
 
 
+def reduce_source(block: int, groups: int) -> str:
+  """An LDS tree reduction: `groups` workgroups of `block` threads each sum a strided share of `in` into out[group]."""
+  return f"""
+__kernel void reduce(__global float* out, __global const float* in, int n) {{
+  __local float sh[{block}];
+  int l = LID_X;
+  float acc = 0.0f;
+  for (int i = GID_X * {block} + l; i < n; i += {block} * {groups}) acc += in[i];
+  sh[l] = acc;
+  BARRIER();
+  for (int s = {block // 2}; s > 0; s >>= 1) {{ if (l < s) sh[l] += sh[l + s]; BARRIER(); }}
+  if (l == 0) out[GID_X] = sh[0];
+}}
+"""
+
+
 def build(source: str, lang: str = "cl", opt: str = "-O2", extra: tuple[str, ...] = ()) -> Path:
   """Compile + link a gfx1100 code object (cached by source hash); returns the .so path."""
   _CACHE.mkdir(parents=True, exist_ok=True)

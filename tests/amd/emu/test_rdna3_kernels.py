@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 import pytest
-from rdna3_harness import HAVE_TOOLS, TestMemory, build, crosscheck, kernargs, load, objdump, run
+from rdna3_harness import HAVE_TOOLS, TestMemory, build, crosscheck, kernargs, load, objdump, reduce_source, run
 
 from plugrad_amd.mock import dispatch as mock_dispatch
 from plugrad_amd.mock import rdna3
@@ -95,18 +95,7 @@ def test_correctly_rounded_divide_and_sqrt(mem):
     np.testing.assert_array_equal(out[256:], np.sqrt(a))
 
 
-REDUCE = """
-__kernel void reduce(__global float* out, __global const float* in, int n) {
-  __local float sh[256];
-  int l = LID_X;
-  float acc = 0.0f;
-  for (int i = GID_X * 256 + l; i < n; i += 256 * 8) acc += in[i];
-  sh[l] = acc;
-  BARRIER();
-  for (int s = 128; s > 0; s >>= 1) { if (l < s) sh[l] += sh[l + s]; BARRIER(); }
-  if (l == 0) out[GID_X] = sh[0];
-}
-"""
+REDUCE = reduce_source(256, 8)
 
 
 def test_group_reduction_lds_barrier(mem):

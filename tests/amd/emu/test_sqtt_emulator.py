@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 import pytest
-from rdna3_harness import HAVE_TOOLS, TestMemory, build, kernargs, load, objdump
+from rdna3_harness import HAVE_TOOLS, TestMemory, build, kernargs, load, objdump, reduce_source
 
 from plugrad_amd import sqtt
 from plugrad_amd.mock import dispatch as mock_dispatch
@@ -86,18 +86,7 @@ __kernel void ew(__global float* out, __global const float* a, int n) {
   out[i] = __builtin_expf(a[i]) * 2.0f + __builtin_sqrtf(__builtin_fabsf(a[i]));
 }
 """
-REDUCE = """
-__kernel void reduce(__global float* out, __global const float* in, int n) {
-  __local float sh[128];
-  int l = LID_X;
-  float acc = 0.0f;
-  for (int i = GID_X * 128 + l; i < n; i += 128 * 4) acc += in[i];
-  sh[l] = acc;
-  BARRIER();
-  for (int s = 64; s > 0; s >>= 1) { if (l < s) sh[l] += sh[l + s]; BARRIER(); }
-  if (l == 0) out[GID_X] = sh[0];
-}
-"""
+REDUCE = reduce_source(128, 4)
 MATMUL = """
 __kernel void mm(__global float* c, __global const float* a, __global const float* b, int n) {
   int r = GID_Y * 8 + LID_Y, col = GID_X * 8 + LID_X;
