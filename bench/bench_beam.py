@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from plugrad import Tensor
-from plugrad.codegen.opt import heuristic_opts
+from plugrad.codegen.heuristic import heuristic_opts
 from plugrad.device import Buffer, Device
 from plugrad.uop.ops import Ops
 

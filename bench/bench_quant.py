@@ -23,7 +23,9 @@ from plugrad import Tensor, TinyJit
 from plugrad.apps.llm.quant import (_REPACKABLE, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4, repack,
                                    rows_linear, vector_lanes)
 from plugrad.codegen import get_program
-from plugrad.codegen.opt import Opt, heuristic_opts, ranges_of
+from plugrad.codegen.facts import ranges_of
+from plugrad.codegen.heuristic import heuristic_opts
+from plugrad.codegen.optops import Opt
 from plugrad.device import Device
 from plugrad.engine.realize import buffer_for, lower_item
 from plugrad.nn.serialize import dequantize

@@ -256,8 +256,7 @@ def programs(ast, ren) -> list[tuple[str, str, list]]:
   from plugrad.engine import realize
   if hasattr(realize, "PackStep"):   # the engine ran packing kernels itself (codegen.pack.split_packs)
     from plugrad.codegen.gpudims import uses_gpudims
-    from plugrad.codegen.gpuopt import choose_gpu_opts
-    from plugrad.codegen.opt import heuristic_opts
+    from plugrad.codegen.heuristic import choose_gpu_opts, heuristic_opts
     from plugrad.codegen.pack import split_packs
     caps = getattr(ren, "caps", ren)   # (the capability record; before it, the renderer's attributes)
     gpu = uses_gpudims(caps)

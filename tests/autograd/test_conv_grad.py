@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plugrad import Device
-from plugrad.codegen.opt import conv_opts
+from plugrad.codegen.heuristic import conv_opts
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops
 

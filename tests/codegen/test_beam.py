@@ -7,7 +7,8 @@ import sys
 import numpy as np
 
 from plugrad import Tensor
-from plugrad.codegen.opt import Opt, heuristic_opts
+from plugrad.codegen.heuristic import heuristic_opts
+from plugrad.codegen.optops import Opt
 from plugrad.device import Buffer, Device
 from plugrad.engine import search
 

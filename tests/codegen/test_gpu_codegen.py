@@ -12,7 +12,7 @@ import pytest
 
 from plugrad import Tensor, Variable
 from plugrad.codegen import get_program
-from plugrad.codegen.gpuopt import choose_gpu_opts
+from plugrad.codegen.heuristic import choose_gpu_opts
 from plugrad.codegen.optops import apply_opt
 from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.codegen.targets import TARGETS

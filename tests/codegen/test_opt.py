@@ -11,7 +11,8 @@ import pytest
 from codegen_helpers import with_caps
 
 from plugrad.codegen import get_program
-from plugrad.codegen.opt import Opt, apply_opt, choose_opts, optimize
+from plugrad.codegen.heuristic import choose_opts, optimize
+from plugrad.codegen.optops import Opt, apply_opt
 from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for
@@ -244,7 +245,7 @@ def test_weight_gradient_puts_the_window_operand_range_outermost(host_caps):
   the suite runs). A forward conv (batch outermost already) gets no OUTER. Values vs float64 on this host (an AVX2
   host makes 2 input channels tile rows and keeps the panels outermost: OUTER of their outer loop measured 0-10%
   slower there)."""
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   x, w = rand(2, 16, 10, 10), rand(32, 16, 3, 3)
   ww = Tensor(w, requires_grad=True)
   y = Tensor(x).conv2d(ww, stride=2, padding=1)
@@ -273,7 +274,7 @@ def test_big_matmul_rows_are_blocked_for_l3(host_caps):
   """A column-panel matmul whose row operand A (M x K) is over half of L3 gets its rows BLOCKed into chunks of at most
   L3/8 bytes of A (4096^2 on a 32 MiB L3: 256-row chunks, 135 -> 170 GFLOPS on one core); the same kernel on a host
   with a big enough L3, or with unknown caches, is not blocked, nor is a 2048^2 matmul at exactly L3/2."""
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   big = _matmul_ast(4096, 4096, 4096)
   blk = [o for o in heuristic_opts(big, host_caps(32 << 20)) if o.kind == "BLOCK"]
   assert len(blk) == 1 and blk[0].amount == 32, blk   # 512 row blocks of 8 -> chunks of 32 blocks: 256 rows x 16 KiB = 4 MiB
@@ -285,7 +286,7 @@ def test_big_matmul_rows_are_blocked_for_l3(host_caps):
 def test_row_blocked_matmul_values(monkeypatch: pytest.MonkeyPatch):
   """The blocked kernel through the whole engine (packing kernel, then the matmul with its chunk loop outermost) on a
   host that reports a 256 KiB L3: A is 200 KiB, chunks of at most 32 KiB of it; values vs float64, on 1 and 2 threads."""
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   ren = Device["CPU"].renderer
   monkeypatch.setattr(ren, "caps", dataclasses.replace(ren.caps, cache_bytes=(48 << 10, 1 << 20, 256 << 10)))
   a, b = rand(256, 200), rand(200, 256)

@@ -65,7 +65,7 @@ def test_transposed_operands_are_packed(host_caps):
   """x @ W.T (nn.Linear): W read along k becomes panel-major, so the column-panel tile applies (an AVX-512-shaped host;
   an AVX2 one puts its 8 lanes along x's rows and packs x instead); A.T (a weight gradient's dY.T @ X) is packed along
   the tile's rows too."""
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   a, w = rand(64, 48), rand(256, 48)
   t = Tensor(a, device="CPU") @ Tensor(w, device="CPU").T
   opts = heuristic_opts(t.schedule()[-1].ast, host_caps())
@@ -82,7 +82,7 @@ def test_transposed_operands_are_packed(host_caps):
 
 
 def test_no_pack_for_few_row_blocks(host_caps):
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   for t in (Tensor(rand(8, 48), device="CPU") @ Tensor(rand(48, 256), device="CPU"),   # one row block
             Tensor(rand(8, 48), device="CPU") @ Tensor(rand(256, 48), device="CPU").T):
     assert not any(o.kind == "PACK" for o in heuristic_opts(t.schedule()[-1].ast, host_caps()))
@@ -96,7 +96,7 @@ def test_pack_env_off(monkeypatch):
   a, b = rand(64, 40), rand(40, 256)
   t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
   it = t.schedule()[-1]
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   assert all(o.kind != "PACK" for o in heuristic_opts(it.ast, Device["CPU"].renderer.caps))
 
 
@@ -218,7 +218,7 @@ def _dequant_matmul(m: int) -> tuple[Tensor, np.ndarray]:
 def test_expression_column_operand_packed_only_when_rows_reuse_it(host_caps):
   # regression: a batched decode step (4 rows) packed every dequantized weight into a float32 scratch buffer per step,
   # 4 bytes written and read per weight for 4 rows of reuse: 4 concurrent LLM streams ran at 0.66x one stream
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   for m, want in ((4, False), (8, False), (64, True)):
     t, ref = _dequant_matmul(m)
     assert any(o.kind == "PACK" for o in heuristic_opts(t.schedule()[-1].ast, host_caps())) is want, m
@@ -228,7 +228,8 @@ def test_expression_column_operand_packed_only_when_rows_reuse_it(host_caps):
 
 def _column_lanes(t: Tensor) -> tuple[int, bool]:
   """(packs, whether the lanes run along the output's last axis) of `t`'s last kernel under the heuristic."""
-  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  from plugrad.codegen.facts import ranges_of
+  from plugrad.codegen.heuristic import heuristic_opts
   ast = t.schedule()[-1].ast
   opts = heuristic_opts(ast, Device["CPU"].renderer.caps)
   col = max(r.arg[0] for r in ranges_of(ast).values() if r.arg[1] == "global")
@@ -260,7 +261,8 @@ def test_packing_a_row_major_operand_reads_its_rows_in_order():
   of k, then each panel's TILE x P block), so it reads whole rows in order instead of P floats per row a row apart
   (a 4 KiB stride at n = 1024: no hardware prefetch; one thread, 1024^2: 0.90 -> 0.69 ms, 64x4096x4096's 64 MB B
   13.4 -> 10.1 ms). The values are the same either way."""
-  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  from plugrad.codegen.facts import ranges_of
+  from plugrad.codegen.heuristic import heuristic_opts
   from plugrad.codegen.pack import TILE, _stride_one
   a, b = rand(64, 128), rand(128, 256)
   t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
@@ -277,7 +279,7 @@ def test_expression_weight_not_packed_for_few_rows_when_its_columns_are_split(la
   # regression: a batched decode step's q projection (4 rows, its 576 columns split 9 heads x 64) counted the heads as
   # row blocks (4 x 9 / 4 = 9 >= 8) and packed the dequantized weight into float32 every step on an AVX2 host: 196 us
   # per layer, 5.9 of a 25 ms step. Only the rows reuse the weight: one row block, no PACK.
-  from plugrad.codegen.opt import heuristic_opts
+  from plugrad.codegen.heuristic import heuristic_opts
   codes, scale, x = RNG.integers(-8, 8, (576, 96)).astype(np.int8), rand(576, 1), rand(4, 96)
   w = Tensor(codes, device="CPU").realize().cast("float32") * Tensor(scale, device="CPU").realize()
   t = (Tensor(x, device="CPU").realize().reshape(4, 1, 1, 96) * w.reshape(1, 9, 64, 96)).sum(-1)

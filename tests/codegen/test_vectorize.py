@@ -12,7 +12,9 @@ from codegen_helpers import with_caps
 
 from plugrad import Variable
 from plugrad.codegen import get_program
-from plugrad.codegen.opt import Dots, Opt, apply_opt, choose_opts, div_end, is_vector_range, ranges_of
+from plugrad.codegen.facts import Dots, div_end, ranges_of
+from plugrad.codegen.heuristic import choose_opts
+from plugrad.codegen.optops import Opt, apply_opt, is_vector_range
 from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.engine.realize import buffer_for, lower_item
@@ -461,7 +463,7 @@ def test_pair_dot_with_output_rows_in_lanes(lanes: int, rows: int):
 
 def test_lane_pattern_tiles():
   """lane_pattern tells a group of g repeated across the lanes (base + lane % g) from a gather."""
-  from plugrad.codegen.opt import lane_pattern
+  from plugrad.codegen.facts import lane_pattern
   lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 16),), (1, "global", "vector"))
   base = UOp.const(dtypes.index, 40)
   assert lane_pattern(base + lane % 2, lane) == "tile2" and lane_pattern(base + lane % 4, lane) == "tile4"

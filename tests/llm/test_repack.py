@@ -403,7 +403,8 @@ def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch, cpu_hos
   Q5_0 since its blocks pair up in 32 bytes), and a batched step's 4 rows upcast whole so that the cores split the outputs
   and each reads the weights once. Values against float64."""
   from plugrad.codegen import get_program
-  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  from plugrad.codegen.facts import ranges_of
+  from plugrad.codegen.heuristic import heuristic_opts
   monkeypatch.setenv("ROW_LANES", "0")   # Q5_0 in the sub-block layout (on a dot2 host it is stored rows in lanes)
   w, ref, rng = quantized_weight(qtype, rows, cols, 11)
   x = rng.standard_normal((batch, 1, cols)).astype(np.float32)
@@ -466,7 +467,8 @@ def test_rows_kernel(batch, cpu_host):
   (codegen's "tile2" load, no lane-by-lane gather), the vector along the outputs, a batched step's 4 rows of x upcast
   whole (each unpacked code vector multiplied with all of them), the code stream prefetched."""
   from plugrad.codegen import get_program
-  from plugrad.codegen.opt import heuristic_opts, ranges_of
+  from plugrad.codegen.facts import ranges_of
+  from plugrad.codegen.heuristic import heuristic_opts
   w, _, rng = quantized_weight("Q4_1", 64, 512, 9)
   x = Tensor(rng.standard_normal((batch, 1, 512)).astype(np.float32))
   *pre, it = rows_linear(x, blockwise_of(w.uop), 64).schedule()

@@ -4,7 +4,8 @@
 whether it is a `graph_rewrite` with a PatternMatcher (`rewrite=True`) or still a named imperative step, and what it
 does. As built:
 
-  optimize        the heuristic's (or the caller's) Opts applied one by one (codegen/opt.py, codegen/gpuopt.py). An Opt
+  optimize        the heuristic's (codegen/heuristic.py, from `renderer.caps`) or the caller's Opts applied one by one
+                  (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt
                   splits and retypes ranges; UPCAST/SPLIT/UNROLL also expand their copies right there (substitutions
                   and graph_rewrites), so there is no separate expand pass. A step: choosing the Opts is not a rewrite.
   vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`).
@@ -26,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from plugrad.codegen.gpudims import LaunchDims, gpudims, uses_gpudims
-from plugrad.codegen.gpuopt import optimize_gpu
+from plugrad.codegen import gpuopt, opt  # noqa: F401  (the rewrites register their optimization kinds on import)
+from plugrad.codegen.facts import Dots
+from plugrad.codegen.heuristic import optimize, optimize_gpu
 from plugrad.codegen.linearize import linearize_program, unshare_ranges
-from plugrad.codegen.opt import Dots, optimize
 from plugrad.codegen.optops import Opt, apply_opt
 from plugrad.codegen.vectorize import vectorize
 from plugrad.helpers import getenv
@@ -148,7 +150,7 @@ def _render(k: KernelState) -> None: k.src = k.renderer.render(kernel_name(k.sou
 
 
 PIPELINE: tuple[Pass, ...] = (
-  Pass("optimize", _optimize, False, "apply the heuristic's or the caller's Opts: each splits/retypes ranges (opt.py, gpuopt.py)"),
+  Pass("optimize", _optimize, False, "apply the heuristic's or the caller's Opts: each splits/retypes ranges (heuristic.py; opt.py, gpuopt.py)"),
   Pass("vectorize", _vectorize, False, "vector lane ranges become vector values (vectorize.py; renderers with vector_lanes)"),
   Pass("gpudims", _gpudims, True, "global/local ranges become SPECIAL hardware ids under the launch limits (gpudims.py)"),
   Pass("decompositions", _decompositions, True, "the renderer's extra_matcher: ops the target lacks rewritten into ones it has"),

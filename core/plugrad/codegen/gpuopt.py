@@ -1,6 +1,6 @@
-"""GPU optimizations of a kernel AST: workgroup threads (LOCAL), reductions split across a workgroup (GROUP, GROUPTOP)
-tensor cores (TC) and the heuristic that picks them (with UPCAST/UNROLL from codegen/opt.py) from the renderer's
-capabilities.
+"""GPU optimizations of a kernel AST: workgroup threads (LOCAL), reductions split across a workgroup (GROUP, GROUPTOP,
+GROUPOUT) and tensor cores (TC), the rewrites registered in codegen/optops.py (the heuristic that picks them, with
+UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
 
 - `LOCAL` a global range r (size N) by k: `r -> r'*k + l` where `l` is a new RANGE of size k with kind "local" (a thread
   id inside the workgroup once codegen/gpudims.py runs). When k doesn't divide N, r' has ceil(N/k) iterations and every
@@ -17,28 +17,23 @@ capabilities.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it).
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
-  memory; see `_tc`, `tc_tile` and docs/kernel_ir.md).
-The heuristic (`choose_gpu_opts`) reads `local_max_threads`, `shared_max`, `warp_size`, `local_max`, `has_shared` and
-`tensor_cores`.
+  memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md).
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable
 
-from plugrad.codegen.gpudims import uses_gpudims
+from plugrad.codegen.facts import contiguous, div_end, in_loop, ranges_of, tc_match
 from plugrad.codegen.linearize import reduce_identity
-from plugrad.codegen.opt import div_end, pm_opt_symbolic, ranges_of
-from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, apply_opt, register, thread_amounts
+from plugrad.codegen.opt import pm_opt_symbolic
+from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, register, thread_amounts
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
-from plugrad.helpers import getenv
 from plugrad.runtime.renderer import Capabilities
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic
-
 
 
 def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
@@ -87,25 +82,6 @@ def _group_out(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
       # past N: this copy's own accesses gated (not the reductions' loads it reads, which don't use the thread id yet)
       stores.append(st.substitute({rng: at}, walk=True) if (j + 1) * k <= n else gate_globals(st.substitute({rng: at}, walk=True), at < n, lane))
   return UOp(Ops.SINK, dtypes.void, tuple(stores))
-
-
-def _nested(ast: UOp) -> set[UOp]:
-  """REDUCEs that sit inside the value of another REDUCE."""
-  out: set[UOp] = set()
-  for n in ast.toposort():
-    if n.op is Ops.REDUCE: out.update(x for x in n.src[0].toposort() if x.op is Ops.REDUCE)
-  return out
-
-
-def in_loop(ast: UOp) -> set[UOp]:
-  """REDUCEs whose value uses a reduce range they don't close: they run inside another reduce's loop."""
-  free: dict[UOp, frozenset[UOp]] = {}
-  for n in ast.toposort():
-    f = frozenset().union(*(free[s] for s in n.src)) if n.src else frozenset()
-    if n.op is Ops.RANGE: f = f | {n}
-    if n.op is Ops.REDUCE: f = f - set(n.src[1:])
-    free[n] = f
-  return {n for n in free if n.op is Ops.REDUCE and any(r.arg[1] == "reduce" for r in free[n])}
 
 
 def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
@@ -162,32 +138,6 @@ def _combine(red: UOp, buf: UOp, base: UOp, lane: UOp, k: int, partial: UOp, j: 
   return UOp(Ops.LOAD, red.dtype, (ix(_c(0)), bar))
 
 
-def _strip_cast(x: UOp) -> UOp: return x.src[0] if x.op is Ops.CAST else x
-
-
-def tc_match(ast: UOp, tc: TensorCore) -> tuple[UOp, UOp, UOp, UOp, UOp, UOp] | None:
-  """(reduce, A operand, B operand, i, j, k) when `ast` has a top-level ADD reduce of a product A*B in `tc`'s dtypes where
-  A uses output range i (not j), B uses j (not i), both the reduce range k, and the tile divides every size."""
-  n, m, kk = tc.dims
-  nested = _nested(ast)
-  for red in (x for x in ast.toposort() if x.op is Ops.REDUCE and x not in nested):
-    if red.arg is not Ops.ADD or red.dtype != tc.dtype_out or len(red.src) != 2: continue
-    mul = _strip_cast(red.src[0])
-    if mul.op is not Ops.MUL: continue
-    a, b = (x if x.dtype == tc.dtype_in else _strip_cast(x) for x in mul.src)
-    if a.dtype != tc.dtype_in or b.dtype != tc.dtype_in: continue
-    k = red.src[1]
-    ra = {x for x in a.toposort() if x.op is Ops.RANGE}
-    rb = {x for x in b.toposort() if x.op is Ops.RANGE}
-    for a_, b_, ra_, rb_ in ((a, b, ra, rb), (b, a, rb, ra)):
-      i = [r for r in ra_ - rb_ if r.arg[1] == "global"]
-      j = [r for r in rb_ - ra_ if r.arg[1] == "global"]
-      if len(i) == 1 and len(j) == 1 and k in ra_ and k in rb_ and \
-         all(r.src[0].op is Ops.CONST and r.src[0].arg % d == 0 for r, d in ((i[0], m), (j[0], n), (k, kk))):
-        return red, a_, b_, i[0], j[0], k
-  return None
-
-
 def _coord(lay, lane: UOp, e: int, which: int) -> UOp:
   """Row (which=0) or column (1) of element e of `lane`'s fragment as index math over the lane id (the layout's bit strides)."""
   x: UOp = _c(sum(d[which] for b, d in enumerate(lay.elem) if e >> b & 1))
@@ -213,14 +163,14 @@ def _stage(x: UOp, rows: tuple[UOp, UOp, int], cols: tuple[UOp, UOp, int], tid: 
   Returns (the STOREs, a function (r, c, barrier) -> the LOAD of tile element (r, c))."""
   (ri, rbase, tr), (ci, cbase, tcc) = rows, cols
   ld = x if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX and len(x.src[0].src) == 2 and x.src[0].src[0].op is Ops.DEFINE_GLOBAL else None
-  along_rows = ld is not None and not _contiguous_in(ci, ld.src[0].src[1]) and _contiguous_in(ri, ld.src[0].src[1])
+  along_rows = ld is not None and not contiguous(ld.src[0].src[1], ci) and contiguous(ld.src[0].src[1], ri)
   inner = tr if along_rows else tcc  # the tile dim that is contiguous in memory (and in the local layout)
   def flat(r: UOp, c: UOp) -> UOp: return c * tr + r if along_rows else r * tcc + c
   def rc(f: UOp) -> tuple[UOp, UOp]: return (f % tr, f // tr) if along_rows else (f // tcc, f % tcc)
   size = tr * tcc
   if size % nthreads: raise ValueError(f"TC staging: a {tr}x{tcc} tile doesn't split over {nthreads} threads")
   vec = 1
-  if ld is not None and (along_rows or _contiguous_in(ci, ld.src[0].src[1])):
+  if ld is not None and (along_rows or contiguous(ld.src[0].src[1], ci)):
     for v in (16 // x.dtype.itemsize, 8, 4, 2):
       if v * x.dtype.itemsize > 16 or inner % v or size % (v * nthreads): continue
       r0, c0 = rc(tid * v)
@@ -324,7 +274,7 @@ def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tupl
   um, un, bm, bn, nthreads = sizes
   if len(ast.src) != 1 or len((st := ast.src[0]).src[0].src) != 2: raise ValueError("TC stage 2 needs one ungated output store")
   out_idx, val = st.src[0], st.src[1]
-  if val.dtype.count != 1 or not _contiguous_in(j, out_idx.src[1]): raise ValueError("TC stage 2: the output isn't contiguous along its columns")
+  if val.dtype.count != 1 or not contiguous(out_idx.src[1], j): raise ValueError("TC stage 2: the output isn't contiguous along its columns")
   n, m, _ = tc.dims
   ec = tc.elements_per_thread[2]
   n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL]) + 2
@@ -372,130 +322,3 @@ register(OptKind("GROUPOUT", _threads(_group_out), GLOBAL, device="gpu", min_amo
 register(OptKind("TC", _tc_opt, KERNEL, device="gpu"))
 
 
-def _loads(ast: UOp) -> list[UOp]: return [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD and n.src[0].src[0].op is Ops.DEFINE_GLOBAL]
-
-
-def _contiguous_in(rng: UOp, idx: UOp) -> bool:
-  """Whether consecutive values of `rng` read consecutive elements through `idx`."""
-  if rng not in idx.toposort(): return False
-  d = graph_rewrite(idx.substitute({rng: rng + 1}, walk=True) - idx, pm_symbolic, name="stride")
-  return d.op is Ops.CONST and d.arg == 1
-
-
-def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
-
-
-def _size(r: UOp) -> int: return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0].vmax
-
-
-def tc_tile(ast: UOp, tc: TensorCore, caps: Capabilities, max_tile: int = 128, acc_regs: int = 128) -> tuple[int, ...]:
-  """The TC tile (um, un, wm, wn, stage) for `ast`: the workgroup tile BM x BN (at most `max_tile` a side, dividing
-  the output) that reads the least global memory per output (largest BM*BN/(BM+BN)), then the most warps (up to
-  2 x 2) sharing it; the warps' accumulators fit in `acc_regs` 32-bit registers per lane, the double-buffered A/B
-  tiles in the target's `shared_max`, and each tile splits evenly over the workgroup's threads (TC_STAGE=0: no
-  staging through workgroup memory). Stage 2 (the output through shared memory as well) when the tensor core's C
-  rows are narrower than a 32-byte sector and the C tile fits too."""
-  if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
-  _, a, _, i, j, _ = mt
-  n, m, kk = tc.dims
-  stage = 1 if getenv("TC_STAGE", 1) and caps.has_shared else 0
-  best, key = (1, 1, 1, 1, stage), (-1.0, 0, 0)
-  for wm in (1, 2):
-    for wn in (1, 2):
-      for um in (1, 2, 4, 8):
-        for un in (1, 2, 4, 8, 16):
-          bm, bn, nt = m * um * wm, n * un * wn, tc.threads * wm * wn
-          if bm > max_tile or bn > max_tile or i.src[0].arg % bm or j.src[0].arg % bn or um * un * tc.elements_per_thread[2] > acc_regs: continue
-          if stage and (2 * (bm + bn) * kk * a.dtype.itemsize > caps.shared_max or (bm * kk) % nt or (bn * kk) % nt): continue
-          if (score := (bm * bn / (bm + bn), wm * wn, -abs(wm - wn))) > key: best, key = (um, un, wm, wn, stage), score
-  # C rows narrower than a 32-byte sector (CUDA's m16n8: 8 columns): the output goes through shared memory too, when it fits
-  um, un, wm, wn, stage = best
-  out_isz = ast.src[0].src[1].dtype.itemsize if len(ast.src) == 1 else 0
-  bm, bn = m * um * wm, n * un * wn
-  if stage and n * out_isz < 32 and 2 * (bm + bn) * kk * a.dtype.itemsize + bm * bn * out_isz <= caps.shared_max:
-    try:
-      _tc(ast, tc, max(ranges_of(ast)) + 1, (um, un, wm, wn, 2))
-      return (um, un, wm, wn, 2)
-    except ValueError: pass
-  return best
-
-
-def choose_gpu_opts(ast: UOp, caps: Capabilities) -> list[Opt]:
-  """Heuristic GPU optimizations (see the module docstring): TC when a tensor core fits; a reduction over a long axis
-  split across a workgroup (GROUP on every top-level reduce when the reduce axis is contiguous in memory or the output
-  is small, else threads over the output's contiguous axis and GROUPTOP); other kernels get UPCAST register tiles
-  where loads are shared (matmul-like), UNROLL of tiny reduce loops, and LOCAL threads over their innermost output axes."""
-  max_threads, warp = caps.local_max_threads, max(caps.warp_size, 1)
-  if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(caps.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
-    return [Opt("TC", -1, tci, tc_tile(ast, caps.tensor_cores[tci], caps))]
-  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
-  glbl = [r for r in rngs if r.arg[1] == "global"]
-  looped = in_loop(ast)
-  top_reds = [n for n in ast.toposort() if n.op is Ops.REDUCE and n not in looped]
-  cands = sorted({red.src[-1] for red in top_reds}, key=lambda r: r.arg[0])  # the innermost range of each top-level reduce
-  out_elems = math.prod(_size(g) for g in glbl)
-  if cands and all(_size(r) >= 64 for r in cands):
-    contiguous = any(_contiguous_in(cands[-1], ix.src[1]) for ix in _loads(ast))
-    k = min(256 if contiguous or out_elems < 64 else 0, min(_pow2_at_most(_size(r)) for r in cands), max_threads)
-    itemsize = max(red.dtype.itemsize for red in top_reds)
-    if k >= warp and k * itemsize * len(top_reds) <= caps.shared_max:
-      if not contiguous and glbl and _size(glbl[-1]) >= warp:  # threads on the contiguous output axis, each summing a chunk
-        lk = min(warp, _pow2_at_most(_size(glbl[-1])))
-        k = min(k, max_threads // lk, 16)
-        return [Opt("LOCAL", glbl[-1].arg[0], lk)] + [Opt("GROUPTOP", r.arg[0], k) for r in cands]
-      opts = [Opt("GROUP", r.arg[0], k) for r in cands]
-      return _row_opts(ast, glbl, top_reds, k, opts, caps) if contiguous else opts
-  opts: list[Opt] = []
-  red_rngs = {r for red in top_reds for r in red.src[1:]}
-  for r in sorted(red_rngs, key=lambda r: r.arg[0]):  # tiny reduce loops (a 3x3 window) unrolled
-    if r.src[0].op is Ops.CONST and r.src[0].arg <= 4: opts.append(Opt("UNROLL", r.arg[0], r.src[0].arg))
-  sizes = {g.arg[0]: _size(g) for g in glbl}
-  loads = [ix.src[1] for ix in _loads(ast) if any(r in ix.toposort() for r in red_rngs)]
-  for g in reversed(glbl):  # register tiles: outputs along an axis some reduce-loop load doesn't use share that load
-    if loads and any(g not in ld.toposort() for ld in loads) and g.src[0].op is Ops.CONST and sizes[g.arg[0]] % 4 == 0 \
-       and sizes[g.arg[0]] >= 64 and sum(o.kind == "UPCAST" for o in opts) < 2:
-      opts.append(Opt("UPCAST", g.arg[0], 4))
-      sizes[g.arg[0]] //= 4
-  return opts + _local_opts(glbl, sizes, caps)
-
-
-def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[Opt], caps: Capabilities) -> list[Opt]:
-  """A row kernel (a global axis the reductions don't use, e.g. softmax's output column: without more, every
-  workgroup along it would redo the row's reductions): that axis goes to the group's threads (GROUPOUT) when it
-  needs at most 16 stores per thread, and the group's per-thread partial loops of at most 16 steps are unrolled, so
-  a thread's loads of its row elements are the same values in every reduction and in its outputs (read once)."""
-  used = {x for red in reds for x in red.toposort() if x.op is Ops.RANGE}
-  free = [g for g in glbl if g not in used and g.src[0].op is Ops.CONST]
-  if len(free) != 1 or free[0].src[0].arg > 16 * k: return groups
-  opts = [Opt("GROUPOUT", free[0].arg[0], k)] + groups
-  try: cur = functools.reduce(lambda a, o: apply_opt(a, o, caps), opts, ast)
-  except ValueError: return groups
-  loops = {r for n in cur.toposort() if n.op is Ops.REDUCE for r in n.src[1:] if r.src[0].op is Ops.CONST and 1 < r.src[0].arg <= 16}
-  # (not the serial combine's loop over the k slots in local memory)
-  loops = {r for r in loops if not any(r in x.src[1].toposort() for x in cur.toposort() if x.op is Ops.INDEX and x.src[0].op is Ops.DEFINE_LOCAL)}
-  return opts + [Opt("UNROLL", r.arg[0], r.src[0].arg) for r in sorted(loops, key=lambda r: r.arg[0])]
-
-
-def _local_opts(glbl: list[UOp], sizes: dict[int, int], caps: Capabilities) -> list[Opt]:
-  """LOCAL threads over the innermost output axes, up to 256 per workgroup (padded to whole warps on dim 0)."""
-  warp, lmax = max(caps.warp_size, 1), tuple(caps.local_max or (caps.local_max_threads,) * 3)
-  budget, opts = min(256, caps.local_max_threads), []
-  for d, g in enumerate(reversed(glbl)):
-    if d >= len(lmax) or budget < 2: break
-    n = sizes[g.arg[0]]
-    if n < 2: continue
-    k = next((c for c in (256, 128, 64, 32, 16, 8, 4, 2) if c <= min(budget, lmax[d]) and g.src[0].op is Ops.CONST and n % c == 0), 0)
-    if k < min(n, warp) and d == 0: k = min(budget, lmax[d], -(-n // warp) * warp)
-    if k < 2: continue
-    opts.append(Opt("LOCAL", g.arg[0], k))
-    budget //= k
-  return opts
-
-
-def optimize_gpu(ast: UOp, caps: Capabilities) -> UOp:
-  """Apply the GPU heuristic's optimizations (NOOPT=1: none, one thread per workgroup)."""
-  if getenv("NOOPT", False) or not uses_gpudims(caps): return ast
-  for opt in choose_gpu_opts(ast, caps):
-    try: ast = apply_opt(ast, opt, caps)
-    except ValueError: break  # the heuristic's guess doesn't fit this kernel: keep what applied
-  return ast

@@ -20,8 +20,8 @@ import time
 
 from plugrad.codegen import apply_opts, get_program
 from plugrad.codegen.gpudims import uses_gpudims
-from plugrad.codegen.gpuopt import choose_gpu_opts
-from plugrad.codegen.opt import heuristic_opts, ranges_of
+from plugrad.codegen.facts import ranges_of
+from plugrad.codegen.heuristic import choose_gpu_opts, heuristic_opts
 from plugrad.codegen.optops import Opt, beam_actions
 from plugrad.codegen.pack import pack_candidate, split_packs
 from plugrad.device import Buffer, Device
