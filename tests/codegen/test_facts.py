@@ -2,13 +2,16 @@
 (stride) against evaluating the index at r and r + 1."""
 from __future__ import annotations
 
+import ast
 import math
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plugrad.codegen import facts
 from plugrad.codegen.facts import (UNROLL_BUDGET, UNROLL_MAX, const_end, contiguous, eval_index, range_size, ranges_of, row_blocks, stride,
                                    unrollable)
 from plugrad.codegen.optops import Opt
@@ -106,3 +109,19 @@ def test_stride_of_affine_index_is_its_factor(a: int, b: int, c0: int):
 @pytest.mark.parametrize("size,want", [(3, True), (4, True), (5, False)])
 def test_unrollable_default_limit(size: int, want: bool):
   assert unrollable(rng(9, size, "reduce")) is want
+
+
+def _imports(path: Path) -> set[str]:
+  tree = ast.parse(path.read_text())
+  return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+
+
+def test_heuristic_reads_caps_and_imports_point_one_way():
+  """The heuristic reads the target only through the capability record (no getattr on a renderer) and imports neither
+  rewrite module; the facts import no rewrite module nor the heuristic (facts <- rewrites, facts <- heuristic)."""
+  codegen = Path(facts.__file__).parent
+  names = {n.id for n in ast.walk(ast.parse((codegen / "heuristic.py").read_text())) if isinstance(n, ast.Name)}
+  assert "Capabilities" in names and not names & {"getattr", "hasattr", "Renderer"}
+  assert not _imports(codegen / "heuristic.py") & {"plugrad.codegen.opt", "plugrad.codegen.gpuopt"}
+  assert not _imports(codegen / "facts.py") & {"plugrad.codegen.opt", "plugrad.codegen.gpuopt", "plugrad.codegen.heuristic", "plugrad.codegen.pack"}

@@ -5,7 +5,9 @@ device, read only from the renderer's declared capability record (`Renderer.caps
 without GPU launch dimensions, `choose_gpu_opts` for one with them (BEAM, engine/search.py, starts from either). What
 the choice reads off the kernel (ranges, strides, loops, row tiles) comes from codegen/facts.py; the rewrites that apply
 the chosen kinds live in codegen/opt.py (UPCAST, SPLIT, UNROLL, VECTOR, OUTER, BLOCK), codegen/gpuopt.py (LOCAL, GROUP,
-GROUPTOP, GROUPOUT, TC) and codegen/pack.py (PACK), registered in codegen/optops.py. This module imports none of them.
+GROUPTOP, GROUPOUT, TC) and codegen/pack.py (PACK), registered in codegen/optops.py. This module imports neither opt.py
+nor gpuopt.py (it tries a kind through `apply_opt`); of pack.py it uses the planning (`pack_candidate`, `split_packs`)
+to look at a kernel as it would be packed.
 
 CPU (`heuristic_opts`): from `upcast_max` (accumulators/outputs per loop iteration; 0 disables everything),
 `vectorizes_reductions` (the compiler vectorizes a plain reduce loop, so streaming ADD/MUL reductions aren't split),
