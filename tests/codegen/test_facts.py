@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugrad.codegen import facts
-from plugrad.codegen.facts import (UNROLL_BUDGET, UNROLL_MAX, const_end, contiguous, eval_index, range_size, ranges_of, row_blocks, stride,
-                                   unrollable)
+from plugrad.codegen.facts import (UNROLL_BUDGET, UNROLL_MAX, const_end, contiguous, eval_index, global_ranges, range_size, ranges_of, row_blocks,
+                                   stride, unrollable)
 from plugrad.codegen.optops import Opt
 from plugrad.dtype import dtypes
 from plugrad.uop.ops import Ops, UOp
@@ -35,6 +35,12 @@ RS = rng(3, T * 8)   # a symbolic size: 8..128
 def test_const_end_and_range_size():
   assert const_end(R0) == 64 and range_size(R0) == 64
   assert const_end(RS) is None and range_size(RS) == 128   # symbolic: no constant size, its bound as the size
+
+
+def test_global_ranges_in_id_order():
+  lane = UOp(Ops.RANGE, dtypes.index, (c(8),), (5, "global", "vector"))
+  sink = UOp.sink(R1 * 64 + R0 + R2 + lane)
+  assert global_ranges(sink) == [R0, R1, lane] and global_ranges(sink, lanes=False) == [R0, R1]
 
 
 def test_stride_by_hand():

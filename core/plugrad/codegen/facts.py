@@ -2,8 +2,9 @@
 them (codegen/heuristic.py) read off a kernel AST, each defined once here so that imports point one way (facts <- rewrites,
 facts <- heuristic).
 
-- ranges: `ranges_of`, `const_end` (a constant size or None), `range_size` (a symbolic size at its upper bound),
-  `div_end`/`divides`/`outer_range` (splitting a size by k for every value of its variables);
+- ranges: `ranges_of`, `global_ranges` (the output ranges in loop order), `const_end` (a constant size or None),
+  `range_size` (a symbolic size at its upper bound), `div_end`/`divides`/`outer_range` (splitting a size by k for
+  every value of its variables);
 - how an index moves along a range: `stride` (the symbolic step when the range moves by one; `contiguous` is a step
   of 1), `lane_pattern` (across a vector lane range, judged by evaluating at sample points with `eval_index`);
 - loop lengths: `unrollable`, with the unroll limits UNROLL_MAX and UNROLL_BUDGET;
@@ -17,7 +18,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from plugrad.codegen.optops import Opt
+from plugrad.codegen.optops import Opt, is_vector_range
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import dtypes
 from plugrad.runtime.renderer import Capabilities
@@ -28,6 +29,12 @@ from plugrad.uop.symbolic import pm_symbolic
 def ranges_of(ast: UOp) -> dict[int, UOp]:
   """The kernel's ranges by id."""
   return {n.arg[0]: n for n in ast.toposort() if n.op is Ops.RANGE}
+
+
+def global_ranges(ast: UOp, lanes: bool = True) -> list[UOp]:
+  """The kernel's global (output) ranges in id order (outermost first), without vector lane ranges unless `lanes`."""
+  rngs = (n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global" and (lanes or not is_vector_range(n)))
+  return sorted(rngs, key=lambda r: r.arg[0])
 
 
 def const_end(r: UOp) -> int | None:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import functools
 import math
 
-from plugrad.codegen.facts import (NO_DOTS, UNROLL_BUDGET, Dots, const_end, contiguous, divides, global_loads, group_dot_range, group_lane,
-                                   in_loop, lane_pattern, outer_range, range_size, ranges_of, reduce_loads, row_blocks, tc_match, unrollable)
+from plugrad.codegen.facts import (NO_DOTS, UNROLL_BUDGET, Dots, const_end, contiguous, divides, global_loads, global_ranges, group_dot_range,
+                                   group_lane, in_loop, lane_pattern, outer_range, range_size, ranges_of, reduce_loads, row_blocks, tc_match,
+                                   unrollable)
 from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.optops import Opt, apply_opt, is_vector_range
 from plugrad.codegen.pack import _mul_operands, pack_candidate, split_packs
@@ -71,7 +72,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
   topo = ast.toposort()
   reduces = [n for n in topo if n.op is Ops.REDUCE]
   if not reduces or any(n.dtype.scalar() in (dtypes.bool, dtypes.float16, dtypes.bfloat16) for n in reduces): return None
-  glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  glbl = global_ranges(ast)
   best: tuple[int, int, int, list[UOp], UOp] | None = None
   inner = sorted({n.src[-1] for n in reduces}, key=lambda r: r.arg[0])  # the innermost range of each reduce
   # a short inner reduce nested in a longer one is unrolled (choose_opts): the lanes go along the enclosing reduce's
@@ -240,7 +241,7 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   allows explicit SIMD (VECTOR) of that many float32 lanes with `regs` vector registers; `dots`: the renderer's
   integer dot products (a group dot's range of 2 or 4 then stays a range, for codegen/vectorize.py)."""
   topo = ast.toposort()
-  glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  glbl = global_ranges(ast)
   reduces = [n for n in topo if n.op is Ops.REDUCE]
   if not reduces and upcast_max >= 2: return phase_opts(ast, min(upcast_max, 16))
   if not reduces or upcast_max < 2: return []
@@ -303,7 +304,7 @@ def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:
   nothing); ROW_BLOCK=0 turns it off. The BLOCK's rid is the row range's id after the OUTER relabelling."""
   if not l3 or not getenv("ROW_BLOCK", 1) or (outer := next((o for o in opts if o.kind == "OUTER"), None)) is None: return None
   rngs = ranges_of(ast)
-  glbl = sorted((r for r in rngs.values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+  glbl = global_ranges(ast, lanes=False)
   rows = [o for o in opts if o.kind == "UPCAST" and o.rid != outer.rid]
   red = [r for r in rngs.values() if r.arg[1] == "reduce"]
   if len(glbl) != 2 or len(rows) != 1 or len(red) != 1 or any(const_end(r) is None for r in (*glbl, *red)): return None
@@ -324,7 +325,7 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
   runs on the packed kernel. Used when an expression is packed, or when the packed kernel gets the column-panel tile
   (OUTER) that `chosen` (the heuristic on the kernel as it is) lacks."""
   if not getenv("PACK", 1) or not any(n.op is Ops.REDUCE for n in ast.toposort()): return None
-  glbl = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  glbl = global_ranges(ast)
   if len(glbl) < 2 or (nsz := const_end(glbl[-1])) is None or nsz % (2 * lanes): return None
   col, others = glbl[-1], glbl[:-1]
   first: list[Opt] = []
@@ -390,7 +391,7 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   topo = ast.toposort()
   reduces = [n for n in topo if n.op is Ops.REDUCE]
   if not reduces or any(n.dtype.scalar() != dtypes.float32 for n in reduces) or len(ast.src) != 1: return None
-  glbl = sorted((n for n in topo if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
+  glbl = global_ranges(ast)
   red = {r for n in reduces for r in n.src[1:]}
   main = max(reduces, key=lambda n: math.prod(const_end(r) or 1 for r in n.src[1:]))
   if any(r.src[0].op is not Ops.CONST for r in (*glbl, *red)) or len(glbl) < 2: return None
@@ -482,8 +483,7 @@ def choose_gpu_opts(ast: UOp, caps: Capabilities) -> list[Opt]:
   max_threads, warp = caps.local_max_threads, max(caps.warp_size, 1)
   if getenv("TC", 1) and (tci := next((n for n, tc in enumerate(caps.tensor_cores) if tc_match(ast, tc) is not None), None)) is not None:
     return [Opt("TC", -1, tci, tc_tile(ast, caps.tensor_cores[tci], caps))]
-  rngs = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])
-  glbl = [r for r in rngs if r.arg[1] == "global"]
+  glbl = global_ranges(ast)
   looped = in_loop(ast)
   top_reds = [n for n in ast.toposort() if n.op is Ops.REDUCE and n not in looped]
   cands = sorted({red.src[-1] for red in top_reds}, key=lambda r: r.arg[0])  # the innermost range of each top-level reduce

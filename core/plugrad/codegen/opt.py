@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 
-from plugrad.codegen.facts import const_end, div_end, eval_index, outer_range, ranges_of
+from plugrad.codegen.facts import const_end, div_end, eval_index, global_ranges, outer_range, ranges_of
 from plugrad.codegen.heuristic import heuristic_opts
 from plugrad.codegen.optops import ANY_RANGE, GLOBAL, REDUCE, Opt, OptKind, apply_opt, is_vector_range, register, split_amounts
 from plugrad.dtype import dtypes
@@ -91,7 +91,7 @@ def _block(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
   inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), rng.arg)
   outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, n // opt.amount),), (max(rngs) + 1, "global"))
   ast = ast.substitute({rng: outer * opt.amount + inner}, walk=True)
-  glbl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+  glbl = global_ranges(ast, lanes=False)
   order = [outer] + [r for r in glbl if r is not outer]
   ids = sorted(r.arg[0] for r in glbl)
   ast = ast.substitute({r: r.replace(arg=(i, *r.arg[1:])) for r, i in zip(order, ids) if r.arg[0] != i}, walk=True)
@@ -100,7 +100,7 @@ def _block(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
 
 def _outer_loop(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
   """Loop order: range rid becomes the outermost global loop (the one split across cores)."""
-  glbl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global" and not is_vector_range(r)), key=lambda r: r.arg[0])
+  glbl = global_ranges(ast, lanes=False)
   order = [rng] + [r for r in glbl if r is not rng]
   return ast.substitute({r: r.replace(arg=(g.arg[0], *r.arg[1:])) for r, g in zip(order, glbl) if r is not g}, walk=True)
 
