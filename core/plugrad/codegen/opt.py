@@ -24,8 +24,7 @@ from __future__ import annotations
 import functools
 import math
 
-from plugrad.codegen.facts import const_end, div_end, eval_index, global_ranges, outer_range, ranges_of
-from plugrad.codegen.heuristic import heuristic_opts
+from plugrad.codegen.facts import const_end, div_end, global_ranges, outer_range, ranges_of
 from plugrad.codegen.optops import ANY_RANGE, GLOBAL, REDUCE, Opt, OptKind, apply_opt, is_vector_range, register, split_amounts
 from plugrad.dtype import dtypes
 from plugrad.runtime.renderer import Capabilities
@@ -34,8 +33,8 @@ from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import _collect, _sum, pm_symbolic
 from plugrad.uop.upat import PatternMatcher, UPat
 
-# names other code imports from here: engine/realize.py (heuristic_opts), plugins/cpu (eval_index), tests (the rest)
-__all__ = ["Opt", "apply_opt", "div_end", "eval_index", "heuristic_opts", "is_vector_range", "pm_opt_symbolic", "ranges_of"]
+# names other code imports from here (tests, vectorize, gpuopt)
+__all__ = ["Opt", "apply_opt", "div_end", "is_vector_range", "pm_opt_symbolic", "ranges_of"]
 
 def _copies(rng: UOp, k: int) -> tuple[UOp | None, list[dict[UOp, UOp]]]:
   """The outer range (None when fully unrolled) and the k substitutions r -> r'*k + i."""

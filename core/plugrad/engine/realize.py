@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from plugrad.codegen import ProgramSpec, get_program, kernel_name
 from plugrad.codegen.gpudims import uses_gpudims
-from plugrad.codegen.opt import heuristic_opts
+from plugrad.codegen.heuristic import heuristic_opts
 from plugrad.codegen.pack import split_packs
 from plugrad.device import Buffer, Device, Program
 from plugrad.engine.search import beam_opts

@@ -24,7 +24,7 @@ import numpy as np
 from plugrad.device import BufferOptions, Compiled, Compiler, CompileError, LRUAllocator, Program, parse_device
 from plugrad.helpers import cache_dir, getenv
 from plugrad.codegen.cstyle import CStyleRenderer, Stmt
-from plugrad.codegen.opt import eval_index
+from plugrad.codegen.facts import eval_index
 from plugrad.dtype import DType, dtypes
 from plugrad.runtime.renderer import DEFAULT_VECTOR_OPS, Capabilities
 from plugrad.uop.ops import GroupOp, Ops, UOp
