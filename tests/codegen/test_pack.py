@@ -263,14 +263,15 @@ def test_packing_a_row_major_operand_reads_its_rows_in_order():
   13.4 -> 10.1 ms). The values are the same either way."""
   from plugrad.codegen.facts import ranges_of
   from plugrad.codegen.heuristic import heuristic_opts
-  from plugrad.codegen.pack import TILE, _stride_one
+  from plugrad.codegen.facts import contiguous
+  from plugrad.codegen.pack import TILE
   a, b = rand(64, 128), rand(128, 256)
   t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
   ast = t.schedule()[-1].ast
   pk = split_packs(ast, heuristic_opts(ast, Device["CPU"].renderer.caps)).packs[0].ast
   rngs = [r for _, r in sorted(ranges_of(pk).items())]
   idx = next(x for x in pk.toposort() if x.op is Ops.LOAD).src[0].src[1]
-  assert _stride_one(idx, rngs[-1]) and rngs[-2].src[0].arg == TILE and rngs[-3].src[0].arg == 256 // rngs[-1].src[0].arg
+  assert contiguous(idx, rngs[-1]) and rngs[-2].src[0].arg == TILE and rngs[-3].src[0].arg == 256 // rngs[-1].src[0].arg
   np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plugrad.codegen.facts import const_end, contiguous
 from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
@@ -51,20 +52,12 @@ class PackPlan:
   slots: list[int]
 
 
-def _const_end(r: UOp) -> int | None: return r.src[0].arg if r.src[0].op is Ops.CONST else None
 
 
 def _ranges(x: UOp) -> list[UOp]: return sorted((n for n in x.toposort() if n.op is Ops.RANGE), key=lambda r: r.arg[0])
 
 
 TILE = 8  # rows of a packing kernel's transpose tile (a TILE x P block per panel; 4, 16, 32 measured no better)
-
-
-def _stride_one(idx: UOp, rng: UOp) -> bool:
-  """Whether `idx` moves by exactly 1 when `rng` moves by 1 (contiguous along rng)."""
-  if rng not in idx.toposort(): return False
-  d = graph_rewrite(idx.substitute({rng: rng + 1}, walk=True) - idx, pm_symbolic, name="stride")
-  return d.op is Ops.CONST and d.arg == 1
 
 
 def _mul_operands(ast: UOp) -> list[UOp]:
@@ -87,7 +80,7 @@ def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp], skip: int | None =
   reduce inside, over ranges of constant size (None when there is none). Any layout along `n` packs (a transposed
   operand becomes contiguous). Operands reading a parameter numbered `skip` or above (scratch buffers already packed)
   are left alone."""
-  if (size := _const_end(n)) is None or size % P: return None
+  if (size := const_end(n)) is None or size % P: return None
   red_rngs = {r for x in ast.toposort() if x.op is Ops.REDUCE for r in x.src[1:]}
   for x in _mul_operands(ast):
     topo = x.toposort()
@@ -96,7 +89,7 @@ def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp], skip: int | None =
     if skip is not None and any(t.op is Ops.DEFINE_GLOBAL and t.arg >= skip for t in topo): continue
     rs = _ranges(x)
     if n not in rs or not any(r in red_rngs for r in rs) or any(r in rs for r in rows): continue
-    if any(_const_end(r) is None for r in rs): continue
+    if any(const_end(r) is None for r in rs): continue
     return x
   return None
 
@@ -107,16 +100,16 @@ def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UO
   rs = _ranges(val)
   red = [r for r in rs if r.arg[1] != "global"]
   other = [r for r in rs if r.arg[1] == "global" and r is not n]
-  nsize = _const_end(n)
+  nsize = const_end(n)
   # packed layout: [other global ranges..., n // P, reduce ranges..., n % P]
   def layout(p: UOp, j: UOp, sub: dict[UOp, UOp]) -> UOp:
     out: UOp = UOp.const(dtypes.index, 0)
-    for r in other: out = out * _const_end(r) + sub.get(r, r)
+    for r in other: out = out * const_end(r) + sub.get(r, r)
     out = out * (nsize // P) + p
-    for r in red: out = out * _const_end(r) + sub.get(r, r)
+    for r in red: out = out * const_end(r) + sub.get(r, r)
     return out * P + j
   total = P * (nsize // P)
-  for r in other + red: total *= _const_end(r)
+  for r in other + red: total *= const_end(r)
   g = UOp(Ops.DEFINE_GLOBAL, val.dtype.ptr(size=total), (), scratch_slot)
   new_ast = ast.substitute({val: UOp(Ops.LOAD, val.dtype, (UOp(Ops.INDEX, g.dtype, (g, layout(n // P, n % P, {}))),))}, walk=True)
   new_ast = graph_rewrite(new_ast, pm_symbolic, name="pack main index")
@@ -126,14 +119,14 @@ def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UO
   # axis at a time, each panel's TILE x P block written whole, the rows read in order.
   # The buffers the operand reads become its parameters 1.. (0 is the scratch).
   def rng(i: int, size: int) -> UOp: return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, size),), (i, "global"))
-  contig = any(_stride_one(x.src[0].src[1], n) for x in val.toposort() if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX)
-  if contig and red and (last := _const_end(red[-1])) % TILE == 0 and last > TILE:
+  contig = any(contiguous(x.src[0].src[1], n) for x in val.toposort() if x.op is Ops.LOAD and x.src[0].op is Ops.INDEX)
+  if contig and red and (last := const_end(red[-1])) % TILE == 0 and last > TILE:
     order = [*other, *red[:-1], "ro", "p", "ri", "j"]
-    pk_rngs = {r: rng(order.index(r), _const_end(r)) for r in other + red[:-1]}
+    pk_rngs = {r: rng(order.index(r), const_end(r)) for r in other + red[:-1]}
     pk_rngs[red[-1]] = rng(order.index("ro"), last // TILE) * TILE + rng(order.index("ri"), TILE)
   else:
     order = [*other, "p", *red, "j"]
-    pk_rngs = {r: rng(order.index(r), _const_end(r)) for r in other + red}
+    pk_rngs = {r: rng(order.index(r), const_end(r)) for r in other + red}
   p, j = rng(order.index("p"), nsize // P), rng(order.index("j"), P)
   srcs = sorted({t for t in val.toposort() if t.op is Ops.DEFINE_GLOBAL}, key=lambda t: t.arg)
   # two steps (to negative placeholders, then to 1..) so a parameter renumbered onto another's old number stays distinct
