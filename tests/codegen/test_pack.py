@@ -8,9 +8,11 @@ import pytest
 
 from plugrad import Tensor, TinyJit
 from plugrad.codegen import get_program
-from plugrad.codegen.opt import Opt, apply_opt
+from plugrad.codegen.heuristic import heuristic_opts
+from plugrad.codegen.opt import Opt, apply_opt, ranges_of
 from plugrad.codegen.pack import split_packs
 from plugrad.device import Buffer, Device
+from plugrad.engine import realize
 from plugrad.engine.realize import buffer_for, get_runner, lower_item
 from plugrad.uop.ops import Ops
 
@@ -65,7 +67,6 @@ def test_transposed_operands_are_packed(host_caps):
   """x @ W.T (nn.Linear): W read along k becomes panel-major, so the column-panel tile applies (an AVX-512-shaped host;
   an AVX2 one puts its 8 lanes along x's rows and packs x instead); A.T (a weight gradient's dY.T @ X) is packed along
   the tile's rows too."""
-  from plugrad.codegen.heuristic import heuristic_opts
   a, w = rand(64, 48), rand(256, 48)
   t = Tensor(a, device="CPU") @ Tensor(w, device="CPU").T
   opts = heuristic_opts(t.schedule()[-1].ast, host_caps())
@@ -108,6 +109,37 @@ def test_jit_replays_the_pack_with_new_inputs():
     a, b = rand(64, 48), rand(48, 256)
     np.testing.assert_allclose(f(Tensor(a, device="CPU"), Tensor(b, device="CPU")).numpy(), a @ b + w.numpy()[:1], rtol=1e-5, atol=1e-4)
   assert any(ei.runner is not None and ei.runner.spec.name.startswith("E_") for ei in f.captured)  # the pack kernel
+
+
+def test_packs_of_one_shape_share_their_scratch_and_stay_right():
+  """Two different kernels packing a 48x256 operand write the same scratch (one 48 KiB panel, not two): each pack runs
+  right before its own matmul, so every result is still its own, jitted or not."""
+  @TinyJit
+  def f(x: Tensor, y: Tensor, z: Tensor) -> tuple[Tensor, Tensor]: return (x @ y).realize(), ((x @ z) * 2).realize()
+  for _ in range(4):
+    a, b, c = rand(64, 48), rand(48, 256), rand(48, 256)
+    r1, r2 = f(Tensor(a, device="CPU"), Tensor(b, device="CPU"), Tensor(c, device="CPU"))
+    np.testing.assert_allclose(r1.numpy(), a @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(r2.numpy(), 2 * (a @ c), rtol=1e-5, atol=1e-4)
+  runners = [ei.runner for ei in f.captured if ei.runner is not None and ei.runner.packs]
+  assert len(runners) == 2 and runners[0] is not runners[1] and runners[0].packs[0].scratch is runners[1].packs[0].scratch
+
+
+def test_one_kernel_packing_two_operands_of_one_shape_gets_two_scratches(monkeypatch):
+  """(x @ y) * (x @ z) with both y and z packed (as a fused gate/up projection's two weights are): sharing scratch by
+  shape must still give one kernel's two packs two buffers. Written when sharing first broke the embedded model's
+  logits exactly so; the opts are forced through the BEAM hook (the rest of the path is the real one)."""
+  a, b, c = rand(64, 48), rand(48, 256), rand(48, 256)
+  t = (Tensor(a, device="CPU") @ Tensor(b, device="CPU")) * (Tensor(a, device="CPU") @ Tensor(c, device="CPU"))
+  ast = t.schedule()[-1].ast
+  cols = next(r.arg[0] for r in ranges_of(ast).values() if r.arg[1] == "global" and r.src[0].arg == 256)
+  rest = [o for o in heuristic_opts(ast, Device["CPU"].renderer.caps) if o.kind != "PACK"]
+  monkeypatch.setattr(realize, "_RUNNERS", {})
+  forced = [Opt("PACK", cols, 32), Opt("PACK", cols, 32), *rest]
+  monkeypatch.setattr(realize, "beam_opts", lambda k, device: forced if k is ast else None)  # the packing kernels: the heuristic
+  packs = get_runner("CPU", ast).packs
+  assert len(packs) == 2 and packs[0].scratch.size == packs[1].scratch.size and packs[0].scratch is not packs[1].scratch
+  np.testing.assert_allclose(t.numpy(), (a @ b) * (a @ c), rtol=1e-4, atol=1e-4)
 
 
 def test_bad_pack_opt_is_a_clear_error():

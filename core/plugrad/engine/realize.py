@@ -14,6 +14,7 @@ from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.heuristic import heuristic_opts
 from plugrad.codegen.pack import split_packs
 from plugrad.device import Buffer, Device, Program
+from plugrad.dtype import DType
 from plugrad.engine.search import beam_opts
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import ScheduleItem
@@ -41,7 +42,9 @@ def set_buffer(u: UOp, b: Buffer) -> Buffer:
 @dataclass
 class PackStep:
   """A packing kernel that runs before its main kernel (codegen/pack.py): computes from slots `srcs` of the schedule
-  item's buffers into `scratch` (one scratch per compiled kernel: the pair always runs back to back)."""
+  item's buffers into `scratch`. The pair always runs back to back, so packs of the same size and dtype on a device
+  share one scratch (`pack_scratch`): the next pair's pack overwrites it only after this main kernel read it (kernels
+  of a device run in order; one kernel run concurrently from two threads would race on its own scratch anyway)."""
   runner: CompiledRunner
   srcs: tuple[int, ...]
   scratch: Buffer
@@ -57,6 +60,20 @@ class CompiledRunner:
 
 
 _RUNNERS: dict[tuple[str, UOp], CompiledRunner] = {}
+_PACK_SCRATCH: dict[tuple[str, int, DType, int], Buffer] = {}
+
+
+def pack_scratch(device: str, size: int, dtype: DType, nth: int) -> Buffer:
+  """The scratch buffer of the `nth` pack of this size and dtype in one kernel, shared by every kernel on `device`
+  (see PackStep): a kernel reading two packed operands of one shape needs two."""
+  key = (device, size, dtype, nth)
+  if (b := _PACK_SCRATCH.get(key)) is None: b = _PACK_SCRATCH[key] = Buffer(device, size, dtype)
+  return b
+
+
+def _nth_of_shape(shapes: list[tuple[int, DType]]) -> list[int]:
+  """For each entry, how many equal entries come before it."""
+  return [shapes[:i].count(s) for i, s in enumerate(shapes)]
 GlobalCounters = {"kernels": 0, "compiles": 0}
 
 
@@ -84,7 +101,8 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   GlobalCounters["compiles"] += 1
   packs: tuple[PackStep, ...] = ()
   if plan is not None:
-    packs = tuple(PackStep(get_runner(device, pk.ast), pk.srcs, Buffer(device, pk.size, pk.dtype)) for pk in plan.packs)
+    packs = tuple(PackStep(get_runner(device, pk.ast), pk.srcs, pack_scratch(device, pk.size, pk.dtype, nth)) for pk, nth in
+                  zip(plan.packs, _nth_of_shape([(pk.size, pk.dtype) for pk in plan.packs])))
   r = _RUNNERS[(device, ast)] = CompiledRunner(spec, dev.load(spec.name, lib), device, packs, None if plan is None else tuple(plan.slots))
   return r
 
