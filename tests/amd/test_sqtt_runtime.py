@@ -4,6 +4,7 @@ SQTT off no thread-trace register is written at all. The executor here writes kn
 targets, so these tests pin the command processor and the runtime independently of the emulator's trace writer."""
 from __future__ import annotations
 
+import gc as garbage
 import os
 import shutil
 import struct
@@ -133,7 +134,7 @@ def test_no_start_event_traces_nothing():
   e.uconfig("SQ_THREAD_TRACE_MASK", thread_trace.fields(gc, "SQ_THREAD_TRACE_MASK", wtype_include=0x40))
   e.ctrl(True)
   e.select_se(None)
-  e.sh("COMPUTE_THREAD_TRACE_ENABLE", 1, 0x1260)
+  e.sh("COMPUTE_THREAD_TRACE_ENABLE", 1)
   run(eng, e.words)
   assert eng.tt[0].on and not eng.tt[0].armed and eng.trace_targets(None) == ()
   run(eng, start_event())
@@ -165,7 +166,7 @@ def run(eng: Engines, words: list[int], mem=None) -> int:
 
 def test_register_waits_and_copies():
   eng, mem = Engines(), Mem()
-  words = thread_trace.stop_words(gc, "gfx11", 0x1260, 2, 0x5000)
+  words = thread_trace.stop_words(gc, "gfx11", 2, 0x5000)
   assert run(eng, words, mem) == len(words)  # nothing traced: FINISH_PENDING and BUSY already read 0
   assert mem.u32(0x5000) == 0 and mem.u32(0x5010) == 0
   e = thread_trace.Emitter(gc, "gfx11")
@@ -191,7 +192,7 @@ def test_programming_helpers_refuse_bad_values():
   with pytest.raises(ValueError, match="SQ_THREAD_TRACE_MASK.simd_sel = 0x4 does not fit"):
     thread_trace.fields(gc, "SQ_THREAD_TRACE_MASK", simd_sel=4)
   with pytest.raises(ValueError, match="not 4 KiB aligned"):
-    thread_trace.start_words(gc, "gfx11", 0x1260, [(0x1800, 0x1000)], thread_trace.TraceSettings())
+    thread_trace.start_words(gc, "gfx11", [(0x1800, 0x1000)], thread_trace.TraceSettings())
   with pytest.raises(NotImplementedError, match="gfx11"): thread_trace.Emitter(gc, "gfx12")
   info = struct.pack("<III", ((0x10000 >> 5) + 3), 0, 0)
   assert thread_trace.trace_bytes(gc, info, 0x10000, 0x1000) == (96, 0, 0)
@@ -246,3 +247,18 @@ def test_tinyjit_replays_are_traced_one_launch_at_a_time(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   traces, launches = map(int, out.stdout.split())
   assert traces == launches >= 4
+
+
+def test_the_tracer_keeps_no_listing_of_a_freed_program(monkeypatch, recording):
+  """A traced program's code listing is cached only while the program lives: the cache was keyed by id(), which a
+  later program can reuse (then it would be decoded against the wrong kernel's code)."""
+  dev, _ = device(monkeypatch, sqtt=True, SQTT_BUFFER_SIZE="1")
+  spec = get_program(elementwise_ast(), AMDGPURenderer("gfx1100"))
+  prg = dev.load(spec.name, dev.compiler.compile_cached(spec.src))
+  a, b = dev.allocator.alloc(64), dev.allocator.alloc(64)
+  glb, lcl = spec.launch_dims()
+  prg(a, b, global_size=glb, local_size=lcl)
+  assert len(dev.tracer.listings) == 1 and recording.kernel_traces
+  del prg
+  garbage.collect()
+  assert len(dev.tracer.listings) == 0

@@ -19,6 +19,9 @@ from plugrad_amd.am.sysfs import SYSFS, availability_reasons
 
 KFD_PATH = "/dev/kfd"
 TOPOLOGY = "/sys/devices/virtual/kfd/kfd/topology/nodes"
+# GC register segment bases as IP discovery reports them, for the paths that read no discovery table (the KFD runtime):
+# gfx11 (Navi 3x) has four segments; on gfx12 only segment 0 (the SH window of dispatches) is used so far
+GC_SEGMENTS = {"gfx11": (0x1260, 0xA000, 0x1C000, 0x2402C00), "gfx12": (0x1260,)}
 
 
 def gfx_arch(gfx_target_version: int) -> str:

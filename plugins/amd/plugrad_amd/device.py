@@ -26,14 +26,13 @@ from plugrad.device import BufferOptions, parse_device
 from plugrad.helpers import getenv
 from plugrad.viz import capture
 from plugrad.runtime.hcq import Command, HCQAllocator, HCQArgsState, HCQBuffer, HCQCompiled, HCQProgram, HWQueue, Signal, Var
-from plugrad_amd import TOPOLOGY, gfx_arch, read_properties
+from plugrad_amd import GC_SEGMENTS, TOPOLOGY, gfx_arch, read_properties
 from plugrad_amd.autogen import amd_hsa, amdhsa_kd, kfd, pm4_nv, sdma_gfx11
 from plugrad_amd.compiler import AMDGPUCompiler, elf_symbols, unpack
 from plugrad_amd.kfd import MAP_ANONYMOUS, MAP_FIXED, MAP_NORESERVE, MAP_PRIVATE, MAP_SHARED, PROT_NONE, PROT_READ, PROT_WRITE, OSInterface
 from plugrad_amd.renderer import ARCHS, AMDGPURenderer
 from plugrad_amd.thread_trace import Tracer, TraceSettings
 
-GC_BASE = {"gfx11": 0x1260, "gfx12": 0x1260}  # GC register segment 0 base (IP discovery) of the supported families
 TIMESTAMP_HZ = 100_000_000
 PAGE = 0x1000
 RING_SIZE = 1 << 16
@@ -47,7 +46,7 @@ def gc_regs(arch: str) -> Any:
 
 def sh_reg(regs: Any, name: str, family: str) -> int:
   """SET_SH_REG offset of register `name` (its absolute dword address minus the SH window start)."""
-  return GC_BASE[family] + getattr(regs, f"reg{name}") - pm4_nv.PACKET3_SET_SH_REG_START
+  return GC_SEGMENTS[family][0] + getattr(regs, f"reg{name}") - pm4_nv.PACKET3_SET_SH_REG_START
 
 
 def sdma_field(pkt: str, dw: str, field: str, v: int) -> int:
@@ -429,7 +428,7 @@ class AMDDevice(HCQCompiled):
     self.gpu_id, self.arch = self.props["gpu_id"], gfx_arch(self.props["gfx_target_version"])
     if self.arch not in ARCHS: raise ValueError(f"device {device}: {self.arch} is not a supported arch ({', '.join(ARCHS)})")
     self.family = "gfx12" if self.arch.startswith("gfx12") else "gfx11" if self.arch.startswith("gfx11") else "gfx9"
-    if self.family not in GC_BASE:
+    if self.family not in GC_SEGMENTS:
       raise NotImplementedError(f"device {device}: the KFD runtime supports gfx11/gfx12 queues; {self.arch} is not done yet")
     self.wave, self.regs = ARCHS[self.arch]["wave"], gc_regs(self.arch)
     self.kfd_fd = self.os.open("/dev/kfd")
@@ -449,7 +448,6 @@ class AMDDevice(HCQCompiled):
     self._kernargs = self.alloc_gpu(1 << 20, "gtt")
     self._kernarg_next = 0
     self.compute_ring, self.sdma_ring = self.make_rings()
-    self.gc_base = GC_BASE[self.family]
     self.tracer = self.make_tracer() if getenv("SQTT", 0) else None
     renderer = type("AMDGPURenderer", (AMDGPURenderer,), {"default_arch": self.arch})
     super().__init__(device, allocator or AMDAllocator, [renderer], lambda r: AMDGPUCompiler(r.arch), AMDProgram, AMDSignal, AMDComputeQueue,

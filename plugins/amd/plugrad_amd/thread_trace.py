@@ -14,36 +14,42 @@ thread-trace register is written).
 """
 from __future__ import annotations
 
+import functools
 import struct
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from plugrad.viz import capture
-from plugrad_amd import sqtt
+from plugrad_amd import GC_SEGMENTS, sqtt
+from plugrad_amd.am.regs import IPRegs
 from plugrad_amd.autogen import pm4_nv, soc21_enum
 
-GC_SEGMENT1 = {"gfx11": 0xA000}  # GC register segment 1 base (IP discovery): where the SQ_THREAD_TRACE_* registers live
+# the UCONFIG window reaches 0x10000 dwords on gfx10+ (Mesa's CIK_UCONFIG_REG_END, 0x40000 bytes); nvd.h's
+# PACKET3_SET_UCONFIG_REG_END (0xc400) is the older, smaller window and would exclude SQ_THREAD_TRACE_* (0xd9e8..)
+UCONFIG_END = 0x10000
 INFO_BYTES = 16                 # per shader engine: WPTR, STATUS, DROPPED_CNTR, pad
 COPY_SRC_PERF, COPY_DST_MEM, COPY_WR_CONFIRM = 4, 2, 1 << 20  # COPY_DATA control: read a register, write memory, confirm
 WAIT_EQ = 3
 
 
-def fields(regs: Any, reg: str, **vals: int) -> int:
-  """The value of register `reg` with the named fields set (masks and shifts from the generated bindings); a value
-  that does not fit its field is an error, not silently cut."""
-  out = 0
-  for name, v in vals.items():
-    shift, mask = getattr(regs, f"{reg}__{name.upper()}__SHIFT"), getattr(regs, f"{reg}__{name.upper()}_MASK")
-    if (v << shift) & ~mask: raise ValueError(f"{reg}.{name} = {v:#x} does not fit its field (mask {mask:#x})")
-    out |= v << shift
-  return out
+@functools.lru_cache(None)
+def gc_registers(regs: Any, family: str) -> IPRegs:
+  """The GC registers of the generated module `regs` at the family's segment bases (GC_SEGMENTS): addresses and field
+  encoding for building packets (am.regs; no MMIO behind them)."""
+  return IPRegs("GC", regs, GC_SEGMENTS[family], None)
+
+
+def fields(regs: Any, reg: str, family: str = "gfx11", **vals: int) -> int:
+  """The value of GC register `reg` with the named fields set (am.regs: masks and shifts from the bindings; a value
+  that does not fit its field is a RegisterError, a ValueError)."""
+  return getattr(gc_registers(regs, family), reg).encode(**vals)
 
 
 def reg_addr(regs: Any, name: str, family: str) -> int:
-  """Absolute dword address of a GC segment-1 register (SQ_THREAD_TRACE_*, GRBM_GFX_INDEX, SPI_CONFIG_CNTL)."""
-  if getattr(regs, f"reg{name}_BASE_IDX") != 1: raise ValueError(f"{name} is not a GC segment-1 register")
-  return GC_SEGMENT1[family] + getattr(regs, f"reg{name}")
+  """Absolute dword address of GC register `name` (segment bases from am.regs.GC_SEGMENTS)."""
+  return getattr(gc_registers(regs, family), name).addr
 
 
 @dataclass(frozen=True)
@@ -64,16 +70,21 @@ INST_TOKENS = (soc21_enum.SQ_TT_TOKEN_EXCLUDE_VMEMEXEC_SHIFT, soc21_enum.SQ_TT_T
 class Emitter:
   """PM4 words for the thread-trace registers of one GPU family."""
   def __init__(self, regs: Any, family: str) -> None:
-    if family not in GC_SEGMENT1: raise NotImplementedError(f"SQTT is implemented for gfx11 (RDNA3) only, not {family}")
+    if family != "gfx11": raise NotImplementedError(f"SQTT is implemented for gfx11 (RDNA3) only, not {family}")
     self.regs, self.family, self.words = regs, family, []
 
   def pkt3(self, op: int, *body: int) -> None: self.words += [pm4_nv.PACKET3(op, len(body) - 1), *(w & 0xFFFFFFFF for w in body)]
 
-  def uconfig(self, name: str, value: int) -> None:
-    self.pkt3(pm4_nv.PACKET3_SET_UCONFIG_REG, reg_addr(self.regs, name, self.family) - pm4_nv.PACKET3_SET_UCONFIG_REG_START, value)
+  def window(self, name: str, start: int, end: int) -> int:
+    """Register `name`'s offset in a SET_*_REG window [start, end): an error if it lies outside it."""
+    if not start <= (addr := reg_addr(self.regs, name, self.family)) < end: raise ValueError(f"{name} ({addr:#x}) is not in [{start:#x}, {end:#x})")
+    return addr - start
 
-  def sh(self, name: str, value: int, sh_base: int) -> None:
-    self.pkt3(pm4_nv.PACKET3_SET_SH_REG, sh_base + getattr(self.regs, f"reg{name}") - pm4_nv.PACKET3_SET_SH_REG_START, value)
+  def uconfig(self, name: str, value: int) -> None:
+    self.pkt3(pm4_nv.PACKET3_SET_UCONFIG_REG, self.window(name, pm4_nv.PACKET3_SET_UCONFIG_REG_START, UCONFIG_END), value)
+
+  def sh(self, name: str, value: int) -> None:
+    self.pkt3(pm4_nv.PACKET3_SET_SH_REG, self.window(name, pm4_nv.PACKET3_SET_SH_REG_START, pm4_nv.PACKET3_SET_SH_REG_END), value)
 
   def event(self, event_type: int) -> None: self.pkt3(pm4_nv.PACKET3_EVENT_WRITE, pm4_nv.EVENT_TYPE(event_type) | pm4_nv.EVENT_INDEX(0))
 
@@ -93,7 +104,7 @@ class Emitter:
 
   def wait_status(self, field: str) -> None:
     """WAIT_REG_MEM on SQ_THREAD_TRACE_STATUS until `field` reads 0 (a register wait: mem_space 0)."""
-    mask = getattr(self.regs, f"SQ_THREAD_TRACE_STATUS__{field.upper()}_MASK")
+    mask = gc_registers(self.regs, self.family).SQ_THREAD_TRACE_STATUS.fields[field][1]
     ctl = pm4_nv.WAIT_REG_MEM_MEM_SPACE(0) | pm4_nv.WAIT_REG_MEM_OPERATION(0) | pm4_nv.WAIT_REG_MEM_FUNCTION(WAIT_EQ) | pm4_nv.WAIT_REG_MEM_ENGINE(0)
     self.pkt3(pm4_nv.PACKET3_WAIT_REG_MEM, ctl, reg_addr(self.regs, "SQ_THREAD_TRACE_STATUS", self.family), 0, 0, mask, 4)
 
@@ -102,7 +113,7 @@ class Emitter:
               dest & 0xFFFFFFFF, dest >> 32)
 
 
-def start_words(regs: Any, family: str, sh_base: int, buffers: list[tuple[int, int]], s: TraceSettings) -> list[int]:
+def start_words(regs: Any, family: str, buffers: list[tuple[int, int]], s: TraceSettings) -> list[int]:
   """PM4 that starts tracing into `buffers` ((address, size) per shader engine, 4 KiB aligned)."""
   e = Emitter(regs, family)
   e.spi_events(True)
@@ -121,17 +132,17 @@ def start_words(regs: Any, family: str, sh_base: int, buffers: list[tuple[int, i
                                                    reg_include=reg_include))
     e.ctrl(True)
   e.select_se(None)
-  e.sh("COMPUTE_THREAD_TRACE_ENABLE", 1, sh_base)
+  e.sh("COMPUTE_THREAD_TRACE_ENABLE", 1)
   e.event(soc21_enum.THREAD_TRACE_START)
   return e.words
 
 
-def stop_words(regs: Any, family: str, sh_base: int, n_se: int, info_addr: int) -> list[int]:
+def stop_words(regs: Any, family: str, n_se: int, info_addr: int) -> list[int]:
   """PM4 that stops tracing and writes each shader engine's WPTR, STATUS and DROPPED_CNTR to `info_addr` + 16*se."""
   e = Emitter(regs, family)
   e.event(soc21_enum.THREAD_TRACE_STOP)
   e.event(soc21_enum.THREAD_TRACE_FINISH)
-  e.sh("COMPUTE_THREAD_TRACE_ENABLE", 0, sh_base)
+  e.sh("COMPUTE_THREAD_TRACE_ENABLE", 0)
   for se in range(n_se):
     e.select_se(se)
     e.wait_status("finish_pending")
@@ -171,7 +182,7 @@ class Tracer:
     self.dev, self.n_se, self.clock_hz, self.settings, self.size = dev, n_se, clock_hz, settings, buffer_mib << 20
     self.buffers: list[Any] = []
     self.info: Any = None
-    self.listings: dict[int, Any] = {}
+    self.listings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # program -> its code listing, as long as it lives
 
   def ensure_buffers(self) -> None:
     if self.buffers: return
@@ -196,16 +207,16 @@ class Tracer:
     self.ensure_buffers()
     self.info.view[:] = bytes(len(self.info.view))
     st = capture.now()  # the launch's profile bar starts about here too: the waves are placed from it
-    self.submit(start_words(d.regs, d.family, d.gc_base, [(b.va_addr, b.size) for b in self.buffers], self.settings))
+    self.submit(start_words(d.regs, d.family, [(b.va_addr, b.size) for b in self.buffers], self.settings))
     result = run()
-    self.submit(stop_words(d.regs, d.family, d.gc_base, self.n_se, self.info.va_addr))
+    self.submit(stop_words(d.regs, d.family, self.n_se, self.info.va_addr))
     d.synchronize()
     self.record(prg, st, self.read())
     return result
 
   def record(self, prg: Any, st: int, ses: list[SEResult]) -> None:
-    listing = self.listings.get(id(prg))
-    if listing is None: listing = self.listings[id(prg)] = sqtt.code_listing(prg.disassembly(), prg.name)
+    listing = self.listings.get(prg)
+    if listing is None: listing = self.listings[prg] = sqtt.code_listing(prg.disassembly(), prg.name)
     s, waves = self.settings, []
     for se, r in enumerate(ses):
       for w in sqtt.wave_traces(r.data, listing, strict=not r.full, selected=(s.sa_sel, s.wgp_sel, s.simd_sel)):

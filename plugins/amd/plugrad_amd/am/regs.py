@@ -18,8 +18,8 @@ from typing import Any, Protocol
 MASK32 = (1 << 32) - 1
 
 
-class RegisterError(RuntimeError):
-  """A register or field that the bindings of the block's version don't have."""
+class RegisterError(RuntimeError, ValueError):
+  """A register or field that the bindings of the block's version don't have, or a value that doesn't fit a field."""
 
 
 class MMIO(Protocol):
@@ -61,7 +61,7 @@ class Reg:
     for k, v in values.items():
       if k not in self.fields: raise RegisterError(f"{self.ip} register {self.name} has no field {k} (it has {', '.join(sorted(self.fields))})")
       shift, mask = self.fields[k]
-      if (v << shift) & ~mask: raise RegisterError(f"{self.ip} {self.name}.{k} = {v} does not fit the field (mask {mask:#x})")
+      if (v << shift) & ~mask: raise RegisterError(f"{self.ip} {self.name}.{k} = {v:#x} does not fit the field (mask {mask:#x})")
       out |= v << shift
     return out
 

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import numpy as np
 
 from plugrad_amd.autogen import amd_hsa, amdhsa_kd, pm4_nv, sdma_gfx11, soc21_enum
-from plugrad_amd.device import GC_BASE, gc_regs
+from plugrad_amd.device import gc_regs
 from plugrad_amd.mock.dispatch import Dispatch, GPUMemory, PageFault, TraceTarget, execute
-from plugrad_amd.thread_trace import GC_SEGMENT1
+from plugrad_amd.thread_trace import gc_registers
 
 DESCRIPTOR_SEARCH = 1 << 20  # how far below a kernel's entry the engine looks for its descriptor
 
@@ -68,6 +68,7 @@ class Engines:
   programmed."""
   def __init__(self, arch: str = "gfx1100", shader_engines: int = 6) -> None:
     self.arch, self.sh, self.clock = arch, {}, Clock()
+    self.gc = gc_registers(gc_regs(arch), "gfx11")  # register addresses and fields (am.regs)
     self.dispatches: list[Dispatch] = []
     self._kd_cache: dict[int, int] = {}
     self.shader_engines = shader_engines
@@ -133,7 +134,7 @@ class Engines:
     return n + 1
 
   def sh_reg(self, name: str) -> int:
-    return self.sh.get(GC_BASE["gfx11"] + getattr(gc_regs(self.arch), f"reg{name}"), 0)
+    return self.sh.get(self.reg(name), 0)
 
   def dispatch(self, mem: GPUMemory, groups: tuple[int, ...], initiator: int) -> None:
     if not initiator & 1: raise PacketError(f"DISPATCH_DIRECT initiator {initiator:#x} lacks COMPUTE_SHADER_EN")
@@ -155,12 +156,12 @@ class Engines:
 
   # ---- registers outside the SH window and the thread trace (SQTT)
   def reg(self, name: str) -> int:
-    """Absolute dword address of GC segment-1 register `name`."""
-    return GC_SEGMENT1["gfx11"] + getattr(gc_regs(self.arch), f"reg{name}")
+    """Absolute dword address of GC register `name`."""
+    return getattr(self.gc, name).addr
 
   def field(self, value: int, reg: str, name: str) -> int:
-    r = gc_regs(self.arch)
-    return (value & getattr(r, f"{reg}__{name}_MASK")) >> getattr(r, f"{reg}__{name}__SHIFT")
+    shift, mask = getattr(self.gc, reg).fields[name.lower()]
+    return (value & mask) >> shift
 
   def selected(self) -> list[ThreadTrace]: return self.tt if self.grbm_se is None else [self.tt[self.grbm_se]]
 
