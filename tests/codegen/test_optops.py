@@ -69,8 +69,9 @@ def test_registry_checks():
 @pytest.mark.parametrize("gpu", [False, True])
 def test_beam_actions_follow_each_kinds_rule(gpu: bool):
   """BEAM's one-step actions, computed independently from the rules the kinds declare: splits that divide (2-16),
-  thread counts up to the size (GPU), whole unrolls of reduce ranges, OUTER and BLOCK on CPU only."""
-  ast = reduce_ast(48, 24)
+  thread counts up to the size (GPU), whole unrolls of reduce ranges, OUTER, BLOCK and overlapping tiles of 3 or 6
+  that don't divide on CPU only."""
+  ast = reduce_ast(44, 24)
   want = set()
   for n in ast.toposort():
     if n.op is not Ops.RANGE: continue
@@ -79,6 +80,7 @@ def test_beam_actions_follow_each_kinds_rule(gpu: bool):
     if n.arg[1] == "global":
       want |= {Opt("UPCAST", rid, a) for a in divs}
       want |= {Opt("LOCAL", rid, a) for a in AMOUNTS if a <= size} if gpu else {Opt("BLOCK", rid, a) for a in divs} | {Opt("OUTER", rid, 0)}
+      if not gpu: want |= {Opt("UPCAST_OVERLAP", rid, a) for a in (3, 6) if size % a and size >= 4 * a}
     else:
       want |= {Opt("SPLIT", rid, a) for a in divs} | {Opt("UNROLL", rid, size)}
       if gpu: want |= {Opt(k, rid, a) for k in ("GROUP", "GROUPTOP") for a in AMOUNTS if a <= size}

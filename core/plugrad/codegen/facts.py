@@ -98,12 +98,13 @@ def contiguous(idx: UOp, rng: UOp) -> bool:
 def row_blocks(rngs: dict[int, UOp], rows: list[Opt], unknown: float, axes: list[UOp] | None = None) -> float:
   """How many row tiles the UPCASTs `rows` cut the row axes into: the product over `axes` (default: the ranges `rows`
   upcast; `rngs` maps ids to ranges) of the axis size divided by the amounts upcast on it (an UPCAST's amount divides
-  its axis, or it is refused). A symbolic axis size (a prefill of any length) makes the count `unknown`, which every
-  caller states: 0 where the count must prove that a copy pays for itself (an unknown count can't), math.inf where a
-  long axis is what makes it pay (an expression packed once instead of per row block)."""
+  its axis, or it is refused; an UPCAST_OVERLAP's last block is counted). A symbolic axis size (a prefill of any
+  length) makes the count `unknown`, which every caller states: 0 where the count must prove that a copy pays for
+  itself (an unknown count can't), math.inf where a long axis is what makes it pay (an expression packed once instead
+  of per row block)."""
   axes = list(dict.fromkeys(rngs[o.rid] for o in rows)) if axes is None else axes
   if any(const_end(a) is None for a in axes): return unknown
-  return math.prod(const_end(a) // math.prod(o.amount for o in rows if o.rid == a.arg[0]) for a in axes)
+  return math.prod(-(-const_end(a) // math.prod(o.amount for o in rows if o.rid == a.arg[0])) for a in axes)
 
 
 def eval_index(x: UOp, env: dict[UOp, int]) -> int:

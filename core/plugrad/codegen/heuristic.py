@@ -25,7 +25,7 @@ from plugrad.codegen.facts import (NO_DOTS, UNROLL_BUDGET, Dots, const_end, cont
                                    group_lane, in_loop, lane_pattern, outer_range, range_size, ranges_of, reduce_loads, row_blocks, tc_match,
                                    unrollable)
 from plugrad.codegen.gpudims import uses_gpudims
-from plugrad.codegen.optops import Opt, apply_opt, is_vector_range
+from plugrad.codegen.optops import UPCASTS, Opt, apply_opt, is_vector_range
 from plugrad.codegen.pack import _mul_operands, pack_candidate, split_packs
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import dtypes
@@ -41,6 +41,7 @@ OUTER_MIN_TRIPS = 8  # an outermost loop with fewer trips splits badly across co
 PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
 PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
 PACK_MIN_EXPR_BLOCKS = 8  # an expression operand (a dequantized weight) is packed when this many row blocks reuse it
+TILE_OVERLAP_WASTE = 16  # a tile's rows may overlap the block before when at most this part of the rows is computed twice
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)
 
 
@@ -114,15 +115,16 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
     # (an attention projection's heads: only the broadcasts are reused, the vector loads of every head differ)
     vloads = [ix for ix in loads if vr.arg[0] in ranges_of(ix)]   # (the vector axis is a new range in `a`: by id)
     reuse.sort(key=lambda g: any(g in ix.toposort() for ix in vloads))
-    if divides(outer_range(vr, lanes), 2) and reuse: opts.append(Opt("UPCAST", vr.arg[0], 2)); budget //= 2
+    cols = 2 if divides(outer_range(vr, lanes), 2) and reuse else 1
+    budget //= cols
     # a small axis may be upcast whole (attention's 3 or 7 query heads of a KV head: the keys are read once for all);
     # not when short reduce loops will be unrolled too (a convolution's weight gradient: 3x3 window axes upcast whole
     # times a 4x4 unrolled window made 288 copies of a fused expression, 54k uops that clang compiled for 20+ minutes)
     rngs = ranges_of(ast)
     may_whole = not any(unrollable(r) for r in rngs.values() if r.arg[1] == "reduce")
     for g in reuse:
-      if (k := _pick(g, (8, 6, 4, 3, 2), budget, whole=may_whole) or (n if may_whole and (n := const_end(g)) in (5, 7) and n <= budget else 0)):
-        opts.append(Opt("UPCAST", g.arg[0], k)); budget //= k
+      if (o := _tile_rows(a, g, budget, may_whole, overlap=not _rows_packed(ast, g, vr))) is not None: opts.append(o); budget //= o.amount
+    if cols > 1: opts.append(Opt("UPCAST", vr.arg[0], cols))
     # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by;
     # also when the loop that would be outermost is too short to split across cores (3 KV heads on 2 cores) and the
     # columns are many (a symbolic number of key positions)
@@ -150,6 +152,28 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
       opts = [Opt("SPLIT", o.rid, 4) if o.kind == "SPLIT" and o.rid == vr.arg[0] and divides(outer_range(ranges_of(ast)[o.rid], lanes), 4) else o
               for o in opts]   # (the vector range's own SPLIT; a shared SPLIT of sub-block pairs stays 2)
   return opts
+
+
+def _rows_packed(ast: UOp, g: UOp, vr: UOp) -> bool:
+  """Whether `_pack_opt` would pack the row operand of a tile with rows along `g` (PACK_A: it is read across rows,
+  or PACK_A=1). Its panels hold whole tiles, so the tile's rows must divide the axis there."""
+  if getenv("PACK_A", -1) == 0 or (val := pack_candidate(ast, g, 1, [vr])) is None: return False
+  return getenv("PACK_A", -1) == 1 or not _plain_load_along(val, "reduce")
+
+
+def _tile_rows(a: UOp, g: UOp, budget: int, may_whole: bool, overlap: bool = True) -> Opt | None:
+  """The UPCAST of row axis `g` in a matmul tile of at most `budget` rows: the most rows the budget holds (8 or 6: with
+  fewer, the FMA chains of a k step are too few to hide the FMA latency; 4x2 tiles of 8-lane vectors measured 99 against
+  107 GFLOPS for 6x2 on one core). When that amount doesn't divide the axis, UPCAST_OVERLAP takes it anyway (the last
+  block overlaps the one before) if the rows computed twice are at most 1/TILE_OVERLAP_WASTE of the axis; else the
+  largest amount that divides, or a whole small axis (also where `overlap` is False: the row operand gets packed)."""
+  want = next((x for x in (8, 6) if x <= budget), 0)
+  k = _pick(g, (8, 6, 4, 3, 2), budget, whole=may_whole) or (n if may_whole and (n := const_end(g)) in (5, 7) and n <= budget else 0)
+  if overlap and want > k and (n := const_end(g)) is not None and n > want and (want - n % want) * TILE_OVERLAP_WASTE <= n:
+    try: apply_opt(a, o := Opt("UPCAST_OVERLAP", g.arg[0], want))
+    except ValueError: pass
+    else: return o
+  return Opt("UPCAST", g.arg[0], k) if k else None
 
 
 def _streams_against_shared(loads: list[UOp], glbl: list[UOp]) -> bool:
@@ -193,7 +217,7 @@ def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | Non
   panel is reused by enough row blocks (PACK=0 turns it off)."""
   if not getenv("PACK", 1) or not any(o.kind == "OUTER" for o in opts): return None
   P = lanes * math.prod(o.amount for o in opts if o.kind == "UPCAST" and o.rid == vr.arg[0])
-  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != vr.arg[0]]
+  rows = [o for o in opts if o.kind in UPCASTS and o.rid != vr.arg[0]]
   rngs = ranges_of(ast)
   blocks = row_blocks(rngs, rows, unknown=0)
   if not rows or blocks < PACK_MIN_ROW_BLOCKS: return None
@@ -203,7 +227,7 @@ def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | Non
   out = [Opt("PACK", vr.arg[0], P)]
   # the row operand too when it is read across rows (A.T: each k step a new line, a row apart) or PACK_A=1 (the R
   # broadcasts of a k step become R consecutive floats); PACK_A=0 never
-  if len(rows) == 1 and (val := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr])) is not None and \
+  if len(rows) == 1 and rows[0].kind == "UPCAST" and (val := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr])) is not None and \
      getenv("PACK_A", -1) != 0 and (getenv("PACK_A", -1) == 1 or not _plain_load_along(val, "reduce")):
     out.append(Opt("PACK", r.arg[0], rows[0].amount))
   return out
@@ -305,15 +329,20 @@ def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:
   if not l3 or not getenv("ROW_BLOCK", 1) or (outer := next((o for o in opts if o.kind == "OUTER"), None)) is None: return None
   rngs = ranges_of(ast)
   glbl = global_ranges(ast, lanes=False)
-  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != outer.rid]
+  rows = [o for o in opts if o.kind in UPCASTS and o.rid != outer.rid]
   red = [r for r in rngs.values() if r.arg[1] == "reduce"]
   if len(glbl) != 2 or len(rows) != 1 or len(red) != 1 or any(const_end(r) is None for r in (*glbl, *red)): return None
   row = rngs[rows[0].rid]
   item = max((n.dtype.itemsize for n in ast.toposort() if n.op is Ops.LOAD), default=4)
   a_bytes, row_bytes = const_end(row) * const_end(red[0]) * item, rows[0].amount * const_end(red[0]) * item
   if a_bytes * 2 <= l3: return None
-  blocks, chunk = row_blocks(rngs, rows, unknown=0), 1
-  while blocks % (chunk * 2) == 0 and chunk * 2 < blocks and chunk * 2 * row_bytes * ROW_CHUNK_L3_PART <= l3: chunk *= 2
+  blocks, chunk = int(row_blocks(rngs, rows, unknown=0)), 1
+  cmax = min(blocks - 1, l3 // (row_bytes * ROW_CHUNK_L3_PART))   # the most row blocks a chunk may hold
+  while blocks % (chunk * 2) == 0 and chunk * 2 <= cmax: chunk *= 2
+  if chunk * 2 <= cmax:   # no power of two that divides reaches the cache limit (683 blocks of 6 rows): the chunk size
+    # from cmax/2..cmax that leaves the fewest blocks computed twice by an overlapping last chunk
+    c = min(range(max(2, cmax // 2), cmax + 1), key=lambda c: (-blocks % c, -c))
+    if -blocks % c * TILE_OVERLAP_WASTE <= blocks: chunk = c
   return Opt("BLOCK", glbl[1].arg[0] if row is glbl[0] else row.arg[0], chunk) if chunk >= 2 else None
 
 
@@ -353,7 +382,7 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
   def panel(os_: list[Opt]) -> bool: return any(o.kind == "OUTER" for o in os_)
   def col_lanes(os_: list[Opt]) -> bool: return any(o.kind == "VECTOR" and o.rid == col.arg[0] for o in os_)
   if not expr and not ((panel(opts) and not panel(chosen)) or (col_lanes(opts) and not col_lanes(chosen))): return None
-  rows = [o for o in opts if o.kind == "UPCAST" and o.rid != col.arg[0]]
+  rows = [o for o in opts if o.kind in UPCASTS and o.rid != col.arg[0]]
   if not expr and (not rows or row_blocks(ranges_of(ast), rows, unknown=0) < PACK_MIN_ROW_BLOCKS):
     return None
   # an expression (a dequantized weight) is packed once instead of evaluated once per row block: with few row blocks

@@ -14,7 +14,10 @@ of its variables, such as `8*T`), into an outer loop `r'` of size N/k and an inn
   loop); renderers with vector types (`vector_lanes` > 0) turn it into SIMD values with codegen/vectorize.py.
   VECTOR goes first on its range, so later UPCAST/SPLIT copies of `r'` sit outside the contiguous lanes.
 
-UPCAST/SPLIT/UNROLL produce plain scalar code that any renderer (and the PYTHON device) runs unchanged. OUTER and BLOCK
+- UPCAST_OVERLAP: UPCAST by a k that doesn't divide a constant N; the last block of copies starts at N-k and overlaps the
+  one before (a 6-row tile on 1024 rows).
+
+UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL produce plain scalar code that any renderer (and the PYTHON device) runs unchanged. OUTER and BLOCK
 reorder and block the global loops (cache blocking on CPU targets). Every kind is registered in codegen/optops.py, whose
 `apply_opt` applies any of them; which ones a kernel gets is decided by codegen/heuristic.py (from the renderer's
 capability record) or BEAM; what they read off the kernel (range sizes, splits) comes from codegen/facts.py.
@@ -82,14 +85,30 @@ pm_split_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _split_reduce)]
 pm_vector_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _vector_reduce)])
 
 
+def _overlap_start(ast: UOp, rng: UOp, opt: Opt, outer: UOp) -> UOp:
+  """Where block `outer` of k = opt.amount copies of range `rng` (constant size N that k doesn't divide) starts:
+  outer*k, except the last block, which starts at N-k and overlaps the one before. The overlapped outputs are computed
+  again exactly as before and stored with the same value, so it is refused where a second store could differ: a kernel
+  that also reads a buffer it writes (an in-place update would read its own first store), or a store not indexed by
+  the range (every block would write it)."""
+  n, k = const_end(rng), opt.amount
+  written = {st.src[0].src[0] for st in ast.src if st.op is Ops.STORE and st.src[0].op is Ops.INDEX}
+  if any(x.op is Ops.LOAD and x.src[0].op is Ops.INDEX and x.src[0].src[0] in written for x in ast.toposort()):
+    raise ValueError(f"{opt}: the kernel reads a buffer it writes; overlapping blocks would read their own stores")
+  if not all(rng in st.toposort() for st in ast.src): raise ValueError(f"{opt}: a store of the kernel doesn't use range {opt.rid}")
+  return (outer * k < n - k).where(outer * k, n - k)
+
+
 def _block(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
-  """Cache blocking: r = r_o*k + r_i, r_o the outermost global loop, r_i in r's place."""
+  """Cache blocking: r = r_o*k + r_i, r_o the outermost global loop, r_i in r's place. A k that doesn't divide the
+  size makes ceil(N/k) blocks, the last one overlapping the one before (`_overlap_start`)."""
   rngs = ranges_of(ast)
-  if (n := const_end(rng)) is None or opt.amount < 2 or n % opt.amount or n == opt.amount:
-    raise ValueError(f"{opt}: BLOCK of range {opt.rid} (size {rng.src[0].render()}) needs a constant size that {opt.amount} divides")
+  if (n := const_end(rng)) is None or opt.amount < 2 or n <= opt.amount:
+    raise ValueError(f"{opt}: BLOCK of range {opt.rid} (size {rng.src[0].render()}) needs a constant size over {opt.amount}")
   inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), rng.arg)
-  outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, n // opt.amount),), (max(rngs) + 1, "global"))
-  ast = ast.substitute({rng: outer * opt.amount + inner}, walk=True)
+  outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, -(-n // opt.amount)),), (max(rngs) + 1, "global"))
+  start = outer * opt.amount if n % opt.amount == 0 else _overlap_start(ast, rng, opt, outer)
+  ast = ast.substitute({rng: start + inner}, walk=True)
   glbl = global_ranges(ast, lanes=False)
   order = [outer] + [r for r in glbl if r is not outer]
   ids = sorted(r.arg[0] for r in glbl)
@@ -123,6 +142,23 @@ def _upcast(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
   return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), pm_opt_symbolic, name="simplify after opt")
 
 
+def _upcast_overlap(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
+  """UPCAST by a k that doesn't divide the range's constant size N: ceil(N/k) blocks of k copies, the last block
+  starting at N-k (`_overlap_start`), so a few outputs are computed twice (a 6-row tile on 1024 rows)."""
+  n, k = const_end(rng), opt.amount
+  if n is None or n <= k or n % k == 0:
+    raise ValueError(f"{opt}: UPCAST_OVERLAP needs a constant range size that {k} doesn't divide, over {k} (else UPCAST)")
+  outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, -(-n // k)),), rng.arg)
+  start = _overlap_start(ast, rng, opt, outer)
+  stores = [st.substitute({rng: start + i}, walk=True) for st in ast.src for i in range(k)]
+  return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), pm_opt_symbolic, name="simplify after opt")
+
+
+def _overlap_amounts(n: int) -> tuple[int, ...]:
+  """BEAM's amounts for UPCAST_OVERLAP: 3 and 6 where they don't divide a range at least 4 blocks long."""
+  return tuple(a for a in (3, 6) if n % a and n >= 4 * a)
+
+
 def _split(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
   """SPLIT (k accumulators) and UNROLL (k = the whole range)."""
   if opt.kind == "UNROLL" and opt.amount != const_end(rng): raise ValueError(f"{opt}: UNROLL must cover the whole range")
@@ -132,6 +168,7 @@ def _split(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
 
 
 register(OptKind("UPCAST", _upcast, GLOBAL, beam=split_amounts))
+register(OptKind("UPCAST_OVERLAP", _upcast_overlap, GLOBAL, device="cpu", min_amount=2, beam=_overlap_amounts))
 register(OptKind("SPLIT", _split, REDUCE, beam=split_amounts))
 register(OptKind("UNROLL", _split, REDUCE, beam=lambda n: (n,)))
 register(OptKind("VECTOR", _vector, ANY_RANGE))

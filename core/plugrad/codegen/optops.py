@@ -20,6 +20,7 @@ from plugrad.runtime.renderer import Capabilities
 from plugrad.uop.ops import Ops, UOp
 
 AMOUNTS = (2, 4, 8, 16, 32, 64, 128, 256)  # the split amounts BEAM tries
+UPCASTS = ("UPCAST", "UPCAST_OVERLAP")  # the kinds that copy a global range k times per iteration (an output tile's rows)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plugrad.codegen.facts import const_end, contiguous
+from plugrad.codegen.optops import UPCASTS
 from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
@@ -149,7 +150,7 @@ def split_packs(ast: UOp, opts: list) -> PackPlan:
   for o in packs:
     rngs = {r.arg[0]: r for r in ast.toposort() if r.op is Ops.RANGE}
     if (n := rngs.get(o.rid)) is None or n.arg[1] != "global": raise ValueError(f"{o}: PACK needs a global range")
-    rows = [rngs[u.rid] for u in rest if u.kind == "UPCAST" and u.rid != o.rid and u.rid in rngs]
+    rows = [rngs[u.rid] for u in rest if u.kind in UPCASTS and u.rid != o.rid and u.rid in rngs]
     # the operand that doesn't move with the tile's other axes; else any operand moving with range rid (packing any
     # of them keeps the kernel's values: only the layout an operand is read from changes)
     if (val := pack_candidate(ast, n, o.amount, rows, nslots) or pack_candidate(ast, n, o.amount, [], nslots)) is None:
