@@ -6,8 +6,9 @@ Not a test. Run from the repo root:
 
 Each pass is a jitted plugrad function on realized inputs (forward: y = conv(x, w); input gradient: dx from dy;
 weight gradient: dw from dy and x), timed per call with the device synchronized; torch runs `F.conv2d` and
-`torch.ops.aten.convolution_backward` with the one gradient asked for. The two alternate call by call (so machine
-load hits both alike), best of `reps`. `ratio` = torch time / plugrad time (> 1: plugrad is faster). The floor is the
+`torch.ops.aten.convolution_backward` with the one gradient asked for. The two alternate in blocks of calls after a
+pause (bench/alternate.py: machine load hits both alike, and neither side's spinning threads slow the other), best of
+about `reps` calls each. `ratio` = torch time / plugrad time (> 1: plugrad is faster). The floor is the
 pass's FLOPs (2 * N * Cout * Cin/groups * kh * kw * OH * OW, the same for all three passes) / the measured FP32 peak
 of the cores used (bench_tensor.measure_peak: clock x FMA throughput). The load average is recorded with the figures.
 """
@@ -17,10 +18,14 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from alternate import best_of_blocks
 
 from plugrad import Device, Tensor, TinyJit
 
@@ -73,11 +78,7 @@ def bench_layer(torch, layer, reps: int) -> dict:
   for pname, (ours, theirs, ours_np, theirs_np) in passes.items():
     err = float(np.abs(ours_np() - theirs_np()).max())  # also the jit's first two calls (run, capture)
     for _ in range(2): ours(); dev.synchronize(); theirs()
-    tp, tt = [], []
-    with torch.no_grad():
-      for _ in range(reps):
-        st = time.perf_counter(); ours(); dev.synchronize(); tp.append(time.perf_counter() - st)
-        st = time.perf_counter(); theirs(); tt.append(time.perf_counter() - st)
+    with torch.no_grad(): tp, tt = best_of_blocks(lambda: (ours(), dev.synchronize()), theirs, reps)
     out[pname] = {"plugrad_ms": min(tp) * 1e3, "torch_ms": min(tt) * 1e3, "ratio": min(tt) / min(tp), "max_abs_err": err}
   return out
 

@@ -5,6 +5,9 @@ Not a test. Run from the repo root (unset the OpenBLAS overrides some machines s
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_tensor.py           # full table
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_tensor.py --quick   # smaller sizes
   ... --json                                                                                      # one JSON object
+  ... --matmul                                                                                    # the matmul rows only
+  CPU_MARCH=x86-64-v3 OPENBLAS_CORETYPE=Haswell ... --matmul    # AVX2 code on both sides (on an AVX-512 box)
+  CPU_THREADS=1 OPENBLAS_NUM_THREADS=1 ... --matmul               # one core each
 
 Each row times the user-visible op (`Tensor` expression -> `realize()`, warm: compiled and scheduled before) and
 its numpy peer, best of several runs; `ratio` is numpy's time / plugrad's (> 1: plugrad is faster). Floors: bytes
@@ -28,16 +31,16 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from alternate import best_of_blocks
+
 from plugrad.tensor import Tensor
 
 
 def best2(fa, fb, reps: int) -> tuple[float, float]:
-  """Best times of `fa` and `fb` run alternately (ours, the peer, ours, ...): load from other processes hits both alike."""
-  fa(); fb()
-  ta, tb = [], []
-  for _ in range(reps):
-    st = time.perf_counter(); fa(); ta.append(time.perf_counter() - st)
-    st = time.perf_counter(); fb(); tb.append(time.perf_counter() - st)
+  """Best times of `fa` (ours) and `fb` (the peer) over alternating blocks of calls (bench/alternate.py: a threaded
+  peer's spinning threads would otherwise take a core from the call after it)."""
+  ta, tb = best_of_blocks(fa, fb, reps)
   return min(ta), min(tb)
 
 
@@ -159,7 +162,17 @@ def bench_ops(q: bool, m: dict, reps: int) -> list[dict]:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
   rows.append(row(f"softmax ({s},{s})", best(lambda: tx.softmax(-1).realize(), reps), best(np_softmax, reps), "GB/s", 8 * s * s, 8 * s * s / bw))
-  # square, then the LLM's shapes: a few tokens (skinny M) against a large K
+  rows += bench_matmuls(q, m, reps)
+  rows.append(bench_conv(4 if q else 32, peak, reps))
+  rows.append(bench_q4_matvec(2048 if q else 8192, 4096, bw, reps))
+  return rows
+
+
+def bench_matmuls(q: bool, m: dict, reps: int) -> list[dict]:
+  """f32 matmuls (square, then the LLM's shapes: a few tokens, skinny M, against a large K) and 16-bit inputs."""
+  rng = np.random.default_rng(0)
+  peak = m["peak_gflops"] * 1e9
+  rows = []
   shapes = [(s, s, s) for s in ((256, 512, 1024) if q else (256, 512, 1024, 2048, 4096))]
   shapes += [(16, 4096, 4096), (64, 4096, 4096), (128, 576, 1536)] if not q else [(16, 2048, 2048)]
   for m_, k_, n_ in shapes:
@@ -182,8 +195,6 @@ def bench_ops(q: bool, m: dict, reps: int) -> list[dict]:
     fl = 2 * s ** 3
     t_pg, t_np = best2(f, lambda: x16 @ y16, reps)
     rows.append(row(f"matmul {s} {dt} in, f32 acc", t_pg, t_np, "GFLOPS", fl, fl / peak))
-  rows.append(bench_conv(4 if q else 32, peak, reps))
-  rows.append(bench_q4_matvec(2048 if q else 8192, 4096, bw, reps))
   return rows
 
 
@@ -285,12 +296,15 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
   ap.add_argument("--json", action="store_true", help="print one JSON object")
+  ap.add_argument("--matmul", action="store_true", help="only the matmul rows")
   ap.add_argument("--bw", type=float, default=25.0, help="read bandwidth floor in GB/s (default 25)")
   ap.add_argument("--flops-per-cycle", type=int, default=None, help="FP32 FLOPs per cycle per core (default 32 with FMA)")
   args = ap.parse_args()
   m = machine(args.bw, args.flops_per_cycle)
   reps = 3 if args.quick else 5
-  res = {"machine": m, "ops": bench_ops(args.quick, m, reps), "overhead": bench_overhead(), "launch_us": bench_launch(500 if args.quick else 2000)}
+  if args.matmul: res = {"machine": m, "ops": bench_matmuls(args.quick, m, reps), "overhead": None, "launch_us": None}
+  else:
+    res = {"machine": m, "ops": bench_ops(args.quick, m, reps), "overhead": bench_overhead(), "launch_us": bench_launch(500 if args.quick else 2000)}
   if args.json: print(json.dumps(res, indent=1)); return
   pk = m["peak_measured"]
   print(f"{m['model']}: {m['cores']} cores @ {m['mhz']:.0f} MHz (measured), {m['simd']}{'+fma' if m['fma'] else ''}; "
@@ -304,7 +318,7 @@ def main() -> None:
   for r in res["ops"]:
     print(f"| {r['name']:28s} | {r['plugrad_ms']:10.2f} | {r['numpy_ms']:9.2f} | {r['plugrad']:7.1f} {r['unit']:>6s} | "
           f"{r['numpy']:7.1f} {r['unit']:>6s} | {r['ratio']:6.2f} | {r['floor_ms']:8.2f} | {r['x_floor']:7.1f} |")
-  o = res["overhead"]
+  if (o := res["overhead"]) is None: return
   print(f"\n10-op elementwise chain (64 elements): cold {o['cold_ms']:.1f} ms (schedule + codegen + compile, empty cache), "
         f"warm {o['warm_ms']:.3f} ms median ({o['warm_min_ms']:.3f} min)")
   print("warm breakdown (cProfile, cumulative ms per realize, top entries):")

@@ -50,8 +50,8 @@ def test_conv_grads_match_torch(case, seed):
   np.testing.assert_allclose(pw.grad.numpy(), tw.grad.numpy(), rtol=1e-9, atol=1e-9)
 
 
-def _grad_asts(stride: int = 1):
-  x = Tensor(np.zeros((8, 16, 4, 4), np.float32), requires_grad=True)
+def _grad_asts(stride: int = 1, size: int = 4):
+  x = Tensor(np.zeros((8, 16, size, size), np.float32), requires_grad=True)
   w = Tensor(np.zeros((32, 16, 3, 3), np.float32), requires_grad=True)
   y = x.conv2d(w, padding=1, stride=stride)
   (y * Tensor(np.ones(y.shape, np.float32))).sum().backward()
@@ -86,6 +86,17 @@ def test_conv_kernels_get_the_channel_tile(cpu_host):
     assert opts is not None and [o.kind for o in opts[:2]] == ["PACK", "VECTOR"] and any(o.kind == "UPCAST" for o in opts[2:])
   a = Tensor(np.zeros((64, 64), np.float32)); b = Tensor(np.zeros((64, 64), np.float32))
   assert conv_opts((a @ b).schedule()[-1].ast, lanes, regs) is None  # a matmul keeps the matmul tile
+
+
+def test_wide_conv_gets_the_channel_tile_too(cpu_host):
+  """Regression: an output row the vector lanes divide (32 wide) made the padded input window look vectorizable as it
+  is, and the forward conv and the input gradient got a tile of one window vector against broadcast weights (a load
+  per FMA: 64->64 channels at 56x56 on AVX2 code 57 GFLOPS, at 64x64 on AVX-512 61; the channel tile 193 and 168)."""
+  r = Device["CPU"].renderer.caps
+  fwd, dx, _ = _grad_asts(size=32)
+  for ast in (fwd[-1], dx[-1]):
+    opts = conv_opts(ast, r.vector_lanes, r.vector_regs)
+    assert opts is not None and [o.kind for o in opts[:2]] == ["PACK", "VECTOR"], (cpu_host, opts)
 
 
 @pytest.mark.parametrize("stride,groups,size", [(1, 1, 4), (2, 1, 7), (1, 2, 5)])

@@ -401,6 +401,17 @@ def _gated_or_strided(v: UOp, glbl: list[UOp], lanes: int) -> bool:
   return not any(contiguous(v.src[0].src[1], g) and (const_end(g) or 0) % lanes == 0 for g in glbl)
 
 
+def _sliding_window(v: UOp, glbl: list[UOp], red: set[UOp]) -> bool:
+  """Whether operand `v` is a load whose index moves with stride 1 along an output range and along a reduce range too
+  (a convolution's input window, x + kx, padded beforehand): vectorizing it along that output range (when the lanes
+  divide it: 56 wide with 8 lanes) gives a tile of one window vector against broadcast weights, a load per FMA
+  (AVX2, 64->64 channels at 56x56: 57 GFLOPS forward, 193 with the channels in the lanes instead)."""
+  while v.op is Ops.CAST: v = v.src[0]
+  if v.op is not Ops.LOAD or v.src[0].op is not Ops.INDEX: return False
+  ix = v.src[0].src[1]
+  return any(contiguous(ix, g) for g in glbl) and any(contiguous(ix, r) for r in red)
+
+
 def _ranges_in(u: UOp) -> set[UOp]: return {n for n in u.toposort() if n.op is Ops.RANGE}
 
 
@@ -408,9 +419,9 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   """A direct convolution (or one of its gradients) as a register-blocked matmul with the channels in the vector lanes:
   out[.., c, .., spatial] = sum over (channels, taps) of f[c, reduce..] * g[spatial.., reduce..], where the channel
   operand f moves with one global range c (the output or input channels: the weights, or the output gradient in the
-  weight gradient) that it doesn't read contiguously, and the other operand is a gated window (padding) or strided, so
-  no axis of the output vectorizes as it is. f is packed panel-major along c (PACK, codegen/pack.py), its panels of
-  `lanes` x u channels are read as u vectors per reduce step, and the innermost other output axes (the output row,
+  weight gradient) that it doesn't read contiguously, and the other operand is a gated window (padding), strided, or
+  a sliding window (`_sliding_window`), so no axis of the output vectorizes well as it is. f is packed panel-major
+  along c (PACK, codegen/pack.py), its panels of `lanes` x u channels are read as u vectors per reduce step, and the innermost other output axes (the output row,
   then the ones above it: the spatial rows in a forward conv, the kernel taps in a weight gradient) are the tile's rows,
   each a broadcast of g. A whole small axis is upcast so its padding gates fold to constants. The reduce loops stay
   loops (unrolling the 3x3 taps or splitting the channel loop measured slower: a bigger body, more live registers).
@@ -431,7 +442,7 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
     fr, gr = _ranges_in(f), _ranges_in(g)
     fg = [r for r in glbl if r in fr]
     if len(fg) != 1 or not fr & red or (c := fg[0]) in gr or c is glbl[-1] or (const_end(c) or 0) % lanes: continue
-    if _plain_load_along(f, "global", c) or not _gated_or_strided(g, glbl, lanes): continue
+    if _plain_load_along(f, "global", c) or not (_gated_or_strided(g, glbl, lanes) or _sliding_window(g, glbl, red)): continue
     if not set(glbl) - {c} <= gr | fr: continue
     cands.append((c, fr, gr))
   if len(cands) != 1: return None
