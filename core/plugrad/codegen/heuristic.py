@@ -416,17 +416,15 @@ def _ranges_in(u: UOp) -> set[UOp]: return {n for n in u.toposort() if n.op is O
 
 
 def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
-  """A direct convolution (or one of its gradients) as a register-blocked matmul with the channels in the vector lanes:
-  out[.., c, .., spatial] = sum over (channels, taps) of f[c, reduce..] * g[spatial.., reduce..], where the channel
-  operand f moves with one global range c (the output or input channels: the weights, or the output gradient in the
-  weight gradient) that it doesn't read contiguously, and the other operand is a gated window (padding), strided, or
-  a sliding window (`_sliding_window`), so no axis of the output vectorizes well as it is. f is packed panel-major
-  along c (PACK, codegen/pack.py), its panels of `lanes` x u channels are read as u vectors per reduce step, and the innermost other output axes (the output row,
-  then the ones above it: the spatial rows in a forward conv, the kernel taps in a weight gradient) are the tile's rows,
-  each a broadcast of g. A whole small axis is upcast so its padding gates fold to constants. The reduce loops stay
-  loops (unrolling the 3x3 taps or splitting the channel loop measured slower: a bigger body, more live registers).
-  None when the kernel isn't shaped like that (PACK=0 or CONV_OPT=0 turns it off; CONV_OUTER=0 keeps a weight gradient's
-  channel panels outermost, see below)."""
+  """A direct convolution (or one of its gradients) as a register-blocked matmul with the channels in the vector lanes: out[.., c, .., spatial] = sum
+  over (channels, taps) of f[c, reduce..] * g[spatial.., reduce..], where the channel operand f moves with one global range c (the output or input
+  channels: the weights, or the output gradient in the weight gradient) that it doesn't read contiguously, and the other operand is a gated window
+  (padding), strided, or a sliding window (`_sliding_window`), so no axis of the output vectorizes well as it is. f is packed panel-major along c
+  (PACK, codegen/pack.py), its panels of `lanes` x u channels are read as u vectors per reduce step, and the innermost other output axes (the output
+  row, then the ones above it: the spatial rows in a forward conv, the kernel taps in a weight gradient) are the tile's rows, each a broadcast of g. A
+  whole small axis is upcast so its padding gates fold to constants. The reduce loops stay loops (unrolling the 3x3 taps or splitting the channel loop
+  measured slower: a bigger body, more live registers). None when the kernel isn't shaped like that (PACK=0 or CONV_OPT=0 turns it off; CONV_OUTER=0
+  keeps a weight gradient's channel panels outermost, see below)."""
   if not getenv("PACK", 1) or not getenv("CONV_OPT", 1): return None
   topo = ast.toposort()
   reduces = [n for n in topo if n.op is Ops.REDUCE]
