@@ -7,23 +7,29 @@ Not a test. Run from the repo root:
 A step is forward + backward + Adam update (+ BatchNorm running stats) on a batch of 8x8 digits, input copy-in
 included. plugrad runs the jitted step of the example (call 1 runs, call 2 captures, later calls replay); torch runs
 the same architecture with the same initial weights and the same thread count (torch.set_num_threads = CPU_THREADS,
-which defaults to all cores). Both are warmed up, then the steps alternate between the two (so machine load hits
-both alike) and the median and best per-step wall times are reported; `ratio` = plugrad / torch (> 1: plugrad is
-slower). Also reported: the first step's loss in both (the same model and batch must give the same loss), plugrad's
-per-step kernel count, and where the time goes (each captured kernel timed alone, wait=True, sorted, with its
-GFLOP/s, and a cProfile of 10 steps splitting the step into kernel launches and host work).
+which defaults to all cores). Both are warmed up, then the steps alternate between the two in blocks after a pause
+(bench/alternate.py: machine load hits both alike, and neither side's spinning threads slow the other) and the median
+and best per-step wall times are reported; `ratio` = plugrad / torch (> 1: plugrad is slower). Also reported: the
+first step's loss in both (the same model and batch must give the same loss), plugrad's per-step kernel count, and
+where the time goes (each captured kernel timed alone, wait=True, sorted, with its GFLOP/s, and a cProfile of 10 steps
+splitting the step into kernel launches and host work).
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from alternate import best_of_blocks
 
 from plugrad import Device, Tensor
 from plugrad.nn.optim import Adam
@@ -125,10 +131,8 @@ def main() -> None:
   first_s = time.perf_counter() - st
   loss0_torch = torch_step(batches[0]).item()
   for idx in batches[1:3]: pg_step(idx), torch_step(idx)  # capture, then one replay
-  pg_t, torch_t = [], []
-  for idx in batches[3:]:
-    st = time.perf_counter(); pg_step(idx); pg_t.append(time.perf_counter() - st)
-    st = time.perf_counter(); torch_step(idx); torch_t.append(time.perf_counter() - st)
+  next_pg, next_torch = itertools.cycle(batches[3:]), itertools.cycle(batches[3:])
+  pg_t, torch_t = best_of_blocks(lambda: pg_step(next(next_pg)), lambda: torch_step(next(next_torch)), len(batches) - 3)
   prof = kernel_profile(step)
   prof_step, prof_run = host_share(pg_step, batches[3:13])
   kern_s = sum(p["s"] for p in prof)
