@@ -169,6 +169,31 @@ def test_plan_runs_on_the_python_device():
   np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(24, 64), a @ b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["PYTHON", "CPU"])
+def test_padded_panels_when_the_panel_width_does_not_divide(device: str):
+  """PACK by a P that doesn't divide the axis pads the last panel with copies of the axis' last row (never read): A's
+  26 rows in panels of 6 (the AVX2 tile's overlapping 6-row tiles read them), B's 60 columns in panels of 16."""
+  a, b = rand(26, 20), rand(20, 60)
+  it = (Tensor(a, device=device).realize() @ Tensor(b, device=device).realize()).schedule()[-1]
+  plan = split_packs(it.ast, [Opt("PACK", 0, 6), Opt("PACK", 1, 16), Opt("UPCAST_OVERLAP", 0, 6)])
+  dev = Device[device]
+  bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
+  scratch = []
+  for pk in plan.packs:
+    scratch.append(sb := Buffer(device, pk.size, pk.dtype).ensure_allocated())
+    ps = get_program(pk.ast, dev.renderer)
+    dev.load(ps.name, dev.compiler.compile_cached(ps.src))(sb._buf, *[bufs[i]._buf for i in pk.srcs])
+  pad_a = np.concatenate([a, np.repeat(a[-1:], 4, 0)]).reshape(5, 6, 20).transpose(0, 2, 1)
+  pad_b = np.concatenate([b, np.repeat(b[:, -1:], 4, 1)], 1).reshape(20, 4, 16).transpose(1, 0, 2)
+  got = [np.frombuffer(bytes(sb.copyout()), np.float32) for sb in scratch]
+  np.testing.assert_array_equal(got[0].reshape(5, 20, 6), pad_a)
+  np.testing.assert_array_equal(got[1].reshape(4, 20, 16), pad_b)
+  spec = get_program(plan.ast, dev.renderer, plan.opts)
+  main = [bufs[s]._buf if s >= 0 else scratch[-1 - s]._buf for s in plan.slots]
+  dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*main)
+  np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(26, 60), a @ b, rtol=1e-5, atol=1e-5)
+
+
 def test_pack_of_the_row_operand_and_block(monkeypatch):
   """PACK_A=1 packs A along the tile's rows too; BLOCK splits the rows into an outermost block loop; values unchanged."""
   monkeypatch.setenv("PACK_A", "1")
@@ -186,7 +211,7 @@ def test_pack_of_the_row_operand_and_block(monkeypatch):
   bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
   dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*[x._buf for x in bufs])
   np.testing.assert_allclose(np.frombuffer(bytes(bufs[0].copyout()), np.float32).reshape(128, 256), a @ b, rtol=1e-5, atol=1e-4)
-  with pytest.raises(ValueError, match="BLOCK"): apply_opt(it.ast, Opt("BLOCK", 0, 128))   # (3 is an overlapping BLOCK: test_overlap.py)
+  with pytest.raises(ValueError, match="BLOCK"): apply_opt(it.ast, Opt("BLOCK", 0, 128))   # (3 is an overlapping BLOCK: test_tiles.py)
 
 
 def test_expression_operand_is_computed_once_by_the_pack():

@@ -123,7 +123,7 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
     rngs = ranges_of(ast)
     may_whole = not any(unrollable(r) for r in rngs.values() if r.arg[1] == "reduce")
     for g in reuse:
-      if (o := _tile_rows(a, g, budget, may_whole, overlap=not _rows_packed(ast, g, vr))) is not None: opts.append(o); budget //= o.amount
+      if (o := _tile_rows(a, g, budget, may_whole)) is not None: opts.append(o); budget //= o.amount
     if cols > 1: opts.append(Opt("UPCAST", vr.arg[0], cols))
     # the column panel loop outermost: the panel of the contiguous operand stays in cache while the rows stream by;
     # also when the loop that would be outermost is too short to split across cores (3 KV heads on 2 cores) and the
@@ -154,22 +154,26 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
   return opts
 
 
-def _rows_packed(ast: UOp, g: UOp, vr: UOp) -> bool:
-  """Whether `_pack_opt` would pack the row operand of a tile with rows along `g` (PACK_A: it is read across rows,
-  or PACK_A=1). Its panels hold whole tiles, so the tile's rows must divide the axis there."""
-  if getenv("PACK_A", -1) == 0 or (val := pack_candidate(ast, g, 1, [vr])) is None: return False
-  return getenv("PACK_A", -1) == 1 or not _plain_load_along(val, "reduce")
+def tile_height(regs: int) -> int:
+  """The rows of a matmul tile of 2 vectors a row on `regs` vector registers (3/4 of them accumulators): 8 on 32, 6 on 16."""
+  return next((x for x in (8, 6) if x <= regs * 3 // 4 // 2), 4)
 
 
-def _tile_rows(a: UOp, g: UOp, budget: int, may_whole: bool, overlap: bool = True) -> Opt | None:
+def _tiles_well(n: int | None, k: int) -> bool:
+  """Whether tiles of k rows cover n rows with at most 1/TILE_OVERLAP_WASTE of them computed twice (k divides n, or
+  the overlapping last tile wastes little)."""
+  return n is not None and n >= k and (n % k == 0 or (k - n % k) * TILE_OVERLAP_WASTE <= n)
+
+
+def _tile_rows(a: UOp, g: UOp, budget: int, may_whole: bool) -> Opt | None:
   """The UPCAST of row axis `g` in a matmul tile of at most `budget` rows: the most rows the budget holds (8 or 6: with
   fewer, the FMA chains of a k step are too few to hide the FMA latency; 4x2 tiles of 8-lane vectors measured 99 against
   107 GFLOPS for 6x2 on one core). When that amount doesn't divide the axis, UPCAST_OVERLAP takes it anyway (the last
   block overlaps the one before) if the rows computed twice are at most 1/TILE_OVERLAP_WASTE of the axis; else the
-  largest amount that divides, or a whole small axis (also where `overlap` is False: the row operand gets packed)."""
+  largest amount that divides, or a whole small axis. (A packed row operand's last panel is padded: codegen/pack.py.)"""
   want = next((x for x in (8, 6) if x <= budget), 0)
   k = _pick(g, (8, 6, 4, 3, 2), budget, whole=may_whole) or (n if may_whole and (n := const_end(g)) in (5, 7) and n <= budget else 0)
-  if overlap and want > k and (n := const_end(g)) is not None and n > want and (want - n % want) * TILE_OVERLAP_WASTE <= n:
+  if want > k and (n := const_end(g)) is not None and n > want and _tiles_well(n, want):
     try: apply_opt(a, o := Opt("UPCAST_OVERLAP", g.arg[0], want))
     except ValueError: pass
     else: return o
@@ -227,7 +231,7 @@ def _pack_opt(ast: UOp, vr: UOp, opts: list[Opt], lanes: int) -> list[Opt] | Non
   out = [Opt("PACK", vr.arg[0], P)]
   # the row operand too when it is read across rows (A.T: each k step a new line, a row apart) or PACK_A=1 (the R
   # broadcasts of a k step become R consecutive floats); PACK_A=0 never
-  if len(rows) == 1 and rows[0].kind == "UPCAST" and (val := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr])) is not None and \
+  if len(rows) == 1 and (val := pack_candidate(ast, r := rngs[rows[0].rid], rows[0].amount, [vr], pad=True)) is not None and \
      getenv("PACK_A", -1) != 0 and (getenv("PACK_A", -1) == 1 or not _plain_load_along(val, "reduce")):
     out.append(Opt("PACK", r.arg[0], rows[0].amount))
   return out
@@ -370,8 +374,9 @@ def _operand_pack_opts(ast: UOp, upcast_max: int, split: bool, lanes: int, regs:
     if col in rs and row_rngs - rs:  # the column operand: transposed or an expression
       if not _plain_load_along(v, "global", col): first.append(Opt("PACK", col.arg[0], 2 * lanes)); expr |= v.op is not Ops.LOAD
     elif col not in rs and v.op is not Ops.LOAD and getenv("PACK_A", -1) != 0:  # a row operand that is an expression
-      if (r := next((r for r in reversed(others) if r in rs and const_end(r) is not None and const_end(r) % 8 == 0), None)) is not None:
-        first.append(Opt("PACK", r.arg[0], 8)); expr = True
+      P = tile_height(regs)   # the panels hold the tile's rows (the last one padded where P doesn't divide the axis)
+      if (r := next((r for r in reversed(others) if r in rs and _tiles_well(const_end(r), P)), None)) is not None:
+        first.append(Opt("PACK", r.arg[0], P)); expr = True
   if not first: return None
   try: plan = split_packs(ast, first)
   except ValueError: return None

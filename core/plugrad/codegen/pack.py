@@ -74,14 +74,14 @@ def _mul_operands(ast: UOp) -> list[UOp]:
   return out
 
 
-def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp], skip: int | None = None) -> UOp | None:
+def pack_candidate(ast: UOp, n: UOp, P: int, rows: list[UOp], skip: int | None = None, pad: bool = False) -> UOp | None:
   """The operand of a reduce's product that PACK of global range `n` by `P` materializes in the packed layout: a
   value (a load, or an elementwise expression of loads the kernel would otherwise recompute for every output column)
   moving with `n` and a reduce range, independent of the `rows` ranges (the other axes of the register tile), with no
   reduce inside, over ranges of constant size (None when there is none). Any layout along `n` packs (a transposed
   operand becomes contiguous). Operands reading a parameter numbered `skip` or above (scratch buffers already packed)
-  are left alone."""
-  if (size := const_end(n)) is None or size % P: return None
+  are left alone. P must divide the range's size, unless `pad` (the last panel is then padded, `_pack_one`)."""
+  if (size := const_end(n)) is None or (size % P and not pad): return None
   red_rngs = {r for x in ast.toposort() if x.op is Ops.REDUCE for r in x.src[1:]}
   for x in _mul_operands(ast):
     topo = x.toposort()
@@ -102,14 +102,15 @@ def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UO
   red = [r for r in rs if r.arg[1] != "global"]
   other = [r for r in rs if r.arg[1] == "global" and r is not n]
   nsize = const_end(n)
+  panels = -(-nsize // P)   # a size P doesn't divide: the last panel is padded (the kernel never reads past nsize)
   # packed layout: [other global ranges..., n // P, reduce ranges..., n % P]
   def layout(p: UOp, j: UOp, sub: dict[UOp, UOp]) -> UOp:
     out: UOp = UOp.const(dtypes.index, 0)
     for r in other: out = out * const_end(r) + sub.get(r, r)
-    out = out * (nsize // P) + p
+    out = out * panels + p
     for r in red: out = out * const_end(r) + sub.get(r, r)
     return out * P + j
-  total = P * (nsize // P)
+  total = P * panels
   for r in other + red: total *= const_end(r)
   g = UOp(Ops.DEFINE_GLOBAL, val.dtype.ptr(size=total), (), scratch_slot)
   new_ast = ast.substitute({val: UOp(Ops.LOAD, val.dtype, (UOp(Ops.INDEX, g.dtype, (g, layout(n // P, n % P, {}))),))}, walk=True)
@@ -128,11 +129,12 @@ def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UO
   else:
     order = [*other, "p", *red, "j"]
     pk_rngs = {r: rng(order.index(r), const_end(r)) for r in other + red}
-  p, j = rng(order.index("p"), nsize // P), rng(order.index("j"), P)
+  p, j = rng(order.index("p"), panels), rng(order.index("j"), P)
+  src_n = p * P + j if nsize % P == 0 else (p * P + j < nsize).where(p * P + j, nsize - 1)  # padding repeats the last row
   srcs = sorted({t for t in val.toposort() if t.op is Ops.DEFINE_GLOBAL}, key=lambda t: t.arg)
   # two steps (to negative placeholders, then to 1..) so a parameter renumbered onto another's old number stays distinct
   tmp = {t: t.replace(arg=-1 - i) for i, t in enumerate(srcs)}
-  body = val.substitute({**pk_rngs, n: p * P + j, **tmp}, walk=True)
+  body = val.substitute({**pk_rngs, n: src_n, **tmp}, walk=True)
   body = body.substitute({t.replace(arg=-1 - i): t.replace(arg=1 + i) for i, t in enumerate(srcs)}, walk=True)
   dst = UOp(Ops.DEFINE_GLOBAL, g.dtype, (), 0)
   st = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dst.dtype, (dst, layout(p, j, pk_rngs))), body))
@@ -153,7 +155,7 @@ def split_packs(ast: UOp, opts: list) -> PackPlan:
     rows = [rngs[u.rid] for u in rest if u.kind in UPCASTS and u.rid != o.rid and u.rid in rngs]
     # the operand that doesn't move with the tile's other axes; else any operand moving with range rid (packing any
     # of them keeps the kernel's values: only the layout an operand is read from changes)
-    if (val := pack_candidate(ast, n, o.amount, rows, nslots) or pack_candidate(ast, n, o.amount, [], nslots)) is None:
+    if (val := pack_candidate(ast, n, o.amount, rows, nslots, pad=True) or pack_candidate(ast, n, o.amount, [], nslots, pad=True)) is None:
       raise ValueError(f"{o}: no reduce-loop operand to pack along range {o.rid}")
     ast, pk = _pack_one(ast, val, n, o.amount, nslots + len(kernels))
     kernels.append(pk)
