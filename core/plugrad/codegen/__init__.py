@@ -4,6 +4,9 @@
 whether it is a `graph_rewrite` with a PatternMatcher (`rewrite=True`) or still a named imperative step, and what it
 does. As built:
 
+  merge ranges    reduce ranges every index reads as one contiguous run (a*nb + b) become one range (codegen/opt.py:
+                  merge_reduce_ranges; loop targets, only when the heuristic chooses: explicit Opts name the caller's
+                  ranges). A graph_rewrite per merged pair.
   optimize        the heuristic's (codegen/heuristic.py, from `renderer.caps`) or the caller's Opts applied one by one
                   (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt
                   splits and retypes ranges; UPCAST/SPLIT/UNROLL also expand their copies right there (substitutions
@@ -31,6 +34,7 @@ from plugrad.codegen import gpuopt, opt  # noqa: F401  (the rewrites register th
 from plugrad.codegen.facts import Dots
 from plugrad.codegen.heuristic import optimize, optimize_gpu
 from plugrad.codegen.linearize import linearize_program, unshare_ranges
+from plugrad.codegen.opt import merge_reduce_ranges
 from plugrad.codegen.optops import Opt, apply_opt
 from plugrad.codegen.vectorize import vectorize
 from plugrad.helpers import getenv
@@ -114,6 +118,11 @@ class Pass:
   doc: str
 
 
+def _merge_ranges(k: KernelState) -> None:
+  # only for the heuristic's choice on loop targets: explicit opts name the caller's ranges (GPU kernels: not measured)
+  if k.opts is None and not uses_gpudims(k.renderer.caps) and not getenv("NOOPT", 0): k.ast = merge_reduce_ranges(k.ast)
+
+
 def _optimize(k: KernelState) -> None:
   caps = k.renderer.caps
   if k.opts is not None: k.ast = apply_opts(k.ast, k.opts, k.renderer)
@@ -150,6 +159,7 @@ def _render(k: KernelState) -> None: k.src = k.renderer.render(kernel_name(k.sou
 
 
 PIPELINE: tuple[Pass, ...] = (
+  Pass("merge ranges", _merge_ranges, True, "reduce ranges read as one contiguous run become one range (opt.py; loop targets, heuristic only)"),
   Pass("optimize", _optimize, False, "apply the heuristic's or the caller's Opts: each splits/retypes ranges (heuristic.py; opt.py, gpuopt.py)"),
   Pass("vectorize", _vectorize, False, "vector lane ranges become vector values (vectorize.py; renderers with vector_lanes)"),
   Pass("gpudims", _gpudims, True, "global/local ranges become SPECIAL hardware ids under the launch limits (gpudims.py)"),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 
-from plugrad.codegen.facts import const_end, div_end, global_ranges, outer_range, ranges_of
+from plugrad.codegen.facts import const_end, div_end, global_ranges, outer_range, ranges_of, unrollable
 from plugrad.codegen.optops import ANY_RANGE, GLOBAL, REDUCE, Opt, OptKind, apply_opt, is_vector_range, register, split_amounts
 from plugrad.dtype import dtypes
 from plugrad.runtime.renderer import Capabilities
@@ -175,6 +175,32 @@ register(OptKind("VECTOR", _vector, ANY_RANGE))
 register(OptKind("OUTER", _outer_loop, GLOBAL, device="cpu", beam=lambda n: (0,)))
 register(OptKind("BLOCK", _block, GLOBAL, device="cpu", beam=split_amounts))
 register(OptKind("PACK", None, GLOBAL, device="cpu", adds_kernel=True))  # BEAM proposes it on the unoptimized kernel (engine/search.py)
+
+
+def merge_reduce_ranges(ast: UOp) -> UOp:
+  """`ast` with each pair of reduce ranges a (size na) and b (size nb, the next reduce range) that every REDUCE takes together
+  and every index reads as one run, a*nb + b, merged into one range of size na*nb (a's id): a BatchNorm's per-channel
+  sum over 32x32 pixels becomes one loop of 1024 instead of 32 loops of 32, which the compiler would unroll into a
+  chain of scalar adds (4.3 GB/s). A pair is merged only if, with a = r // nb and b = r % nb, no division or modulo
+  of r is left after simplifying (else the kernel would pay for them), and neither range is short enough to be
+  unrolled (`unrollable`: a quantized block's pairs of sub-blocks and a group dot's 2 or 4 bytes are structure the
+  heuristic reads)."""
+  while True:
+    reds = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+    order = sorted({r for n in reds for r in n.src[1:]}, key=lambda r: r.arg[0])
+    for a, b in zip(order, order[1:]):
+      if (na := const_end(a)) is None or (nb := const_end(b)) is None or unrollable(a) or unrollable(b): continue
+      if is_vector_range(a) or is_vector_range(b) or any((a in n.src[1:]) != (b in n.src[1:]) for n in reds): continue
+      r = UOp(Ops.RANGE, a.dtype, (UOp.const(dtypes.index, na * nb),), a.arg)
+      hi, lo = r // nb, r % nb
+      merged = ast.substitute({a: hi, b: lo}, walk=True)   # then each REDUCE over (hi, lo) reduces over r
+      merged = merged.substitute({n: UOp(Ops.REDUCE, n.dtype, (n.src[0], *(r if x is hi else x for x in n.src[1:] if x is not lo)), n.arg)
+                                  for n in merged.toposort() if n.op is Ops.REDUCE and hi in n.src[1:]}, walk=True)
+      merged = graph_rewrite(merged, pm_opt_symbolic, name="merge reduce ranges")
+      if not any(n.op in (Ops.IDIV, Ops.MOD) and r in n.toposort() for n in merged.toposort()):
+        ast = merged
+        break
+    else: return ast
 
 
 def _reduce_ranges(ast: UOp) -> list[set[UOp]]:
