@@ -41,6 +41,7 @@ OUTER_MIN_TRIPS = 8  # an outermost loop with fewer trips splits badly across co
 PACK_MIN_ROW_BLOCKS = 4  # a packed panel must be reused by at least this many row blocks to pay for its copy
 PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
 PACK_MIN_EXPR_BLOCKS = 8  # an expression operand (a dequantized weight) is packed when this many row blocks reuse it
+LONG_FMA_CHAIN = 16384  # a streaming sum of products this long is vectorized by the heuristic, not left to the compiler
 TILE_OVERLAP_WASTE = 16  # a tile's rows may overlap the block before when at most this part of the rows is computed twice
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)
 
@@ -165,6 +166,11 @@ def _tiles_well(n: int | None, k: int) -> bool:
   return n is not None and n >= k and (n % k == 0 or (k - n % k) * TILE_OVERLAP_WASTE <= n)
 
 
+def _trips(red: UOp) -> int:
+  """The iterations of a REDUCE (its ranges' sizes multiplied, symbolic ones at their bound)."""
+  return math.prod(int(range_size(r)) for r in red.src[1:])
+
+
 def _tile_rows(a: UOp, g: UOp, budget: int, may_whole: bool) -> Opt | None:
   """The UPCAST of row axis `g` in a matmul tile of at most `budget` rows: the most rows the budget holds (8 or 6: with
   fewer, the FMA chains of a k step are too few to hide the FMA latency; 4x2 tiles of 8-lane vectors measured 99 against
@@ -277,11 +283,12 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   opts: list[Opt] = (vector_opts(ast, lanes, regs, dots) or []) if lanes >= 2 else []
   if not split_reduce and all(o.kind in ("VECTOR", "SPLIT") and ranges_of(ast)[o.rid].arg[1] == "reduce" for o in opts) and \
      not (dots and any(group_dot_range(n, dots) is not None for n in reduces)) and not _streams_against_shared(reduce_loads(ast), glbl) \
-     and not any(n.arg is Ops.ADD and n.src[0].op is Ops.MUL for n in reduces):
+     and not any(n.arg is Ops.ADD and n.src[0].op is Ops.MUL and _trips(n) >= LONG_FMA_CHAIN for n in reduces):
     opts = []  # a streaming reduce (nothing to register-block): the compiler's loop vectorizer does the same, and better
     #          (not a group dot's: the compiler has no DOT2/DOT4; nor a matvec's: its scalar upcasts ran 4x slower; nor a
     #          sum of products: the renderer contracts it into an fma chain, which the vectorizer may not reorder: a
-    #          BatchNorm's per-channel sum of x*x over 64x64x32x32 took 4.68 ms on one core against 0.29 for a sum of x)
+    #          BatchNorm's per-channel sum of x*x over 64x64x32x32 took 4.68 ms on one core against 0.29 for a sum of x;
+    #          only long ones: a norm's 576-4096 products were left as they are, unmeasured)
   if not opts: opts = _scalar_opts(ast, upcast_max, split_reduce, glbl, reduces, red_rngs)
   unroll = 1
   groups = {p for n in reduces if (p := group_dot_range(n, dots)) is not None} if dots and any(o.kind == "VECTOR" for o in opts) else set()
