@@ -56,6 +56,32 @@ def torch_model(torch, m):
   return net
 
 
+def torch_train_step(torch, net, opt):
+  """One torch training step on numpy (x, integer labels): zero_grad, cross entropy, backward, the optimizer's step."""
+  def run(x: np.ndarray, y: np.ndarray):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y).long())
+    loss.backward()
+    opt.step()
+    return loss
+  return run
+
+
+def race_steps(ours, theirs, batches: list, steps: int) -> dict:
+  """Both steps on batches[0] (ours timed: its first call schedules, compiles and runs), on two more (TinyJit
+  captures, then replays), then `steps` steps each over the batches in alternating blocks (bench/alternate.py).
+  Returns the first losses, our first call's seconds and every timed step of each."""
+  st = time.perf_counter()
+  loss0_ours = float(ours(batches[0]).item())
+  first_s = time.perf_counter() - st
+  loss0_theirs = float(theirs(batches[0]).item())
+  for b in batches[1:3]: ours(b), theirs(b)
+  rest = batches[3:] or batches
+  next_ours, next_theirs = itertools.cycle(rest), itertools.cycle(rest)
+  t_ours, t_theirs = best_of_blocks(lambda: ours(next(next_ours)), lambda: theirs(next(next_theirs)), steps)
+  return {"loss0_ours": loss0_ours, "loss0_theirs": loss0_theirs, "first_s": first_s, "ours": t_ours, "theirs": t_theirs}
+
+
 def kernel_profile(step, reps: int = 3) -> list[dict]:
   """Each captured item timed alone (best of reps, waiting for completion)."""
   out = []
@@ -114,25 +140,14 @@ def main() -> None:
   dev = Device[Device.DEFAULT]
   net.train()
 
-  def pg_step(idx) -> float:
+  def pg_step(idx) -> Tensor:
     loss = step(Tensor(X[idx]), Tensor(Y[idx]))
     dev.synchronize()
     return loss
+  t_step = torch_train_step(torch, net, topt)
 
-  def torch_step(idx):
-    topt.zero_grad()
-    loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(X[idx])), torch.from_numpy(Y[idx]).long())
-    loss.backward()
-    topt.step()
-    return loss
-
-  st = time.perf_counter()
-  loss0_pg = pg_step(batches[0]).item()
-  first_s = time.perf_counter() - st
-  loss0_torch = torch_step(batches[0]).item()
-  for idx in batches[1:3]: pg_step(idx), torch_step(idx)  # capture, then one replay
-  next_pg, next_torch = itertools.cycle(batches[3:]), itertools.cycle(batches[3:])
-  pg_t, torch_t = best_of_blocks(lambda: pg_step(next(next_pg)), lambda: torch_step(next(next_torch)), len(batches) - 3)
+  race = race_steps(pg_step, lambda idx: t_step(X[idx], Y[idx]), batches, len(batches) - 3)
+  loss0_pg, loss0_torch, first_s, pg_t, torch_t = race["loss0_ours"], race["loss0_theirs"], race["first_s"], race["ours"], race["theirs"]
   prof = kernel_profile(step)
   prof_step, prof_run = host_share(pg_step, batches[3:13])
   kern_s = sum(p["s"] for p in prof)

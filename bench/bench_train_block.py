@@ -19,7 +19,6 @@ as one FLOP: a convolution kernel's real rate is twice the one shown).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -30,7 +29,7 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from alternate import best_of_blocks
+from bench_train import race_steps, torch_train_step
 
 from plugrad import Device, Tensor, TinyJit, nn
 from plugrad.nn.optim import SGD
@@ -131,24 +130,13 @@ def main() -> None:
     loss = step(Tensor(b[0]), Tensor(b[1]))
     dev.synchronize()
     return loss
+  t_step = torch_train_step(torch, net, topt)
 
-  def torch_step(b):
-    topt.zero_grad()
-    loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(b[0])), torch.from_numpy(b[1]).long())
-    loss.backward()
-    topt.step()
-    return loss
-
-  st = time.perf_counter()
-  loss0_pg = pg_step(batches[0]).item()
-  first_s = time.perf_counter() - st
-  loss0_torch = torch_step(batches[0]).item()
+  race = race_steps(pg_step, lambda b: t_step(*b), batches, a.steps)
+  loss0_pg, loss0_torch, first_s, pg_t, torch_t = race["loss0_ours"], race["loss0_theirs"], race["first_s"], race["ours"], race["theirs"]
   print(f"first step's loss: plugrad {loss0_pg:.6f}  torch {loss0_torch:.6f}  (same weights and batch)", file=sys.stderr)
   if abs(loss0_pg - loss0_torch) > 1e-3 * abs(loss0_torch):
     sys.exit(f"FAIL: first step's loss differs: plugrad {loss0_pg} vs torch {loss0_torch} (> 1e-3 relative)")
-  for b in batches[1:3]: pg_step(b), torch_step(b)  # capture, then one replay
-  next_pg, next_torch = itertools.cycle(batches), itertools.cycle(batches)
-  pg_t, torch_t = best_of_blocks(lambda: pg_step(next(next_pg)), lambda: torch_step(next(next_torch)), a.steps)
   prof = kernel_profile(step)
   kern_s = sum(p["s"] for p in prof)
   flops = 5 * 2 * n * c * c * 9 * hw * hw
