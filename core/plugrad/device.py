@@ -223,7 +223,9 @@ class Buffer:
     else:
       self._buf = opaque if opaque is not None else self._alloc()
       self._owned = opaque is None
-      if capture.PROFILE and self._owned: capture.TRACE.mem_change(self.device, self.nbytes)  # PROFILE=1: memory in use
+      if capture.PROFILE and self._owned:  # PROFILE=1: memory in use
+        capture.TRACE.mem_change(self.device, self.nbytes)
+        self._mem_epoch = capture.TRACE.mem_epoch
     return self
 
   def ensure_allocated(self) -> Buffer: return self if self._buf is not None else self.allocate()
@@ -239,7 +241,8 @@ class Buffer:
   def deallocate(self) -> None:
     if self._buf is not None and self._owned and self._base is None:
       self.__dict__["_allocator"].free(self._buf, self.nbytes, self.options)
-      if capture.PROFILE: capture.TRACE.mem_change(self.device, -self.nbytes)  # PROFILE=1: memory in use
+      if capture.PROFILE and self.__dict__.get("_mem_epoch") == capture.TRACE.mem_epoch:  # counted in by this recording
+        capture.TRACE.mem_change(self.device, -self.nbytes)
     self._buf = None
 
   def __del__(self) -> None:

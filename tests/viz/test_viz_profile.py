@@ -2,6 +2,7 @@
 (schema, time-ordered, one complete event per launch) written to PROFILE_PATH at exit."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from plugrad import Device, Tensor, TinyJit
+from plugrad.dtype import dtypes
 from plugrad.engine.realize import GlobalCounters
 from plugrad.viz import capture
 from plugrad.viz.profile import chrome_trace
@@ -119,3 +121,21 @@ def test_symbolic_kernel_under_profile_and_debug(tmp_path, dev, mode):
     assert [e["args"]["flops"] for e in kernels if e["name"].startswith("E_")] == [13 * 32]  # one multiply per element
   else:
     assert re.search(r"E_s_32 .* us .* GFLOPS", r.stdout), r.stdout[-2000:]
+
+
+def test_memory_counter_ignores_buffers_from_before_the_recording():
+  """Regression: a buffer allocated before the recording started (an earlier test's, collected later) was subtracted
+  when freed during it, and the memory counter went below zero (-25512 bytes in a full-suite run)."""
+  from plugrad.device import Buffer
+  was = capture.PROFILE
+  capture.enable(profile=True)
+  try:
+    old = Buffer("CPU", 1000, dtypes.float32).ensure_allocated()
+    capture.TRACE.clear()
+    new = Buffer("CPU", 10, dtypes.float32).ensure_allocated()
+    del old, new
+    gc.collect()
+    assert [b for _, _, b in capture.TRACE.mem] == [40, 0]
+  finally:
+    capture.enable(profile=was)
+    capture.TRACE.clear()

@@ -114,6 +114,7 @@ class Trace:
     self.events: list[ProfileEvent] = []
     self.mem: list[tuple[int, str, int]] = []  # (time ns, device, bytes in use after the change)
     self.in_use: dict[str, int] = {}
+    self.mem_epoch = getattr(self, "mem_epoch", 0) + 1   # buffers counted in by this recording (see mem_change)
     self.profile_truncated = False
     self.kernel_traces: list[KernelTrace] = []
     self.n_trace_items = 0
@@ -155,6 +156,8 @@ class Trace:
     else: self.kernel_traces.append(kt); self.n_trace_items += n
 
   def mem_change(self, device: str, delta: int) -> None:
+    """Bytes allocated (delta > 0) or freed on `device`. Callers report a free only for a buffer whose allocation this
+    recording counted (its `mem_epoch`): one allocated before would take the counter below zero."""
     now = self.in_use[device] = self.in_use.get(device, 0) + delta
     if len(self.mem) >= MAX_EVENTS: self.profile_truncated = True
     else: self.mem.append((time.perf_counter_ns(), device, now))
