@@ -155,9 +155,16 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
   return opts
 
 
+def _tile_rows_within(budget: int) -> int:
+  """The rows a matmul tile takes within `budget` rows of accumulators: 8 or 6 (fewer leave the FMA chains of a k step
+  too few to hide the FMA latency), 0 when the budget holds neither."""
+  return next((x for x in (8, 6) if x <= budget), 0)
+
+
 def tile_height(regs: int) -> int:
-  """The rows of a matmul tile of 2 vectors a row on `regs` vector registers (3/4 of them accumulators): 8 on 32, 6 on 16."""
-  return next((x for x in (8, 6) if x <= regs * 3 // 4 // 2), 4)
+  """The rows of a matmul tile of 2 vectors a row on `regs` vector registers (3/4 of them accumulators): 8 on 32, 6 on
+  16, 4 below."""
+  return _tile_rows_within(regs * 3 // 4 // 2) or 4
 
 
 def _tiles_well(n: int | None, k: int) -> bool:
@@ -177,7 +184,7 @@ def _tile_rows(a: UOp, g: UOp, budget: int, may_whole: bool) -> Opt | None:
   107 GFLOPS for 6x2 on one core). When that amount doesn't divide the axis, UPCAST_OVERLAP takes it anyway (the last
   block overlaps the one before) if the rows computed twice are at most 1/TILE_OVERLAP_WASTE of the axis; else the
   largest amount that divides, or a whole small axis. (A packed row operand's last panel is padded: codegen/pack.py.)"""
-  want = next((x for x in (8, 6) if x <= budget), 0)
+  want = _tile_rows_within(budget)
   k = _pick(g, (8, 6, 4, 3, 2), budget, whole=may_whole) or (n if may_whole and (n := const_end(g)) in (5, 7) and n <= budget else 0)
   if want > k and (n := const_end(g)) is not None and n > want and _tiles_well(n, want):
     try: apply_opt(a, o := Opt("UPCAST_OVERLAP", g.arg[0], want))
