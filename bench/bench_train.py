@@ -93,7 +93,8 @@ def kernel_profile(step, reps: int = 3) -> list[dict]:
       out.append({"name": "COPY", "s": min(ts), "gflops": 0.0})
       continue
     s = min(ei.run(wait=True) for _ in range(reps))
-    out.append({"name": ei.runner.spec.name, "s": s, "gflops": ei.runner.spec.flops / s / 1e9 if s else 0.0})
+    out.append({"name": ei.runner.spec.name, "s": s, "flops": int(ei.runner.spec.flops), "gflops": ei.runner.spec.flops / s / 1e9 if s else 0.0,
+                "bufs": " ".join(str(b.size) for b in ei.bufs)})  # elements per buffer: output first, then the inputs
   return out
 
 

@@ -29,7 +29,7 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_train import race_steps, torch_train_step
+from bench_train import kernel_profile, race_steps, torch_train_step
 
 from plugrad import Device, Tensor, TinyJit, nn
 from plugrad.nn.optim import SGD
@@ -78,15 +78,13 @@ def torch_model(torch, m: BasicBlockNet, c: int):
   return net
 
 
-def kernel_profile(step, reps: int = 3) -> list[dict]:
-  """Each captured kernel timed alone (best of reps, waiting for completion), summed per kernel name."""
+def kernels_by_name(step) -> list[dict]:
+  """bench_train.kernel_profile's per-item times (copies left out) summed per kernel name, largest first."""
   per: dict[str, dict] = defaultdict(lambda: {"s": 0.0, "count": 0, "flops": 0, "bufs": ""})
-  for ei in step.captured:
-    if ei.runner is None: continue
-    s = min(ei.run(wait=True) for _ in range(reps))
-    p = per[ei.runner.spec.name]
-    p["s"] += s; p["count"] += 1; p["flops"] += int(ei.runner.spec.flops)
-    p["bufs"] = " ".join(str(b.size) for b in ei.bufs)  # elements per buffer: output first, then the inputs
+  for k in kernel_profile(step):
+    if k["name"] == "COPY": continue
+    p = per[k["name"]]
+    p["s"] += k["s"]; p["count"] += 1; p["flops"] += k["flops"]; p["bufs"] = k["bufs"]
   total = sum(p["s"] for p in per.values())
   out = [{"name": k, **v, "share": v["s"] / total, "gflops": v["flops"] / v["s"] / 1e9 if v["s"] else 0.0} for k, v in per.items()]
   return sorted(out, key=lambda p: -p["s"])
@@ -137,7 +135,7 @@ def main() -> None:
   print(f"first step's loss: plugrad {loss0_pg:.6f}  torch {loss0_torch:.6f}  (same weights and batch)", file=sys.stderr)
   if abs(loss0_pg - loss0_torch) > 1e-3 * abs(loss0_torch):
     sys.exit(f"FAIL: first step's loss differs: plugrad {loss0_pg} vs torch {loss0_torch} (> 1e-3 relative)")
-  prof = kernel_profile(step)
+  prof = kernels_by_name(step)
   kern_s = sum(p["s"] for p in prof)
   flops = 5 * 2 * n * c * c * 9 * hw * hw
   pg_med, t_med = statistics.median(pg_t), statistics.median(torch_t)
