@@ -29,9 +29,9 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_train import kernel_profile, race_steps, torch_train_step
+from bench_train import kernel_profile, load_example, race_steps, torch_train_step
 
-from plugrad import Device, Tensor, TinyJit, nn
+from plugrad import Device, Tensor, nn
 from plugrad.nn.optim import SGD
 from plugrad.nn.state import get_parameters
 
@@ -116,12 +116,7 @@ def main() -> None:
   opt = SGD(get_parameters(m), lr=LR, momentum=MOMENTUM)
   topt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
 
-  @TinyJit
-  @Tensor.train()
-  def step(x: Tensor, y: Tensor) -> Tensor:
-    opt.zero_grad()
-    loss = m(x).sparse_categorical_crossentropy(y).backward()
-    return loss.realize(*opt.schedule_step())
+  step = load_example().make_train_step(m, opt)   # the digits example's jitted step: forward, backward, update
 
   dev = Device[Device.DEFAULT]
   def pg_step(b) -> Tensor:
