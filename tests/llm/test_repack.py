@@ -75,9 +75,32 @@ def test_repack_odd_block_counts(qtype, nblocks):
 # the repacked layout's bits a weight: the file's (scales kept as float16, the sub-block scales of Q3_K-Q5_K as bytes:
 # 1/8 bit more than the file's 6-bit packing), Q6_K's codes a byte each (its decode product is compute-bound on 6 bits)
 REPACKED_BITS = {q: GEOMETRY[q][1] * 8 / GEOMETRY[q][0] + (0.125 if q in ("Q3_K", "Q4_K", "Q5_K") else 0) for q in QTYPES} | {"Q6_K": 8.5625}
-# output rows in vector lanes (Q4_0-Q8_0 on a dot2 host, rows a multiple of the lanes) store the float16 scales and
-# mins as float32: 16 bits more a block for each
-ROW_LANES_BITS = {q: REPACKED_BITS[q] + 16 * len(F16_FIELDS[q]) / GEOMETRY[q][0] for q in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")}
+# output rows in vector lanes (Q4_0-Q8_0 and Q4_K-Q6_K on a dot2 host, rows a multiple of the lanes) store the float16
+# scales and mins (the K types' super-block ones) as float32: 16 bits more a block for each
+ROW_LANE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+ROW_LANES_BITS = {q: REPACKED_BITS[q] + 16 * len(F16_FIELDS[q]) / GEOMETRY[q][0] for q in ROW_LANE_TYPES}
+
+
+def bw_sub_block(qtype: str) -> int:
+  """The elements a sub-block of `qtype` has (one scale each): 16 for Q2_K, Q3_K and Q6_K, else 32."""
+  return 16 if qtype in ("Q2_K", "Q3_K", "Q6_K") else 32
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # gguf multiplies nan/inf scales of random blocks
+@pytest.mark.parametrize("qtype", ROW_LANE_TYPES)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_row_lanes_repack_is_bit_exact(qtype, data):
+  """Arbitrary blocks (non-finite scales included) of a weight whose rows fill the lanes, so it is stored output rows in
+  lanes on this host: bit-identical to the `gguf` package's dequantize, the K types' sub-block scales included."""
+  elems, tsize = GEOMETRY[qtype]
+  rows, row_blocks = row_lanes("CPU"), 2
+  raw = data.draw(st.binary(min_size=rows * row_blocks * tsize, max_size=rows * row_blocks * tsize))
+  blocks = np.frombuffer(raw, np.uint8).reshape(rows * row_blocks, tsize).copy()
+  ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype))
+  w = packed(blocks, qtype, rows)
+  assert blockwise_of(w.uop).rows is not None
+  np.testing.assert_array_equal(bits(w.numpy()), bits(ref), err_msg=f"rows-in-lanes {qtype}")
 
 
 @pytest.mark.parametrize("rows", [8, 16])
@@ -375,7 +398,7 @@ def test_repack_in_chunks_is_bit_exact(qtype, lanes, monkeypatch):
     reads.append((start, count))
     return blocks[start:start + count]
   bw = quant.repack_blocks(read, len(blocks), tsize, qtype, rows, lanes)
-  assert (bw.rows is not None) == (lanes > 0 and qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"))
+  assert (bw.rows is not None) == (lanes > 0 and qtype in ROW_LANE_TYPES)
   np.testing.assert_array_equal(bits(Tensor(quant.repacked(bw, (rows, per_row * elems))).numpy()), bits(ref))
   assert len(reads) > 1 and sum(c for _, c in reads) == len(blocks) and [s for s, _ in reads] == sorted(s for s, _ in reads)
 
@@ -420,9 +443,6 @@ def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch, cpu_hos
   np.testing.assert_allclose(y.numpy()[:, 0], want, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(cols))
 
 
-ROW_LANE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
-
-
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("qtype", ROW_LANE_TYPES)
 @pytest.mark.parametrize("batch", [1, 4])
@@ -431,8 +451,8 @@ def test_rows_linear_matches_float64(qtype, batch, cpu_host):
   sub-block views), and the decode product over the layout (`rows_linear`, what `linear` takes for one token a row)
   agrees with float64 as closely as `dot2_linear` over the sub-block layout does."""
   w, ref, rng = quantized_weight(qtype, 64, 512, 23)
-  bw = blockwise_of(w.uop)
-  assert bw.rows is not None and bw.rows.q.shape == (64 // row_lanes("CPU"), 16, 16, row_lanes("CPU"), 2)
+  bw, S = blockwise_of(w.uop), bw_sub_block(qtype)
+  assert bw.rows is not None and bw.rows.q.shape == (64 // row_lanes("CPU"), 512 // S, S // 2, row_lanes("CPU"), 2)
   x = rng.standard_normal((batch, 1, 512)).astype(np.float32)
   want = x[:, 0].astype(np.float64) @ ref.T
   got = linear(Tensor(x), w).numpy()[:, 0]
@@ -480,3 +500,32 @@ def test_rows_kernel(batch, cpu_host):
   src = get_program(it.ast, ren).src
   assert f"pg_dot2_pg_int{lanes}(" in src and "pg_short2 val" in src and "__builtin_prefetch(((const char*)&data" in src
   assert "unsigned char val" not in src   # codes are vector loads, never lane by lane
+
+
+def _is_copy(ast) -> bool:
+  """A kernel that only moves data: no reduction and no float arithmetic."""
+  return not any(u.op is Ops.REDUCE or (u.op in GroupOp.ALU and dtypes.is_float(u.dtype)) for u in ast.toposort())
+
+
+def test_rows_linear_reads_one_position_of_attention_in_place():
+  """Regression (gemma3's decode after its Q4_K attention output went rows in lanes: the attention output kernel 22 ->
+  34 us a layer, plus a copy): the one-position attention output feeds `rows_linear` without a copy kernel, and the
+  kernel computing it keeps the heads as a range of their own (so the value rows of a KV head are read once for all its
+  heads, not once a head in one range of heads x dims). Values against float64."""
+  from plugrad.apps.llm.model import attend
+  from plugrad.codegen.facts import ranges_of
+  H, D, S, rows = 4, 64, 24, 16
+  rng = np.random.default_rng(0)
+  qn, kn, vn = rng.standard_normal((1, H, 1, D)), rng.standard_normal((1, 1, S, D)), rng.standard_normal((1, 1, S, D))
+  q, k, v = (Tensor(a.astype(np.float32)).realize() for a in (qn, kn, vn))
+  w, ref, _ = quantized_weight("Q4_K", rows, H * D, 3)
+  y = rows_linear(attend(q * 2, k, v, None).transpose(1, 2).reshape(1, 1, H * D), blockwise_of(w.uop), rows)
+  kernels = [it.ast for it in y.schedule() if it.ast.op is Ops.SINK]
+  assert not any(_is_copy(a) for a in kernels)
+  glob = [a for a in kernels if any(u.op is Ops.REDUCE for u in a.toposort())]
+  assert any(sorted(int(r.src[0].arg) for r in ranges_of(a).values() if r.arg[1] == "global") == [H, D] for a in glob), \
+    [[int(r.src[0].arg) for r in ranges_of(a).values() if r.arg[1] == "global"] for a in glob]
+  sc = np.einsum("bhd,bsd->bhs", 2 * qn[:, :, 0], kn[:, 0]) / math.sqrt(D)
+  p = np.exp(sc - sc.max(-1, keepdims=True))
+  o = np.einsum("bhs,bsd->bhd", p / p.sum(-1, keepdims=True), vn[:, 0]).reshape(1, H * D)
+  np.testing.assert_allclose(y.numpy()[:, 0], o @ ref.T, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(H * D))

@@ -49,8 +49,8 @@ def _base_size(b: UOp) -> int: return b.arg if b.op is Ops.BUFFER else b.arg[0] 
 
 def contiguous_range(u: UOp) -> tuple[UOp, int, UOp]:
   """(base, element offset, top) for a buffer view `u`: `top` is the outermost node of u's movement chain whose elements
-  are base[offset : offset+top.numel()] in row-major order (reshapes, and shrinks that keep a row-major range); it is
-  `u` itself when all of u is such a range."""
+  are base[offset : offset+top.numel()] in row-major order (reshapes, shrinks that keep a row-major range, and
+  permutes that only move axes of size 1); it is `u` itself when all of u is such a range."""
   chain = []
   while u.op in GroupOp.Movement: chain, u = chain + [u], u.src[0]
   base, off, top = u, 0, u
@@ -61,6 +61,9 @@ def contiguous_range(u: UOp) -> tuple[UOp, int, UOp]:
       if outer and any(e - b != 1 for b, e in m.arg[:outer[-1]]) and m.numel() != 0: break
       stride = 1
       for (b, _), s in zip(reversed(m.arg), reversed(shape)): off, stride = off + b * stride, stride * s
+    elif m.op is Ops.PERMUTE:
+      moved = [p for p in m.arg if not (isinstance(shape[p], int) and shape[p] == 1)]
+      if moved != sorted(moved): break
     elif m.op is not Ops.RESHAPE: break
     top = m
   return base, off, top

@@ -29,7 +29,7 @@ from plugrad.device import Device
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import getenv
 from plugrad.engine.realize import buffer_for
-from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+from plugrad.schedule.kernelize import buffer_of, contiguous_range, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 
@@ -152,7 +152,7 @@ _CODES = {"Q4_0": (0, 15), "Q4_1": (0, 15), "Q5_0": (0, 31), "Q5_1": (0, 31), "Q
           "Q4_K": (0, 15), "Q5_K": (0, 31), "Q6_K": (0, 63)}
 
 
-_ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+_ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 REPACK_CHUNK_BYTES = 4 << 20   # raw bytes of a weight repacked at a time (the load's transient memory is a few times this)
 
 
@@ -231,36 +231,66 @@ def _device_parts(t: list[Tensor], qtype: str, n: int) -> Blockwise:
   raise ValueError(f"no repacked layout for {qtype}")
 
 
+# K types stored output rows in lanes: sub-blocks a super-block, and the sub-block size
+_K_SUBS = {"Q4_K": (8, 32), "Q5_K": (8, 32), "Q6_K": (16, 16)}
+
+
+def _k_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
+  """The codes of Q4_K/Q5_K/Q6_K super-blocks `raw` as (n * sub-blocks, S) in element order: Q4_K/Q5_K's uint8 (each
+  64-element chunk's 32 bytes: low nibbles first, then high; Q5's fifth bit of element i of sub-block j is bit j of
+  byte i of the 32 before the nibbles); Q6_K's as int8 q - 32 (4 low bits | 2 high bits << 4, 128 elements a half)."""
+  if qtype == "Q6_K":
+    q = _fields_np(raw[:, :128], 2, 4, 2) | (_fields_np(raw[:, 128:192], 2, 2, 4) << 4)
+    return (q.astype(np.int16) - 32).astype(np.int8).reshape(-1, 16)
+  q = _fields_np(raw[:, 48:] if qtype == "Q5_K" else raw[:, 16:], 4, 4, 2)
+  if qtype == "Q5_K": q = q | (_fields_np(raw[:, 16:48], 1, 1, 8) << 4)
+  return q.reshape(-1, 32)
+
+
 def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.ndarray]:
-  """The blocks `raw` (uint8 (out*B, block bytes), sub-blocks of 32) of `out` rows stored output rows in lanes
-  (`RowLanes`), on the host: per group of L rows and block, the 16 code pairs of L rows; 4-bit codes: pair j in the
-  low nibbles of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L
-  bytes; Q8_0: one int8 a code; the scales and mins as float32 (out/L, B, L)."""
-  n, S = raw.shape[0], 32
-  B, G = n // out, out // L
-  def lay(a: np.ndarray) -> np.ndarray: return a.reshape(G, L, B, *a.shape[1:]).swapaxes(1, 2)   # (G, B, L, ...)
-  def f32(col: int) -> np.ndarray: return np.ascontiguousarray(lay(_f16(raw, col)[:, 0].astype(np.float32)))
-  pairs = lay(_block_codes(raw, qtype)).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
-  scales = [f32(0)] + ([f32(2)] if qtype in ("Q4_1", "Q5_1") else [])
+  """The blocks `raw` (uint8 (out*blocks a row, block bytes)) of `out` rows stored output rows in lanes (`RowLanes`),
+  on the host: per group of L rows and sub-block, the S/2 code pairs of L rows; 4-bit codes: pair j in the low nibbles
+  of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes; Q8_0 and
+  Q6_K: one int8 a code. Q4_0-Q8_0's float16 scales and mins as float32 (out/L, sub-blocks, L); the K types' byte
+  sub-block scales (and mins) as bytes (out/L, sub-blocks, L) and their super-block scales as float32 (out/L,
+  super-blocks, L)."""
+  k, S = _K_SUBS.get(qtype, (1, 32))
+  NB = raw.shape[0] // out
+  B, G = NB * k, out // L
+  def lay(a: np.ndarray) -> np.ndarray:   # (out*m, ...) row-major -> (G, m, L, ...)
+    return np.ascontiguousarray(a.reshape(G, L, a.shape[0] // out, *a.shape[1:]).swapaxes(1, 2))
+  def f32(col: int) -> np.ndarray: return lay(_f16(raw, col)[:, 0].astype(np.float32))
+  codes = _k_codes(raw, qtype) if k > 1 else _block_codes(raw, qtype)
+  pairs = lay(codes).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
+  if qtype == "Q6_K": return [np.ascontiguousarray(pairs), lay(raw[:, 192:208].view(np.int8).reshape(-1)), f32(208)]
+  if k > 1: scales = [lay(a.reshape(-1)) for a in _k_scale_min(raw)] + [f32(0), f32(2)]
+  else: scales = [f32(0)] + ([f32(2)] if qtype in ("Q4_1", "Q5_1") else [])
   if qtype == "Q8_0": return [np.ascontiguousarray(pairs), *scales]
   out_ = [((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1)]
-  if qtype in ("Q5_0", "Q5_1"): out_.append(_pack_bits((pairs >> 4).reshape(G * B, 8, 4 * L)))
+  if qtype in ("Q5_0", "Q5_1", "Q5_K"): out_.append(_pack_bits((pairs >> 4).reshape(G * B, 8, 4 * L)))
   return out_ + scales
 
 
 def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> Blockwise:
   """The output-rows-in-lanes parts over `_host_row_lanes`' arrays (on the device); `Blockwise.q/d/m` are views of
-  them in the usual (sub-block, 32) order (dense dequantization, the prefill): the same values, bit for bit."""
-  S, B, G = 32, n // out, out // L
-  five = qtype in ("Q5_0", "Q5_1")
-  if qtype == "Q8_0": q = t[0]
+  them in the usual (sub-block, S) order (dense dequantization, the prefill): the same values, bit for bit (a K
+  type's sub-block scale is its super-block's float32 scale times the byte, the `gguf` package's product)."""
+  k, S = _K_SUBS.get(qtype, (1, 32))
+  B, G = n * k // out, out // L
+  five = qtype in ("Q5_0", "Q5_1", "Q5_K")
+  if qtype in ("Q8_0", "Q6_K"): q = t[0]
   else:
     q = _fields(t[0], 1, 4, 2)
     if five: q = q | (_fields(t[1], 1, 1, 8) << 4)
-  d, m = t[1 + five] if qtype != "Q8_0" else t[1], (t[-1] if qtype in ("Q4_1", "Q5_1") else None)
+  scales = t[1 + five:] if qtype != "Q8_0" else t[1:]
+  if k > 1:   # the byte sub-block scales (and mins) times their super-block's float32 scale (and -dmin)
+    def sub(sup: Tensor, byte: Tensor) -> Tensor: return (sup.reshape(G, B // k, 1, L).expand(G, B // k, k, L).reshape(G, B, L) *
+                                                          byte.cast(dtypes.float32))
+    d, m = (sub(scales[1], scales[0]), None) if qtype == "Q6_K" else (sub(scales[2], scales[0]), sub(-scales[3], scales[1]))
+  else: d, m = scales[0], (scales[1] if qtype in ("Q4_1", "Q5_1") else None)
   rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, d.uop, None if m is None else m.uop)
-  std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n, S)
-  def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n, 1)
+  std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n * k, S)
+  def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n * k, 1)
   return Blockwise(std_q.uop, std(rl.d).uop, _CODE_OFF.get(qtype, 0.0), None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
@@ -293,7 +323,7 @@ def repack_blocks(read: Callable[[int, int], np.ndarray], n: int, tsize: int, qt
         bufs[k].view(a.size, bufs[k].dtype, at[k]).copyin(a)
         at[k] += a.nbytes
   bw = _device_row_lanes(ts, qtype, n, out, L) if L else _device_parts(ts, qtype, n)
-  return dataclasses.replace(bw, codes=_CODES[qtype])
+  return dataclasses.replace(bw, codes=(-32, 31) if L and qtype == "Q6_K" else _CODES[qtype])   # (stored as q - 32)
 
 
 _DTYPES = {np.dtype(np.uint8): dtypes.uint8, np.dtype(np.int8): dtypes.int8, np.dtype(np.float16): dtypes.float16,
@@ -411,6 +441,13 @@ def dot2_linear(x: Tensor, bw: Blockwise, out_features: int, lanes: int, b: Tens
   return y + b if b is not None else y
 
 
+def _row_major(x: Tensor) -> bool:
+  """Whether `x` is a buffer, or a tensor realized anyway (CONTIGUOUS), seen in row-major order (reshapes, and permutes of
+  size-1 axes: attention's output of one position): making it contiguous would only copy it."""
+  base, _, top = contiguous_range(x.uop)
+  return top is x.uop and (is_buffer_view(base) or base.op is Ops.CONTIGUOUS)
+
+
 def rows_linear(x: Tensor, bw: Blockwise, out_features: int, b: Tensor | None = None) -> Tensor:
   """x @ w.T (+ b) for x (..., 1, in) of a weight stored output rows in lanes (`bw.rows`, `RowLanes`), with
   `dot2_linear`'s numerics: x quantized to int16 per sub-block, sum_b d*dx*(sum_(p,j) (q + off)*xq) + m*xs with a
@@ -423,7 +460,7 @@ def rows_linear(x: Tensor, bw: Blockwise, out_features: int, b: Tensor | None = 
   S, K, R = 2 * P, B * 2 * P, math.prod(x.shape[:-1])
   if x.shape[-1] != K or G * L != out_features:
     raise ValueError(f"rows_linear: x's last dim {x.shape[-1]} and {out_features} outputs don't fit the weight's {G * L}x{K}")
-  x = x.contiguous()   # read by three kernels (scales, codes, sums): not recomputed by each (a SwiGLU's exp)
+  if not _row_major(x): x = x.contiguous()   # read by three kernels (scales, codes, sums): not recomputed by each (a SwiGLU's exp)
   xq, dx = quantize16(x.reshape(R, K), S)
   q = Tensor(rl.q).cast(dtypes.int32)
   if bw.off: q = q + int(bw.off)
