@@ -14,7 +14,7 @@ sum of x over a sub-block's chunks, instead of every element dequantized (a mult
 its FMA. The sub-block is split into C chunks of L = the device's vector lanes, so the lanes run along l and the short
 chunk loop unrolls (at least 8 wide: at most 4 chunks; SmolLM2 Q4_1 gate/up on AVX2: 72 -> 43 us a call).
 `dot2_linear` does the same in int16 integer products; `rows_linear` over weights stored with output rows in the
-vector lanes (`RowLanes`: Q4_0-Q8_0 where the renderer has dot2) scales a sub-block once for a vector of rows.
+vector lanes (`RowLanes`: Q4_0-Q8_0 and Q4_K-Q6_K where the renderer has dot2) scales a sub-block once for a vector of rows.
 """
 from __future__ import annotations
 
@@ -113,8 +113,9 @@ class RowLanes:
   lanes (`rows_linear`): q (out/L, in/S, S/2, L, 2) int32 codes (an expression of the stored bytes: code pair p of
   sub-block b of rows g*L..g*L+L-1 side by side, 2L codes one contiguous run with one shift), d and m (out/L, in/S, L)
   float32 scales and mins (the file's float16 converted at load: a vector load, not L conversions; the constant added
-  to every code is `Blockwise.off`). One pmaddwd / vpdpwssd then multiplies a pair of codes of L rows with a pair of x broadcast to them, and
-  a sub-block's int32 sums are scaled once for L rows."""
+  to every code is `Blockwise.off`; for Q4_K-Q6_K, expressions: the super-block's float32 scale times the sub-block's
+  byte, both stored in that layout). One pmaddwd / vpdpwssd then multiplies a pair of codes of L rows with a pair of x
+  broadcast to them, and a sub-block's int32 sums are scaled once for L rows."""
   q: UOp
   d: UOp
   m: UOp | None = None
