@@ -184,6 +184,16 @@ def bench_matmuls(q: bool, m: dict, reps: int) -> list[dict]:
     r = max(2, reps // 2) if fl > 1e10 else reps * 2
     t_pg, t_np = best2(lambda: (tx @ ty).realize(), lambda: x @ y, r)
     rows.append(row(f"matmul {m_}" if m_ == k_ == n_ else f"matmul {m_}x{k_}x{n_}", t_pg, t_np, "GFLOPS", fl, fl / peak))
+  # attention's prefill scores: x @ y.T with both operands read along the reduce axis (4 query heads of one key head,
+  # gemma3's shape); numpy's peer is the same batched product through BLAS
+  h, t, d = (4, 456, 256) if not q else (4, 128, 64)
+  x, y = rng.standard_normal((h, t, d), dtype=np.float32), rng.standard_normal((t, d), dtype=np.float32)
+  tx, ty = Tensor(x).realize(), Tensor(y).realize()
+  fl = 2 * h * t * t * d
+  err = float(np.abs((tx @ ty.T).numpy() - x @ y.T).max())
+  if err > 1e-3 * d ** 0.5: raise RuntimeError(f"scores {h}x{t}x{t}x{d} differ from numpy by {err}")
+  t_pg, t_np = best2(lambda: (tx @ ty.T).realize(), lambda: x @ y.T, reps * 2)
+  rows.append(row(f"scores {h}x{t}x{t} over {d} (x @ y.T)", t_pg, t_np, "GFLOPS", fl, fl / peak))
   for dt, npdt in (("float16", np.float16), ("bfloat16", None)):  # 16-bit inputs, float32 accumulation and output
     s = 1024
     x, y = rng.standard_normal((s, s), dtype=np.float32), rng.standard_normal((s, s), dtype=np.float32)
