@@ -165,7 +165,7 @@ def _dot_tile(loads: list[UOp], glbl: list[UOp], regs: int) -> list[Opt] | None:
   DOT_TILE_MIN_REUSE outputs (attention's scores: a query row by every key, a key by every query of its heads): an
   axis only one operand moves with times an axis only the other moves with, 4 x 4 on 32 registers and 4 x 2 on 16,
   so each of a reduce step's a + b vector loads feeds b or a of the a*b accumulators (8 or more chains: no SPLIT). The
-  longest such axis of each side (the most reuse). Measured on gemma3's prefill scores (4 heads x 456 x 456 over 256):
+  longest such axis of each side (the most reuse). Measured on attention scores of 4 heads x 456 x 456 over 256:
   3.80 -> 2.06 ms with AVX-512 code, 4.08 -> 2.38 with AVX2's, against SPLIT 2 x 4 keys. None for anything else: a
   matvec's weights are read once per output (a batched decode step's 4 rows reuse them 4 times), and keep the matvec
   rules."""
@@ -489,21 +489,21 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
   if any(r.src[0].op is not Ops.CONST for r in (*glbl, *red)) or len(glbl) < 2: return None
   ops = _mul_operands(UOp(Ops.SINK, dtypes.void, (main,)))
   if len(ops) != 2: return None
-  cands: list[tuple[UOp, set[UOp], set[UOp]]] = []   # (channel range, ranges of f, ranges of g)
+  cands: list[tuple[UOp, set[UOp], set[UOp], UOp]] = []   # (channel range, ranges of f, ranges of g, g)
   for f, g in (ops, ops[::-1]):
     fr, gr = _ranges_in(f), _ranges_in(g)
     fg = [r for r in glbl if r in fr]
     if len(fg) != 1 or not fr & red or (c := fg[0]) in gr or c is glbl[-1] or (const_end(c) or 0) % lanes: continue
     if _plain_load_along(f, "global", c) or not (_gated_or_strided(g, glbl, lanes) or _sliding_window(g, glbl, red)): continue
     if not set(glbl) - {c} <= gr | fr: continue
-    cands.append((c, fr, gr))
+    cands.append((c, fr, gr, g))
   if len(cands) != 1: return None
-  c, fr, gr = cands[0]
+  c, fr, gr, g = cands[0]
   u = 2 if (const_end(c) // lanes) % 2 == 0 else 1
   # an operand computed by the kernel (a dequantized weight) is evaluated again for every channel panel here: with many
   # panels the matmul path packs it once instead (x @ dequantized W.T, 456 tokens as the channels on AVX2's 8 lanes:
   # 57 panels, 131 ms against 20 packed)
-  if _computed(next(v for v in ops if _ranges_in(v) == gr)) and const_end(c) // (lanes * u) >= PACK_MIN_EXPR_BLOCKS: return None
+  if _computed(g) and const_end(c) // (lanes * u) >= PACK_MIN_EXPR_BLOCKS: return None
   opts = [Opt("PACK", c.arg[0], lanes * u), Opt("VECTOR", c.arg[0], lanes)]
   budget = max(1, (regs * 3 // 4) // u)  # output rows of the tile: u accumulators each
   for gr_ in reversed([r for r in glbl if r is not c]):

@@ -283,7 +283,7 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> 
   else:
     q = _fields(t[0], 1, 4, 2)
     if five: q = q | (_fields(t[1], 1, 1, 8) << 4)
-  scales = t[1 + five:] if qtype != "Q8_0" else t[1:]
+  scales = t[1 + five:]
   if k > 1:   # the byte sub-block scales (and mins) times their super-block's float32 scale (and -dmin)
     def sub(sup: Tensor, byte: Tensor) -> Tensor: return (sup.reshape(G, B // k, 1, L).expand(G, B // k, k, L).reshape(G, B, L) *
                                                           byte.cast(dtypes.float32))
