@@ -116,6 +116,9 @@ class Allocator:
     if not isinstance(size, int) or size < 0: raise ValueError(f"allocation size must be a non-negative int of bytes, got {size!r}")
     return self._alloc(size, options or DEFAULT_OPTIONS)
   def free(self, opaque: Any, size: int, options: BufferOptions | None = None) -> None: self._free(opaque, size, options or DEFAULT_OPTIONS)
+  def release(self, opaque: Any, size: int, options: BufferOptions | None = None) -> None:
+    """Free memory for good: a caching allocator's `free` keeps it for the next allocation of that size."""
+    self._free(opaque, size, options or DEFAULT_OPTIONS)
   def copyin(self, dest: Any, src: memoryview) -> None: self._copyin(dest, src)
   def copyout(self, dest: memoryview, src: Any) -> None: self._copyout(dest, src)
   def as_host(self, opaque: Any) -> memoryview | None:
@@ -187,8 +190,11 @@ class Buffer:
   """`size` elements of `dtype` on `device`, allocated lazily. A view (`base` + byte `offset`) shares its base's memory.
 
   Memory is returned to the allocator when the base Buffer is garbage collected or `deallocate()`d; views keep
-  their base alive, so no refcounting is needed.
+  their base alive, so no refcounting is needed. `internal`: an intermediate of one schedule that no tensor can see
+  once that schedule ran (set by the scheduler's memory planner); a TinyJit capture may move it into its arena.
   """
+  internal: bool = False
+
   def __init__(self, device: str, size: int, dtype: DType, options: BufferOptions | None = None, *, base: Buffer | None = None,
                offset: int = 0, opaque: Any = None) -> None:
     if not isinstance(size, int) or size < 0: raise ValueError(f"Buffer size must be a non-negative int of elements, got {size!r}")
@@ -238,9 +244,11 @@ class Buffer:
     except MemoryError as e:
       raise MemoryError(f"{self.device}: can't allocate {human_bytes(self.nbytes)} ({self.nbytes} bytes) for {self!r}: {e}") from None
 
-  def deallocate(self) -> None:
+  def deallocate(self, cache: bool = True) -> None:
+    """Give the memory back to the allocator (`cache=False`: past its cache, to the device); a view only drops its handle."""
     if self._buf is not None and self._owned and self._base is None:
-      self.__dict__["_allocator"].free(self._buf, self.nbytes, self.options)
+      a = self.__dict__["_allocator"]
+      (a.free if cache else a.release)(self._buf, self.nbytes, self.options)
       if capture.PROFILE and self.__dict__.get("_mem_epoch") == capture.TRACE.mem_epoch:  # counted in by this recording
         capture.TRACE.mem_change(self.device, -self.nbytes)
     self._buf = None

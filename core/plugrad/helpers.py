@@ -40,3 +40,16 @@ def cache_dir() -> Path:
   return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "plugrad"
 
 DEBUG: int = getenv("DEBUG", 0)
+
+
+_LIBC: list = []
+
+
+def trim_heap() -> None:
+  """Give the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere): after a burst of
+  short-lived Python objects (compiling, capturing) the freed memory would otherwise stay resident."""
+  if not _LIBC:
+    import ctypes
+    try: _LIBC.append(getattr(ctypes.CDLL(None), "malloc_trim", None))
+    except OSError: _LIBC.append(None)
+  if _LIBC[0] is not None: _LIBC[0](0)

@@ -48,6 +48,15 @@ def test_three_turns_under_jit_equal_reference(llama):
   assert list(g.generate(prompt, SamplingParams(max_tokens=4))) == greedy_reference(m.cfg, w, prompt, 4)
 
 
+def test_steps_share_one_arena_and_stay_exact(llama):
+  m, w = llama
+  g = Generator(m)
+  assert g.prefill_jit.arena is g.arena and g.short_jit.arena is g.arena and g.decode_jit.arena is g.arena
+  for prompt in ([3, 7, 1, 60, 22], [9, 41], [5, 17, 33, 2, 8, 1]):   # prefill and decode captures alternate
+    assert list(g.generate(prompt, SamplingParams(max_tokens=4))) == greedy_reference(m.cfg, w, prompt, 4)
+  assert g.short_jit.cnt == 2 and g.decode_jit.cnt == 2 and g.arena.nbytes > 0
+
+
 def test_stop_ids_and_context_end(llama):
   m, w = llama
   g = Generator(m)

@@ -20,6 +20,10 @@ views of input buffers (the same view of the new input is swapped in).
 Replay runs each maximal stretch of compiled kernels on one device through that device's `batch_runner(items)` when
 it offers one (e.g. CPU: one C call for the stretch, no Python per kernel); copies and the rest run item by item.
 JIT_BATCH=0 turns batching off.
+
+A capture's internal buffers (intermediates no tensor sees) are moved into the TinyJit's `JitArena` (engine/memory.py),
+where buffers whose lifetimes in the capture don't overlap share memory; TinyJits that never run at the same time may
+share one arena (`TinyJit(fn, arena=a)`). JIT_ARENA=0 keeps the buffers the capture ran with.
 """
 from __future__ import annotations
 
@@ -34,9 +38,10 @@ import numpy as np
 
 from plugrad.device import Device
 from plugrad.dtype import DType
+from plugrad.engine.memory import JitArena
 from plugrad.engine.realize import CAPTURING, ExecItem, GlobalCounters, buffer_for
-from plugrad.helpers import getenv
-from plugrad.schedule.kernelize import buffer_of, rebind_view
+from plugrad.helpers import getenv, trim_heap
+from plugrad.schedule.kernelize import SCHEDULES_USED, buffer_of, forget_schedules, rebind_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 from plugrad.viz import capture, profile
@@ -108,8 +113,8 @@ def _input_buffers(inputs: list) -> list:
 class _Capture:
   """One capture of a TinyJit: the call count for its key, the recorded kernels, input slots and outputs."""
 
-  def __init__(self, keep: list) -> None:
-    self.keep, self.cnt = keep, 0
+  def __init__(self, keep: list, arena: JitArena | None = None) -> None:
+    self.keep, self.cnt, self.arena = keep, 0, arena
     self.captured: list[ExecItem] = []
     self._views: dict[tuple[int, int], tuple] = {}
     self.input_slots: list[tuple[int, int, int]] = []
@@ -132,18 +137,28 @@ class _Capture:
 
   def _capture(self, fn: Callable, inputs: list, args: tuple, kwargs: dict) -> Any:
     CAPTURING.append([])
+    SCHEDULES_USED.append(set())
     try:
       ret = fn(*args, **kwargs)
       Tensor.realize_all(*_tensors_in(ret))
-    finally: items = CAPTURING.pop()
+    finally: items, used = CAPTURING.pop(), SCHEDULES_USED.pop()
+    forget_schedules(used)   # replays never schedule: the (large) graphs the capture scheduled aren't needed any more
     in_bufs = _input_buffers(inputs)
     # a kernel or copy may read an input's whole buffer or a view of it (e.g. a chunk a ring allreduce sends): replay
     # swaps in the new input's buffer, or the same view of it
     self.input_slots = [(i, j, k) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) for k, ib in enumerate(in_bufs) if b.base is ib]
     self._views = {(i, j): (b.size, b.dtype, b.offset) for i, j, _ in self.input_slots if (b := items[i].bufs[j]) is not b.base}
     self.captured, self.signature, self.ret, self.cnt = items, self._signature(inputs), ret, 2
-    self.plan = self._plan(items) if getenv("JIT_BATCH", 1) else []
+    if self.arena is not None and getenv("JIT_ARENA", 1):
+      keep = {id(b) for b in in_bufs} | {id(b) for b in _input_buffers(_tensors_in(ret))}
+      self.arena.adopt(self, items, keep)
+    self.rebind()
+    trim_heap()
     return ret
+
+  def rebind(self) -> None:
+    """Rebuild the batched replay plan from the captured items' buffers (after they were moved into an arena)."""
+    self.plan = self._plan(self.captured) if getenv("JIT_BATCH", 1) else []
 
   def _plan(self, items: list[ExecItem]) -> list[tuple[Any, list[ExecItem], list[tuple[int, int]]]]:
     """Split the capture into stretches of kernels on one device (batched when the device offers `batch_runner`) and
@@ -196,9 +211,10 @@ class TinyJit(Generic[R]):
 
   cnt, captured, plan, ret, signature, input_slots, _views = map(_delegate, ("cnt", "captured", "plan", "ret", "signature", "input_slots", "_views"))
 
-  def __init__(self, fn: Callable[..., R]):
+  def __init__(self, fn: Callable[..., R], arena: JitArena | None = None):
     if not callable(fn): raise TypeError(f"TinyJit needs a callable, got {type(fn).__name__}")
-    self.fn = fn
+    if arena is not None and not isinstance(arena, JitArena): raise TypeError(f"arena must be a JitArena, got {type(arena).__name__}")
+    self.fn, self.arena = fn, arena if arena is not None else JitArena()
     self.reset()
     functools.update_wrapper(self, fn)
 
@@ -208,7 +224,8 @@ class TinyJit(Generic[R]):
   def reset(self) -> None:
     """Forget every capture: the next call runs normally again."""
     self._captures: OrderedDict[Any, _Capture] = OrderedDict()
-    self._last, self._warned = _Capture([]), False
+    self._last, self._warned = _Capture([], self.arena), False
+    self.arena.trim()   # the memory of the dropped captures (other TinyJits sharing the arena keep theirs)
 
   def __call__(self, *args, **kwargs) -> R:
     all_args = list(args) + list(kwargs.values())
@@ -228,10 +245,11 @@ class TinyJit(Generic[R]):
       return c
     if len(self._captures) >= MAX_CAPTURES:
       self._captures.popitem(last=False)
+      self.arena.trim()
       if not self._warned:
         self._warned = True
         warnings.warn(f"TinyJit({getattr(self.fn, '__name__', 'fn')}): non-tensor arguments took more than {MAX_CAPTURES} values, "
                       "so captures are dropped and calls rarely replay; pass values that change as Tensors or bound Variables",
                       JitWarning, stacklevel=3)
-    c = self._captures[key] = _Capture(keep)
+    c = self._captures[key] = _Capture(keep, self.arena)
     return c

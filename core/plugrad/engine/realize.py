@@ -25,7 +25,9 @@ def buffer_for(u: UOp) -> Buffer:
   """The device Buffer behind a BUFFER uop (created, unallocated, on first use). It is kept in the uop's cache, so it
   lives exactly as long as the uop."""
   if (c := u._cache) is not None and (b := c.get("buffer")) is not None: return b
-  if u.op is Ops.BUFFER: b = Buffer(u.src[1].arg, u.arg, u.dtype)
+  if u.op is Ops.BUFFER:
+    b = Buffer(u.src[1].arg, u.arg, u.dtype)
+    if c is not None and c.get("internal"): b.internal = True
   elif u.op is Ops.BUFFER_VIEW: b = buffer_for(u.src[0]).view(u.arg[0], u.dtype, u.arg[1])
   else: raise TypeError(f"buffer_for needs a BUFFER or BUFFER_VIEW uop, got {u.op}")
   u._cached()["buffer"] = b

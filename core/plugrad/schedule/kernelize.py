@@ -459,6 +459,13 @@ pm_rebind_args = PatternMatcher([(UPat(GroupOp.Movement, name="x"),
   lambda ctx, x: x.replace(arg=_map_arg(x.arg, lambda u: u.substitute(ctx, walk=True))) if _has_uop(x.arg) else None)])
 pm_unbind_args = PatternMatcher([(UPat(GroupOp.Movement, name="x"), lambda ctx, x: ctx.unbind_arg(x) if _has_uop(x.arg) else None)])
 _SCHEDULE_CACHE: dict[UOp, tuple[list[ScheduleItem], dict[UOp, UOp]]] = {}
+SCHEDULES_USED: list[set[UOp]] = []   # a TinyJit capture pushes a set here: the cache keys its realizes used
+
+
+def forget_schedules(keys: set[UOp]) -> None:
+  """Drop these schedule-cache entries (a capture that replays without scheduling doesn't need them; realizing the same
+  graphs outside it schedules them again)."""
+  for k in keys: _SCHEDULE_CACHE.pop(k, None)
 SCHEDULE_STATS = {"hits": 0, "misses": 0}
 
 
@@ -477,6 +484,7 @@ def _create_schedule(targets: list[UOp], keep: set[UOp] | None, info: dict | Non
   mapping = graph_rewrite_map(UOp.sink_of(*targets), pm_unbind_args, ctx=norm, bpm=pm_normalize, walk=True, name="normalize")
   nsink = mapping[UOp.sink_of(*targets)]
   if info is not None: info.update(nsink=nsink, mapping=mapping, norm=norm)
+  if SCHEDULES_USED: SCHEDULES_USED[-1].add(nsink)
   if (cached := _SCHEDULE_CACHE.get(nsink)) is None:
     cached = _SCHEDULE_CACHE[nsink] = _schedule_normalized(nsink)
     SCHEDULE_STATS["misses"] += 1
@@ -497,9 +505,15 @@ def _create_schedule(targets: list[UOp], keep: set[UOp] | None, info: dict | Non
   return items, becomes
 
 
+def mark_internal(u: UOp) -> UOp:
+  """Mark BUFFER `u` as an intermediate no tensor sees after its schedule ran (its Buffer's `internal`)."""
+  u._cached()["internal"] = True
+  return u
+
+
 def plan_buffers(items: list[ScheduleItem], kept: set[UOp]) -> dict[UOp, UOp]:
   """Real BUFFERs for the ("out", j) placeholders: an intermediate that is not kept reuses the memory of an earlier
-  intermediate of the same device, dtype and size whose last reader has run."""
+  intermediate of the same device, dtype and size whose last reader has run (marked internal: see `mark_internal`)."""
   last_use: dict[UOp, int] = {}
   for i, it in enumerate(items):
     for b in it.bufs:
@@ -511,7 +525,9 @@ def plan_buffers(items: list[ScheduleItem], kept: set[UOp]) -> dict[UOp, UOp]:
     for p in it.bufs:
       if p.op is not Ops.PARAM or p.arg[0] != "out" or p in outs: continue
       key = (p.arg[3], p.dtype, p.arg[2])
-      outs[p] = free[key].pop() if p not in kept and free.get(key) else new_buffer(p.arg[3], p.arg[2], p.dtype)
+      if p in kept: outs[p] = new_buffer(p.arg[3], p.arg[2], p.dtype)
+      elif free.get(key): outs[p] = free[key].pop()
+      else: outs[p] = mark_internal(new_buffer(p.arg[3], p.arg[2], p.dtype))
     for p in it.bufs:
       if p.op is Ops.PARAM and p.arg[0] == "out" and last_use[p] == i and p not in kept:
         free.setdefault((p.arg[3], p.dtype, p.arg[2]), []).append(outs[p])

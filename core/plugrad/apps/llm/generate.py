@@ -17,6 +17,7 @@ import numpy as np
 
 from plugrad import TinyJit, Variable
 from plugrad.device import Device
+from plugrad.engine.memory import JitArena
 from plugrad.engine.realize import buffer_for
 from plugrad.nn.state import gguf_load
 from plugrad.schedule.kernelize import buffer_of
@@ -101,9 +102,11 @@ class Generator:
     rows = (min(self.max_context, PREFILL_CHUNK) + m - 1) // m * m
     self.inp = Tensor.zeros(model.batch, rows, dim).contiguous().realize()   # prefill embeddings, written in place
     self.inp1 = Tensor.zeros(model.batch, 1, dim).contiguous().realize()                 # decode embedding
-    self.prefill_jit = TinyJit(functools.partial(self._prefill, fused=model.fused_long_prefill()))
-    self.decode_jit = TinyJit(self._decode)
-    self.short_jit = TinyJit(functools.partial(self._prefill, fused=True))
+    # the three steps never run at once: their intermediates share one arena (the largest plan's memory, not the sum)
+    self.arena = JitArena()
+    self.prefill_jit = TinyJit(functools.partial(self._prefill, fused=model.fused_long_prefill()), arena=self.arena)
+    self.decode_jit = TinyJit(self._decode, arena=self.arena)
+    self.short_jit = TinyJit(functools.partial(self._prefill, fused=True), arena=self.arena)
     self.finish_reason: str | None = None
 
   def _prefill(self, T: Any, start: Any, last: Any, keys: Any, fused: bool = False) -> Tensor:
@@ -356,9 +359,10 @@ class BatchGenerator:
                                             self.mask_lb)}.values())
     self.cos_np, self.sin_np = model.cos.numpy(), model.sin.numpy()
     self.cos_lnp, self.sin_lnp = (model.cos_l.numpy(), model.sin_l.numpy()) if local else (None, None)
-    self.prefill_jit = TinyJit(functools.partial(self._prefill, fused=model.fused_long_prefill()))
-    self.decode_jit, self.decode1_jit = TinyJit(self._decode), TinyJit(self._decode1)
-    self.short_jit = TinyJit(functools.partial(self._prefill, fused=True))
+    self.arena = JitArena()   # the steps run one at a time (the engine's thread): one arena, as Generator's
+    self.prefill_jit = TinyJit(functools.partial(self._prefill, fused=model.fused_long_prefill()), arena=self.arena)
+    self.decode_jit, self.decode1_jit = TinyJit(self._decode, arena=self.arena), TinyJit(self._decode1, arena=self.arena)
+    self.short_jit = TinyJit(functools.partial(self._prefill, fused=True), arena=self.arena)
 
   def _prefill(self, T: Any, start: Any, last: Any, keys: Any, slot: Any, fused: bool = False) -> Tensor:
     m = PREFILL_MULTIPLE

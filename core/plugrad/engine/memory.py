@@ -1,0 +1,132 @@
+"""Memory planning of TinyJit captures: their internal buffers placed at offsets of one arena per device.
+
+A capture's kernels read and write three kinds of buffers: its inputs (swapped on every replay), memory that outlives
+it (weights, caches, the returned tensors) and *internal* buffers, intermediates of the schedules it ran that no
+tensor can see afterwards (`Buffer.internal`, set by the scheduler's planner). The scheduler already lets an
+intermediate reuse the memory of an earlier one of the same size within one schedule. Once the whole capture is known
+this module does better: each internal buffer lives from the first to the last captured item that uses it, and
+buffers whose lifetimes don't overlap share memory whatever their sizes (`place`: largest first, at the lowest offset
+free over its lifetime).
+
+A `JitArena` holds that memory, one base buffer per device, and may serve several captures, of one TinyJit or of
+several (`TinyJit(fn, arena=...)`), that never run at the same time: a model's prefill and decode steps need the
+largest of their plans, not the sum. When a capture needs more than the arena has, the arena grows and re-points the
+captures it serves. Replays of captures sharing an arena must not run concurrently (from two threads); each TinyJit
+gets an arena of its own unless it is given one.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Protocol
+
+from plugrad.device import Buffer, BufferOptions, Device
+from plugrad.dtype import dtypes
+
+ALIGN = 256   # byte alignment of every placed buffer (a cache line and more; GPU loads of 16-byte vectors)
+ARENA_OPTIONS = BufferOptions(nolru=True)   # an arena given up is freed, not kept by the allocator's cache
+
+
+def _aligned(n: int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def place(spans: list[tuple[int, int, int]]) -> tuple[list[int], int]:
+  """Byte offsets for (size, first, last) spans (a buffer used by items first..last) such that two spans alive at
+  the same item never overlap in memory, and the total size. Largest first, each at the lowest aligned offset that is
+  free over its lifetime (a greedy first fit: optimal packing is NP-hard, this is what memory planners do)."""
+  offsets, placed, total = [0] * len(spans), [], 0
+  for i in sorted(range(len(spans)), key=lambda i: (-spans[i][0], spans[i][1])):
+    size, first, last = spans[i]
+    off = 0
+    for lo, hi in sorted((lo, hi) for lo, hi, f, la in placed if f <= last and first <= la):
+      if off + size <= lo: break
+      off = max(off, _aligned(hi))
+    offsets[i] = off
+    placed.append((off, off + size, first, last))
+    total = max(total, off + size)
+  return offsets, _aligned(total)
+
+
+class Step(Protocol):
+  bufs: list[Buffer]
+
+
+class Layout:
+  """Where a capture's internal buffers went: per (item, slot) the device, byte offset, size and dtype of its view of
+  the arena, and the bytes it needs per device."""
+  def __init__(self, slots: dict[tuple[int, int], tuple[str, int, int, Any]], need: dict[str, int]):
+    self.slots, self.need = slots, need
+
+
+def plan_capture(items: list[Step], keep: set[int]) -> tuple[Layout, list[Buffer]]:
+  """The layout of `items`' internal buffers (bases not in `keep`, ids of buffers that must stay as they are) on
+  devices that can give offset views, and the base buffers it replaces."""
+  spans: dict[int, list] = {}   # id(base) -> [base, first, last]
+  for i, it in enumerate(items):
+    for b in it.bufs:
+      base = b.base
+      if not base.internal or id(base) in keep or not Device[base.device].allocator.supports_offset: continue
+      if (s := spans.get(id(base))) is None: spans[id(base)] = [base, i, i]
+      else: s[2] = i
+  by_dev: dict[str, list] = {}
+  for s in spans.values(): by_dev.setdefault(s[0].device, []).append(s)
+  where: dict[int, tuple[str, int]] = {}
+  need: dict[str, int] = {}
+  for dev, ss in by_dev.items():
+    offs, need[dev] = place([(s[0].nbytes, s[1], s[2]) for s in ss])
+    for s, o in zip(ss, offs): where[id(s[0])] = (dev, o)
+  slots = {(i, j): (dev, off + b.offset, b.size, b.dtype) for i, it in enumerate(items) for j, b in enumerate(it.bufs)
+           if (w := where.get(id(b.base))) is not None for dev, off in (w,)}
+  return Layout(slots, need), [s[0] for s in spans.values()]
+
+
+class JitArena:
+  """Memory shared by the internal buffers of captures that never run at the same time (see the module docstring)."""
+
+  def __init__(self) -> None:
+    self.bases: dict[str, Buffer] = {}
+    self._users: weakref.WeakKeyDictionary[Any, tuple[list[Step], Layout]] = weakref.WeakKeyDictionary()
+
+  @property
+  def nbytes(self) -> int:
+    """The arena's memory on all devices."""
+    return sum(b.nbytes for b in self.bases.values())
+
+  def adopt(self, owner: Any, items: list[Step], keep: set[int]) -> bool:
+    """Move the internal buffers of `items` (a capture owned by `owner`, a weak key) into this arena and free the
+    memory they had; whether anything moved (the owner then rebuilds what holds buffer pointers, e.g. batch runners).
+    Growing the arena re-points the other captures it serves and calls their `rebind()`."""
+    layout, replaced = plan_capture(items, keep)
+    if not layout.slots: return False
+    self._users[owner] = (items, layout)
+    grown = [d for d, n in layout.need.items() if d not in self.bases or self.bases[d].nbytes < n]
+    for d in grown:
+      self.bases[d] = Buffer(d, max(n for _, lay in self._users.values() for dd, n in lay.need.items() if dd == d), dtypes.uint8,
+                             ARENA_OPTIONS).ensure_allocated()
+    for o, (its, lay) in list(self._users.items()):
+      if o is owner: self._point(its, lay)
+      elif any(d in grown for d in lay.need):
+        self._point(its, lay)
+        o.rebind()
+    for b in replaced: b.deallocate(cache=False)
+    return True
+
+  def trim(self) -> None:
+    """Shrink (or free) each device's base to what the captures still alive need, re-pointing them: after captures
+    were dropped (`TinyJit.reset`, a capture evicted)."""
+    users = list(self._users.items())
+    for d in list(self.bases):
+      n = max((lay.need[d] for _, (_, lay) in users if d in lay.need), default=0)
+      if n >= self.bases[d].nbytes: continue
+      if n == 0: del self.bases[d]
+      else: self.bases[d] = Buffer(d, n, dtypes.uint8, ARENA_OPTIONS).ensure_allocated()
+      for o, (its, lay) in users:
+        if d in lay.need:
+          self._point(its, lay)
+          o.rebind()
+
+  def _point(self, items: list[Step], layout: Layout) -> None:
+    views: dict[tuple, Buffer] = {}
+    for (i, j), (dev, off, size, dtype) in layout.slots.items():
+      if (v := views.get(key := (dev, off, size, dtype))) is None:
+        v = views[key] = self.bases[dev].view(size, dtype, off).ensure_allocated()
+      items[i].bufs[j] = v

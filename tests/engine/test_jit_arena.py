@@ -1,0 +1,118 @@
+"""TinyJit's arena (engine/memory.py): internal buffers placed by lifetime, shared between captures, outputs untouched."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from plugrad import Tensor, TinyJit
+from plugrad.device import Device
+from plugrad.engine.memory import ALIGN, JitArena, place
+from plugrad.schedule import kernelize
+
+rng = np.random.default_rng(3)
+N = 64
+WS = [rng.standard_normal(s).astype(np.float32) / 16 for s in ((256, 256), (256, 128), (128, 192), (192, 8))]
+
+
+def chain(x: Tensor, ws: list[Tensor]) -> Tensor:
+  # three intermediates of different sizes (64x256, 64x128, 64x192 floats), each alive over two kernels only
+  return ((((x @ ws[0]).relu().contiguous() @ ws[1]).relu().contiguous() @ ws[2]).relu().contiguous() @ ws[3]).realize()
+
+
+def chain_np(x: np.ndarray) -> np.ndarray:
+  for w in WS[:3]: x = np.maximum(x @ w, 0)
+  return x @ WS[3]
+
+
+@pytest.fixture
+def ws():
+  return [Tensor(w).realize() for w in WS]
+
+
+def test_internal_buffers_share_memory_by_lifetime(ws):
+  f = TinyJit(lambda x: chain(x, ws))
+  for _ in range(5):
+    x = rng.standard_normal((N, 256)).astype(np.float32)
+    np.testing.assert_allclose(f(Tensor(x)).numpy(), chain_np(x), rtol=1e-4, atol=1e-5)
+  # 64K + 32K + 48K bytes of intermediates; at most two are alive at once (64K + 32K)
+  assert 0 < f.arena.nbytes <= N * (256 + 128) * 4 + 2 * ALIGN
+
+
+def test_jit_arena_off_keeps_the_buffers(ws, monkeypatch):
+  monkeypatch.setenv("JIT_ARENA", "0")
+  f = TinyJit(lambda x: chain(x, ws))
+  for _ in range(3):
+    x = rng.standard_normal((N, 256)).astype(np.float32)
+    np.testing.assert_allclose(f(Tensor(x)).numpy(), chain_np(x), rtol=1e-4, atol=1e-5)
+  assert f.arena.nbytes == 0
+
+
+def test_shared_arena_takes_the_largest_plan_and_keeps_outputs(ws):
+  arena = JitArena()
+  big = TinyJit(lambda x: chain(x, ws), arena=arena)
+  small = TinyJit(lambda x: ((x * 2).exp().contiguous().sum(1) + 1).realize(), arena=arena)
+  small_need = []
+  for i in range(4):
+    xs = rng.standard_normal((N, 32)).astype(np.float32) / 4
+    np.testing.assert_allclose(small(Tensor(xs)).numpy(), np.exp(xs * 2).sum(1) + 1, rtol=1e-5)
+    small_need.append(arena.nbytes)
+    xb = rng.standard_normal((N, 256)).astype(np.float32)
+    out_big = big(Tensor(xb))
+    np.testing.assert_allclose(out_big.numpy(), chain_np(xb), rtol=1e-4, atol=1e-5)
+    # the small step's replay reuses the big one's memory, never its returned tensor
+    small(Tensor(xs))
+    np.testing.assert_allclose(out_big.numpy(), chain_np(xb), rtol=1e-4, atol=1e-5)
+  assert 0 < small_need[1] < arena.nbytes   # the arena grew for the big capture and re-pointed the small one's
+  assert arena.nbytes <= N * (256 + 128) * 4 + 2 * ALIGN
+
+
+def test_reset_gives_the_memory_back(ws):
+  f = TinyJit(lambda x: chain(x, ws))
+  for _ in range(3): f(Tensor(rng.standard_normal((N, 256)).astype(np.float32)))
+  assert f.arena.nbytes > 0
+  f.reset()
+  assert f.arena.nbytes == 0 and not f.arena.bases
+
+
+def test_replaced_buffers_are_freed_not_cached(ws):
+  alloc = Device["CPU"].allocator
+  f = TinyJit(lambda x: chain(x, ws))
+  x = Tensor(rng.standard_normal((N, 256)).astype(np.float32)).realize()
+  f(x)
+  cached = alloc.cached_bytes   # the plain run's intermediates, freed into the allocator's cache
+  f(x)                          # the capture takes them again, then moves them into the arena
+  assert alloc.cached_bytes <= cached - N * (256 + 128 + 192) * 4   # and their old memory isn't kept by the cache
+
+
+def test_capture_forgets_the_schedules_it_used(ws):
+  f = TinyJit(lambda x: chain(x, ws))
+  x = Tensor(rng.standard_normal((N, 256)).astype(np.float32)).realize()
+  f(x)
+  before = set(kernelize._SCHEDULE_CACHE)
+  f(x)
+  assert not set(kernelize._SCHEDULE_CACHE) - before and len(kernelize._SCHEDULE_CACHE) < len(before)
+  np.testing.assert_allclose(f(x).numpy(), chain_np(x.numpy()), rtol=1e-4, atol=1e-5)
+  chain(x, ws)   # the same graph outside the jit is scheduled again
+  assert set(kernelize._SCHEDULE_CACHE) - before or len(kernelize._SCHEDULE_CACHE) == len(before)
+
+
+def test_arena_must_be_a_jit_arena():
+  with pytest.raises(TypeError, match="JitArena"): TinyJit(lambda x: x, arena=object())
+
+
+spans = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 30), st.integers(0, 10)), min_size=0, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans)
+def test_place_never_overlaps_live_spans(raw):
+  sp = [(size, first, first + length) for size, first, length in raw]
+  offs, total = place(sp)
+  assert all(o % ALIGN == 0 for o in offs) and total % ALIGN == 0
+  for i, (si, fi, li) in enumerate(sp):
+    assert offs[i] + si <= total
+    for j in range(i):
+      sj, fj, lj = sp[j]
+      if fi <= lj and fj <= li: assert offs[i] + si <= offs[j] or offs[j] + sj <= offs[i], (sp[i], sp[j], offs[i], offs[j])
+  # never more than the sum of the sizes (aligned), at least the most memory alive at one item
+  assert total <= sum((s + ALIGN - 1) // ALIGN * ALIGN for s, _, _ in sp)
+  assert total >= max((sum(s for s, f, la in sp if f <= t <= la) for t in range(41)), default=0)
