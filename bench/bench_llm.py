@@ -78,6 +78,28 @@ def peak_gflops(threads: int) -> float:
   return threads * mhz / 1e3 * 2 * 16 * 2
 
 
+def stored_weight_bytes(m) -> int:
+  """Bytes of every weight buffer the model holds (the embedding table included), as loaded (repacked)."""
+  from plugrad.engine.realize import buffer_for
+  from plugrad.uop.ops import Ops
+  uops = [m.tok_embd, m.output, m.norm] + [v for layer in m.layers for v in vars(layer).values() if hasattr(v, "toposort")]
+  bufs = {id(b): b.nbytes for u in uops if u is not None for n in u.toposort() if n.op is Ops.BUFFER for b in (buffer_for(n),)}
+  return sum(bufs.values())
+
+
+def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
+  """Where the resident memory the model added goes: weights as stored (against the file), the KV cache, the
+  generator's JIT arena (its steps' intermediates), the shared packing scratch, and the rest (Python objects, compiled
+  programs, small buffers, heap slack), in MB."""
+  from plugrad.engine import realize
+  w = stored_weight_bytes(ours.llm.model)
+  scratch = sum(b.nbytes for b in realize._PACK_SCRATCH.values() if b.is_allocated)
+  arena = ours.g.arena.nbytes
+  rest = ours.rss * 1e6 - w - kv - arena - scratch
+  print(f"resident memory, MB: weights {w / 1e6:.1f} (file {fsize / 1e6:.1f}), KV cache {kv / 1e6:.1f}, JIT arena {arena / 1e6:.1f}, "
+        f"packing scratch {scratch / 1e6:.1f}, the rest {rest / 1e6:.1f} (Python objects, programs, small buffers, heap)")
+
+
 def kv_bytes(m) -> int:
   return sum(c.nbytes() for layer in m.layers for c in (layer.cache_k, layer.cache_v))
 
@@ -175,6 +197,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   print(f"plugrad: load {ours.load_s:.2f} s, cold time to first token {ours.ttft_cold:.1f} s; resident {ours.rss:.0f} MB = "
         f"{ours.rss * 1e6 / (fsize + kv):.2f}x (file {fsize / 1e6:.0f} MB + KV cache {kv / 1e6:.0f} MB) after the prompt, decode and "
         f"the long prefill's capture ran (process: {ours.rss_before:.0f} MB before loading, {ours.rss_after:.0f} MB after)")
+  memory_breakdown(ours, fsize, kv)
   c, T = m.cfg, len(prompt)
   block_params = m.param_count() - math.prod(m.tok_embd.shape) - (0 if m.output is m.tok_embd else math.prod(m.output.shape))
   # the blocks' matmuls for every token, causal attention (q.k and p.v), the output layer for the last token

@@ -4,6 +4,7 @@ of the `tokenizer.ggml.pre` preset) and SentencePiece-style llama vocabularies (
 docs/llm_tokenizer.md describes the behaviour and its limits."""
 from __future__ import annotations
 
+import array
 import codecs
 import functools
 import heapq
@@ -139,14 +140,22 @@ class Tokenizer:
       for r, m in enumerate(merges if merges is not None else []):
         if not isinstance(m, str) or (k := m.find(" ", 1)) < 0:
           raise ValueError(f"merge {r} ({m!r:.40}) is not two tokens separated by a space (GGUF tokenizer.ggml.merges)")
-        self._ranks.setdefault((m[:k], m[k + 1:]), r)
+        self._ranks.setdefault((self._same_str(m[:k]), self._same_str(m[k + 1:])), r)
     else:
       self.pre = None
       sc = scores if scores is not None else [0.0] * len(tokens)
       if len(sc) != len(tokens): raise ValueError(f"scores has {len(sc)} entries for {len(tokens)} tokens")
-      self._scores = {t: -float(sc[i]) for t, i in self.vocab.items() if types[i] in (NORMAL, USER_DEFINED, UNUSED)}
+      # -score per id (NaN: a token no merge may produce), read through vocab: a dict of 262144 floats for gemma's
+      # vocabulary is 14 MB, this array 2 MB
+      self._neg_scores = array.array("d", (-float(sc[i]) if types[i] in (NORMAL, USER_DEFINED, UNUSED) else math.nan
+                                          for i in range(len(tokens))))
       self._byte_ids = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
     self._derive()
+
+  def _same_str(self, t: str) -> str:
+    """The vocabulary's own string object for text t when it is a token (merges then hold no copies: 5 MB for a
+    49152-token vocabulary), else t."""
+    return t if (i := self.vocab.get(t)) is None else self.tokens[i]
 
   def add_control(self, ids: set[int] | frozenset[int]) -> None:
     """Treat these token ids as control too: no text ever encodes to them unless `parse_special` reads special tokens
@@ -171,7 +180,8 @@ class Tokenizer:
     if self.model == "gpt2":
       for ab in [ab for ab in self._ranks if ab[0] + ab[1] in control_texts]: del self._ranks[ab]
     else:
-      for t in [t for t in control_texts if t in self._scores]: del self._scores[t]
+      for t in control_texts:
+        if (i := self.vocab.get(t)) is not None: self._neg_scores[i] = math.nan
 
   @staticmethod
   def _preset(pre: str | None) -> str:
@@ -323,8 +333,10 @@ class Tokenizer:
 
   def _encode_spm(self, text: str, after_special: bool) -> list[int]:
     if self.add_space_prefix and after_special: text = " " + text
-    scores = self._scores
-    syms = _merge_heap(list(text.replace(" ", "\u2581")), lambda a, b: scores.get(a + b))
+    vocab, neg = self.vocab, self._neg_scores
+    def prio(a: str, b: str) -> float | None:   # the merged token's -score, None when no token may be merged there
+      return None if (i := vocab.get(a + b)) is None or (v := neg[i]) != v else v
+    syms = _merge_heap(list(text.replace(" ", "\u2581")), prio)
     out = []
     for s in syms:
       if (i := self._text_id(s)) is not None: out.append(i); continue
