@@ -9,7 +9,7 @@ bandwidth, the decode floor (weight bytes read per token / bandwidth), plugrad's
 size plus the KV cache.
 
   .venv/bin/python bench/bench_llm.py [--model smollm2,qwen2,gemma3|both] [--tokens 450] [--decode 64] [--threads 2]
-                                      [--rounds 3] [--skip-llamacpp] [--llamacpp-poll P] [--profile] [--prefill-ab]
+                                      [--rounds 3] [--max-context 1024] [--skip-llamacpp] [--llamacpp-poll P] [--profile] [--prefill-ab]
 
 Per model, a table by GGUF weight type: tensors, parameters, the file's bytes a weight, and one decode product (x of
 one token times the type's largest weight, the kernels the model runs, jitted, best of 20) with the bytes it reads,
@@ -43,14 +43,14 @@ TEXT = ("The history of computing is a story of abstractions layered on abstract
 class Ours:
   """plugrad's batch-1 Generator on a model, warmed up (prefill and decode compiled and captured)."""
 
-  def __init__(self, path: str, prompt: list[int], name: str):
+  def __init__(self, path: str, prompt: list[int], name: str, max_context: int = 1024):
     from plugrad.apps.llm.generate import LLM
     from plugrad.device import Device
     gc.collect()
     Device[Device.DEFAULT].allocator.free_cache()   # what earlier measurements left cached must not count against us
     self.rss_before = rss_mb()
     t0 = time.perf_counter()
-    self.llm = LLM.load(path, max_context=1024, name=name)
+    self.llm = LLM.load(path, max_context=max_context, name=name)
     self.load_s = time.perf_counter() - t0
     self.g, self.prompt = self.llm.gen, prompt
     t0 = time.perf_counter()
@@ -190,7 +190,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   if len(ids) < args.tokens: raise SystemExit(f"the benchmark text has only {len(ids)} tokens")
   prompt = ids[:args.tokens]
   gc.collect()
-  ours = Ours(path, prompt, name)
+  ours = Ours(path, prompt, name, args.max_context)
   m = ours.llm.model
   wb, kv, fsize = weight_bytes(m), kv_bytes(m), os.path.getsize(path)
   print(f"\n== {name}: {path} ({fsize / 1e6:.1f} MB)")
@@ -235,6 +235,7 @@ def main() -> None:
   ap.add_argument("--tokens", type=int, default=450)
   ap.add_argument("--decode", type=int, default=64)
   ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+  ap.add_argument("--max-context", type=int, default=1024, help="plugrad's KV cache length (the app's default: 4096)")
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--skip-llamacpp", action="store_true")
   ap.add_argument("--llamacpp-poll", type=int, default=None, help="llama.cpp's thread polling level 0-100 (default: its own, 50)")

@@ -331,12 +331,13 @@ class Tokenizer:
       self._warned = True
     return []
 
+  def _merge_score(self, t: str) -> float | None:
+    """SentencePiece: -score of the piece t when merging may form it (lower merges first), else None."""
+    return None if (i := self.vocab.get(t)) is None or (v := self._neg_scores[i]) != v else v
+
   def _encode_spm(self, text: str, after_special: bool) -> list[int]:
     if self.add_space_prefix and after_special: text = " " + text
-    vocab, neg = self.vocab, self._neg_scores
-    def prio(a: str, b: str) -> float | None:   # the merged token's -score, None when no token may be merged there
-      return None if (i := vocab.get(a + b)) is None or (v := neg[i]) != v else v
-    syms = _merge_heap(list(text.replace(" ", "\u2581")), prio)
+    syms = _merge_heap(list(text.replace(" ", "\u2581")), lambda a, b: self._merge_score(a + b))
     out = []
     for s in syms:
       if (i := self._text_id(s)) is not None: out.append(i); continue
