@@ -78,21 +78,13 @@ def peak_gflops(threads: int) -> float:
   return threads * mhz / 1e3 * 2 * 16 * 2
 
 
-def stored_weight_bytes(m) -> int:
-  """Bytes of every weight buffer the model holds (the embedding table included), as loaded (repacked)."""
-  from plugrad.engine.realize import buffer_for
-  from plugrad.uop.ops import Ops
-  uops = [m.tok_embd, m.output, m.norm] + [v for layer in m.layers for v in vars(layer).values() if hasattr(v, "toposort")]
-  bufs = {id(b): b.nbytes for u in uops if u is not None for n in u.toposort() if n.op is Ops.BUFFER for b in (buffer_for(n),)}
-  return sum(bufs.values())
-
-
 def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   """Where the resident memory the model added goes: weights as stored (against the file), the KV cache, the
   generator's JIT arena (its steps' intermediates), the shared packing scratch, and the rest (Python objects, compiled
   programs, small buffers, heap slack), in MB."""
+  from plugrad.apps.llm.__main__ import weight_bytes
   from plugrad.engine import realize
-  w = stored_weight_bytes(ours.llm.model)
+  w = weight_bytes(ours.llm.model, embedding=True)
   scratch = sum(b.nbytes for b in realize._PACK_SCRATCH.values() if b.is_allocated)
   arena = ours.g.arena.nbytes
   rest = ours.rss * 1e6 - w - kv - arena - scratch

@@ -1,8 +1,10 @@
-"""Small shared helpers: typed environment lookups and well-known paths."""
+"""Small shared helpers: typed environment lookups, well-known paths and giving the C heap back (trim_heap)."""
 from __future__ import annotations
+import ctypes
+import functools
 import os
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T", int, float, str, bool)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -42,14 +44,13 @@ def cache_dir() -> Path:
 DEBUG: int = getenv("DEBUG", 0)
 
 
-_LIBC: list = []
+@functools.cache
+def _malloc_trim() -> Any:
+  try: return getattr(ctypes.CDLL(None), "malloc_trim", None)
+  except OSError: return None
 
 
 def trim_heap() -> None:
   """Give the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere): after a burst of
   short-lived Python objects (compiling, capturing) the freed memory would otherwise stay resident."""
-  if not _LIBC:
-    import ctypes
-    try: _LIBC.append(getattr(ctypes.CDLL(None), "malloc_trim", None))
-    except OSError: _LIBC.append(None)
-  if _LIBC[0] is not None: _LIBC[0](0)
+  if (trim := _malloc_trim()) is not None: trim(0)

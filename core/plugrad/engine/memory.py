@@ -17,6 +17,7 @@ gets an arena of its own unless it is given one.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from plugrad.device import Buffer, BufferOptions, Device
@@ -50,32 +51,36 @@ class Step(Protocol):
   bufs: list[Buffer]
 
 
+@dataclass(frozen=True)
 class Layout:
   """Where a capture's internal buffers went: per (item, slot) the device, byte offset, size and dtype of its view of
   the arena, and the bytes it needs per device."""
-  def __init__(self, slots: dict[tuple[int, int], tuple[str, int, int, Any]], need: dict[str, int]):
-    self.slots, self.need = slots, need
+  slots: dict[tuple[int, int], tuple[str, int, int, Any]]
+  need: dict[str, int]
 
 
 def plan_capture(items: list[Step], keep: set[int]) -> tuple[Layout, list[Buffer]]:
   """The layout of `items`' internal buffers (bases not in `keep`, ids of buffers that must stay as they are) on
   devices that can give offset views, and the base buffers it replaces."""
   spans: dict[int, list] = {}   # id(base) -> [base, first, last]
+  offsets_ok: dict[str, bool] = {}
   for i, it in enumerate(items):
     for b in it.bufs:
       base = b.base
-      if not base.internal or id(base) in keep or not Device[base.device].allocator.supports_offset: continue
+      if not base.internal or id(base) in keep: continue
+      if (ok := offsets_ok.get(base.device)) is None: ok = offsets_ok[base.device] = Device[base.device].allocator.supports_offset
+      if not ok: continue
       if (s := spans.get(id(base))) is None: spans[id(base)] = [base, i, i]
       else: s[2] = i
   by_dev: dict[str, list] = {}
   for s in spans.values(): by_dev.setdefault(s[0].device, []).append(s)
-  where: dict[int, tuple[str, int]] = {}
+  at: dict[int, int] = {}   # id(base) -> byte offset in its device's arena
   need: dict[str, int] = {}
   for dev, ss in by_dev.items():
     offs, need[dev] = place([(s[0].nbytes, s[1], s[2]) for s in ss])
-    for s, o in zip(ss, offs): where[id(s[0])] = (dev, o)
-  slots = {(i, j): (dev, off + b.offset, b.size, b.dtype) for i, it in enumerate(items) for j, b in enumerate(it.bufs)
-           if (w := where.get(id(b.base))) is not None for dev, off in (w,)}
+    at.update((id(s[0]), o) for s, o in zip(ss, offs))
+  slots = {(i, j): (b.device, at[id(b.base)] + b.offset, b.size, b.dtype)
+           for i, it in enumerate(items) for j, b in enumerate(it.bufs) if id(b.base) in at}
   return Layout(slots, need), [s[0] for s in spans.values()]
 
 
@@ -91,36 +96,33 @@ class JitArena:
     """The arena's memory on all devices."""
     return sum(b.nbytes for b in self.bases.values())
 
-  def adopt(self, owner: Any, items: list[Step], keep: set[int]) -> bool:
-    """Move the internal buffers of `items` (a capture owned by `owner`, a weak key) into this arena and free the
-    memory they had; whether anything moved (the owner then rebuilds what holds buffer pointers, e.g. batch runners).
-    Growing the arena re-points the other captures it serves and calls their `rebind()`."""
+  def adopt(self, owner: Any, items: list[Step], keep: set[int]) -> None:
+    """Move the internal buffers of `items` (a capture owned by `owner`, a weak key) into this arena, growing it where
+    they need more, and free the memory they had. The owner then rebuilds what holds buffer pointers (batch runners);
+    the other captures re-pointed by a growth get their `rebind()` called."""
     layout, replaced = plan_capture(items, keep)
-    if not layout.slots: return False
+    if not layout.slots: return
     self._users[owner] = (items, layout)
-    grown = [d for d, n in layout.need.items() if d not in self.bases or self.bases[d].nbytes < n]
-    for d in grown:
-      self.bases[d] = Buffer(d, max(n for _, lay in self._users.values() for dd, n in lay.need.items() if dd == d), dtypes.uint8,
-                             ARENA_OPTIONS).ensure_allocated()
-    for o, (its, lay) in list(self._users.items()):
-      if o is owner: self._point(its, lay)
-      elif any(d in grown for d in lay.need):
-        self._point(its, lay)
-        o.rebind()
+    self._fit(shrink=False, owner=owner)
+    self._point(items, layout)
     for b in replaced: b.deallocate(cache=False)
-    return True
 
   def trim(self) -> None:
     """Shrink (or free) each device's base to what the captures still alive need, re-pointing them: after captures
     were dropped (`TinyJit.reset`, a capture evicted)."""
+    self._fit(shrink=True)
+
+  def _fit(self, shrink: bool, owner: Any = None) -> None:
+    """Size each device's base to the largest need of the captures served (only up, unless `shrink`), re-pointing and
+    rebinding those on a resized device other than `owner`."""
     users = list(self._users.items())
-    for d in list(self.bases):
-      n = max((lay.need[d] for _, (_, lay) in users if d in lay.need), default=0)
-      if n >= self.bases[d].nbytes: continue
+    for d in {*self.bases, *(d for _, (_, lay) in users for d in lay.need)}:
+      n, have = max((lay.need.get(d, 0) for _, (_, lay) in users), default=0), self.bases[d].nbytes if d in self.bases else 0
+      if n == have or (n < have and not shrink): continue
       if n == 0: del self.bases[d]
       else: self.bases[d] = Buffer(d, n, dtypes.uint8, ARENA_OPTIONS).ensure_allocated()
       for o, (its, lay) in users:
-        if d in lay.need:
+        if d in lay.need and o is not owner:
           self._point(its, lay)
           o.rebind()
 

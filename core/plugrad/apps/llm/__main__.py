@@ -92,10 +92,11 @@ def benchmark(llm: LLM, path: str, load_s: float, n_decode: int) -> None:
   print(f"memory: {rss_mb():.0f} MB resident")
 
 
-def weight_bytes(m: Any) -> int:
-  """Bytes of weights read per decoded token (the quantized blocks and float tensors the forward pass uses)."""
+def weight_bytes(m: Any, embedding: bool = False) -> int:
+  """Bytes of weights read per decoded token (the quantized blocks and float tensors the forward pass uses); with
+  `embedding`, the token embedding table too: the memory all the weights take."""
   seen: dict[int, int] = {}
-  uops = [m.output, m.norm] + [v for layer in m.layers for v in vars(layer).values() if hasattr(v, "toposort")]
+  uops = [m.output, m.norm, m.tok_embd if embedding else None] + [v for layer in m.layers for v in vars(layer).values() if hasattr(v, "toposort")]
   for u in uops:
     if u is None: continue
     for n in u.toposort():
