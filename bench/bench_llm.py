@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_peer import LlamaCpp, load_avg, read_bandwidth, replay_profile, rss_mb, synthetic_qwen2, timed
+from llm_peer import LlamaCpp, load_avg, read_bandwidth, replay_profile, resident_bytes, rss_mb, synthetic_qwen2, timed
 
 TEXT = ("The history of computing is a story of abstractions layered on abstractions. Early machines were programmed by "
         "rewiring panels; later, stored programs let the same hardware run many tasks. Compilers turned human-readable "
@@ -58,7 +58,8 @@ class Ours:
     self.ttft_cold = time.perf_counter() - t0 + self.load_s
     self.g.forward(prompt[:7], 0)                      # second prefill call: JIT capture
     for i in (7, 8, 9): self.g.forward([prompt[i]], i)   # decode: run, capture, replay
-    for _ in range(2): self.run(4)                       # the long prefill: run, capture (the steady state)
+    for _ in range(3): self.run(4)                       # the long prefill: run, capture, replay (the steady state:
+    #                                                      a capture's arena is only touched once it replays)
     self.rss_after = rss_mb()
     self.rss = self.rss_after - self.rss_before
 
@@ -81,15 +82,21 @@ def peak_gflops(threads: int) -> float:
 def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   """Where the resident memory the model added goes: weights as stored (against the file), the KV cache, the
   generator's JIT arena (its steps' intermediates), the shared packing scratch, and the rest (Python objects, compiled
-  programs, small buffers, heap slack), in MB."""
+  programs, small buffers, heap slack), in MB; a reserved buffer counts what was touched of it (CPU buffers are numpy
+  arrays, whose pages mincore reports)."""
   from plugrad.apps.llm.__main__ import weight_bytes
   from plugrad.engine import realize
+  from plugrad.schedule.kernelize import buffer_of
   w = weight_bytes(ours.llm.model, embedding=True)
-  scratch = sum(b.nbytes for b in realize._PACK_SCRATCH.values() if b.is_allocated)
-  arena = ours.g.arena.nbytes
-  rest = ours.rss * 1e6 - w - kv - arena - scratch
-  print(f"resident memory, MB: weights {w / 1e6:.1f} (file {fsize / 1e6:.1f}), KV cache {kv / 1e6:.1f}, JIT arena {arena / 1e6:.1f}, "
-        f"packing scratch {scratch / 1e6:.1f}, the rest {rest / 1e6:.1f} (Python objects, programs, small buffers, heap)")
+  scratch = [b for b in realize._PACK_SCRATCH.values() if b.is_allocated]
+  arena = list(ours.g.arena.bases.values())
+  kvb = [realize.buffer_for(buffer_of(c.uop)) for layer in ours.llm.model.layers for c in (layer.cache_k, layer.cache_v)]
+  res = {k: sum(resident_bytes(b._buf.ctypes.data, b.nbytes) for b in bs) for k, bs in (("kv", kvb), ("arena", arena), ("scratch", scratch))}
+  rest = ours.rss * 1e6 - w - sum(res.values())
+  print(f"resident memory, MB (touched of reserved): weights {w / 1e6:.1f} (file {fsize / 1e6:.1f}), KV cache {res['kv'] / 1e6:.1f} of "
+        f"{kv / 1e6:.1f}, JIT arena {res['arena'] / 1e6:.1f} of {sum(b.nbytes for b in arena) / 1e6:.1f}, packing scratch "
+        f"{res['scratch'] / 1e6:.1f} of {sum(b.nbytes for b in scratch) / 1e6:.1f}, the rest {rest / 1e6:.1f} (Python objects, "
+        "programs, small buffers, heap)")
 
 
 def kv_bytes(m) -> int:

@@ -40,6 +40,20 @@ def rss_mb() -> float:
   return status_mb("VmRSS")
 
 
+def resident_bytes(addr: int, nbytes: int) -> int:
+  """How many bytes of [addr, addr + nbytes) are resident (Linux mincore, page granular): memory a buffer reserved
+  counts only once something touched it."""
+  import ctypes
+  page = os.sysconf("SC_PAGE_SIZE")
+  lo, hi = addr // page * page, -(-(addr + nbytes) // page) * page
+  vec = (ctypes.c_ubyte * ((hi - lo) // page))()
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+  if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) != 0:
+    raise OSError(ctypes.get_errno(), "mincore failed")
+  return sum(v & 1 for v in vec) * page
+
+
 def _blocks(rng: np.random.Generator, qtype: Any, rows: int, cols: int) -> np.ndarray:
   """Random uint8 blocks (rows, cols // block * bytes) of `qtype` whose float16 scales are small and finite."""
   import gguf
