@@ -20,7 +20,7 @@ import sys
 from typing import Callable, TypeVar
 
 from plugrad.dtype import AddrSpace, DType, dtypes
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import GroupOp, Ops, UOp
 
 T = TypeVar("T")
 
@@ -42,6 +42,7 @@ class Linearizer:
     self.done: dict[UOp, UOp] = {}
     self.rsets: dict[UOp, frozenset[UOp]] = {}
     self.open: set[UOp] = set()
+    self.reduces: dict[UOp, bool] = {}
     self.n_acc = 0
 
   def rset(self, n: UOp) -> frozenset[UOp]:
@@ -69,10 +70,26 @@ class Linearizer:
   def emit(self, node: UOp) -> UOp:
     if (d := self.done.get(node)) is not None: return d
     if node.op is Ops.REDUCE: return self.emit_reduce(node)
-    new_src = tuple(self.emit(s) for s in node.src)
+    new_src = self.emit_srcs(node.src) if node.op in GroupOp.ALU else tuple(self.emit(s) for s in node.src)
     n = UOp(node.op, self.dt(node.dtype), new_src, node.arg, node.tag)
     self.done[node] = self.push(n)
     return n
+
+  def has_reduce(self, n: UOp) -> bool:
+    if (r := self.reduces.get(n)) is None:
+      for x in n.toposort(gate=lambda y: y not in self.reduces):
+        if x not in self.reduces: self.reduces[x] = x.op is Ops.REDUCE or any(self.reduces[s] for s in x.src)
+      r = self.reduces[n]
+    return r
+
+  def emit_srcs(self, srcs: tuple[UOp, ...]) -> tuple[UOp, ...]:
+    """An ALU op's `srcs` emitted, those with a REDUCE first: the others are then computed after its loops and aren't
+    live across them (a sub-block's scale times its sum of products: the scale is read after the sum; 14 stack slots
+    used instead of 30 in an 8-lane Q5_0 product, which ran 10% slower). A STORE's address keeps its place before the
+    loops, so the matmul and convolution tiles' code stays as it was."""
+    for s in srcs:
+      if self.has_reduce(s): self.emit(s)
+    return tuple(self.emit(s) for s in srcs)
 
   def siblings(self, red: UOp) -> list[UOp]:
     """REDUCEs over exactly `red`'s ranges that can share its loop: computable now and independent of each other."""
@@ -125,7 +142,7 @@ class Linearizer:
       if (x := todo.pop()).op is Ops.ADD and x not in self.done and x.dtype == body.dtype: todo += reversed(x.src)
       else: terms.append(x)
     for t in terms:
-      new = UOp(Ops.MULACC, dt, (self.emit(t.src[0]), self.emit(t.src[1]), cur)) if t.op is Ops.MUL else UOp(Ops.ADD, dt, (cur, self.emit(t)))
+      new = UOp(Ops.MULACC, dt, (*self.emit_srcs(t.src[:2]), cur)) if t.op is Ops.MUL else UOp(Ops.ADD, dt, (cur, self.emit(t)))
       cur = self.push(new)
     return cur
 
