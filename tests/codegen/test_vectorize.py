@@ -471,3 +471,19 @@ def test_lane_pattern_tiles():
   base = UOp.const(dtypes.index, 40)
   assert lane_pattern(base + lane % 2, lane) == "tile2" and lane_pattern(base + lane % 4, lane) == "tile4"
   assert lane_pattern(base + lane % 3, lane) == "gather" and lane_pattern(base + lane, lane) == "contiguous"
+
+
+@pytest.mark.parametrize("f16", [True, False])
+def test_float16_loads_convert_as_vectors(f16):
+  """With `f16_vectors` a contiguous float16 load is one vector converted at once (F16C's vcvtph2ps, through clang's
+  __fp16 vectors where _Float16 is emulated), without it each lane converts on its own; both give numpy's float32 of
+  every kind of float16 (subnormals, +-0, +-inf, NaN, the largest), bit for bit."""
+  from plugrad_cpu.device import cpu_flags
+  if f16 and "f16c" not in cpu_flags(): pytest.skip("the host has no F16C")
+  special = np.array([0, -0.0, np.inf, -np.inf, np.nan, 65504, -65504, 6e-8, -6e-8, 6.1e-5, 1e-7, 1, -1, 0.1], np.float16)
+  h = np.concatenate([special, RNG.uniform(-2, 2, 4096 - len(special)).astype(np.float16)])
+  got, src = run(Tensor(h).realize().cast(dtypes.float32), [Opt("VECTOR", 0, 16)], f16_vectors=f16)
+  if dtypes.float16 in Device["CPU"].renderer.emulated: assert ("pg_h2f(" not in src and "pg_fp16_16" in src) is f16
+  want = h.astype(np.float32)
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+  np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])

@@ -75,10 +75,11 @@ def test_repack_odd_block_counts(qtype, nblocks):
 # the repacked layout's bits a weight: the file's (scales kept as float16, the sub-block scales of Q3_K-Q5_K as bytes:
 # 1/8 bit more than the file's 6-bit packing), Q6_K's codes a byte each (its decode product is compute-bound on 6 bits)
 REPACKED_BITS = {q: GEOMETRY[q][1] * 8 / GEOMETRY[q][0] + (0.125 if q in ("Q3_K", "Q4_K", "Q5_K") else 0) for q in QTYPES} | {"Q6_K": 8.5625}
-# output rows in vector lanes (Q4_0-Q8_0 and Q4_K-Q6_K on a dot2 host, rows a multiple of the lanes) store the float16
-# scales and mins (the K types' super-block ones) as float32: 16 bits more a block for each
+# output rows in vector lanes (Q4_0-Q8_0 and Q4_K-Q6_K on a dot2 host, rows a multiple of the lanes) keep Q4_0-Q8_0's
+# float16 scales and mins (converted 8 or 16 at a time where read) and store the K types' super-block ones as float32:
+# 16 bits more a super-block for each
 ROW_LANE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-ROW_LANES_BITS = {q: REPACKED_BITS[q] + 16 * len(F16_FIELDS[q]) / GEOMETRY[q][0] for q in ROW_LANE_TYPES}
+ROW_LANES_BITS = {q: REPACKED_BITS[q] + (16 * len(F16_FIELDS[q]) / GEOMETRY[q][0] if q.endswith("_K") else 0) for q in ROW_LANE_TYPES}
 
 
 def bw_sub_block(qtype: str) -> int:
@@ -108,8 +109,8 @@ def test_row_lanes_repack_is_bit_exact(qtype, data):
 def test_repacked_weight_bytes(qtype, rows, cpu_host):
   """The buffers a repacked weight reads hold its file's bytes, give or take the K types' sub-block scale bytes
   (float32 scales had cost Q4_K 6 bits a weight against the file's 4.5, and qwen2's decode ~40 MB a token) and the
-  rows-in-lanes layout's float32 scales, which a host takes where its lanes divide the rows: 8 and 16 rows on AVX2
-  (8 lanes), 16 on AVX-512 (16 lanes)."""
+  rows-in-lanes layout's float32 super-block scales of the K types, which a host takes where its lanes divide the rows:
+  8 and 16 rows on AVX2 (8 lanes), 16 on AVX-512 (16 lanes)."""
   elems, tsize = GEOMETRY[qtype]
   row_blocks = 4
   blocks = np.random.default_rng(0).integers(0, 256, (rows * row_blocks, tsize), dtype=np.uint8)

@@ -130,7 +130,7 @@ def _optimize(k: KernelState) -> None:
 
 
 def _vectorize(k: KernelState) -> None:
-  if (caps := k.renderer.caps).vector_lanes: k.ast = vectorize(k.ast, caps.vector_ops, Dots.of(caps))
+  if (caps := k.renderer.caps).vector_lanes: k.ast = vectorize(k.ast, caps.vector_ops, Dots.of(caps), caps.f16_vectors)
 
 
 def _gpudims(k: KernelState) -> None:

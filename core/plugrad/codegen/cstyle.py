@@ -54,8 +54,9 @@ def _vector_load(ctx: CStyleRenderer, x: UOp, idx: UOp) -> str | None:
   """k contiguous elements of a scalar buffer into a vector value (memcpy: no alignment assumed)."""
   if x.dtype.count == 1 or idx.src[0].dtype.base.count != 1: return None
   name, t, g = ctx.r[x], ctx.ctype(x.dtype), _gate(ctx, idx)
-  lines = [f"{t} {name};" if g is None else f"{t} {name} = {ctx.render_const(0, x.dtype)};",
-           ("" if g is None else f"if ({g}) ") + f"__builtin_memcpy(&{name}, &{ctx.r[idx]}, sizeof({name}));"]
+  read = ctx.vector_from_storage(name, ctx.r[idx], x.dtype) if ctx._stored(idx.dtype) else \
+    f"__builtin_memcpy(&{name}, &{ctx.r[idx]}, sizeof({name}));"
+  lines = [f"{t} {name};" if g is None else f"{t} {name} = {ctx.render_const(0, x.dtype)};", ("" if g is None else f"if ({g}) ") + read]
   return Stmt("\n".join(lines))
 
 
@@ -260,6 +261,11 @@ class CStyleRenderer(Renderer):
 
   def to_storage(self, x: str, ptr: DType) -> str:
     return f"{_CONV[ptr.base][1]}({x})" if self._stored(ptr) else x
+
+  def vector_from_storage(self, name: str, addr: str, dt: DType) -> str:
+    """A statement setting vector `name` (the float lanes of emulated `dt`) from the stored elements at `addr`;
+    renderers whose capability record has `f16_vectors` say how (no other renderer is given such loads)."""
+    raise NotImplementedError(f"{type(self).__name__} has no vector loads of emulated {dt}")
 
   def _stored(self, ptr: DType) -> bool:
     return isinstance(ptr, PtrDType) and ptr.base in self.emulated and ptr.addrspace is not AddrSpace.REG

@@ -6,7 +6,8 @@ node that depends on the lane range L (k lanes) becomes a value of dtype T.vec(k
   INDEX(buf, base): k contiguous elements; one whose address is the same for every lane stays a scalar LOAD; one
   whose address is base + lane % g (g = 2 or 4: a group dot's factor that doesn't move with the lanes, when the
   lanes run along an output axis) is one LOAD of T.vec(g) repeated across the lanes (x86: a vpbroadcastd);
-  other loads (and loads whose gate depends on L) are done lane by lane;
+  other loads (and loads whose gate depends on L) are done lane by lane; a contiguous float16 load is a vector where
+  the renderer converts float16 vectors in hardware (`f16_vectors`), and its CAST to float32 a vector CAST;
 - ALU ops the renderer has for vectors (`vector_ops`, not bool/index/16-bit float) become vector ops with scalar
   sources broadcast (VECTORIZE of one value k times); other ops run lane by lane on GEPs of their sources;
 - index and bool values are never vectors: lane i is the expression with L replaced by i (then simplified);
@@ -109,8 +110,8 @@ def _wrap8(x: UOp, dt: DType) -> UOp | None:
 
 
 class _Expander:
-  def __init__(self, lane: UOp, vector_ops: frozenset[Ops], dots: Dots = NO_DOTS):
-    self.lane, self.k, self.vops, self.dots = lane, lane.src[0].arg, vector_ops, dots
+  def __init__(self, lane: UOp, vector_ops: frozenset[Ops], dots: Dots = NO_DOTS, f16: bool = False):
+    self.lane, self.k, self.vops, self.dots, self.f16 = lane, lane.src[0].arg, vector_ops, dots, f16
     self.consts = [UOp.const(dtypes.index, i) for i in range(self.k)]
     self.memo: dict[UOp, UOp | Lanes] = {}
     self.subs: dict[tuple[UOp, int], UOp] = {}
@@ -133,6 +134,7 @@ class _Expander:
     return r
 
   def vec_dtype_ok(self, dt: DType) -> bool: return dt.scalar() not in _NO_VECTOR_DTYPES and dt.count == 1
+  def vec_load_ok(self, dt: DType) -> bool: return self.vec_dtype_ok(dt) or (self.f16 and dt == dtypes.float16)
 
   # ----- conversions between the three forms: scalar (lane-invariant), vector UOp, Lanes
   def vec(self, x: UOp | Lanes, dt: DType) -> UOp:
@@ -161,6 +163,9 @@ class _Expander:
        and n.src[0].op in _WIDEN_OPS:  # unpacking bits of bytes: the same values computed in int32 lanes (no byte shifts on x86)
       return self.ex(UOp(Ops.CAST, n.dtype, (_widen(n.src[0]),)))
     srcs = [self.ex(s) for s in n.src]
+    if n.op is Ops.CAST and n.dtype == dtypes.float32 and n.src[0].dtype == dtypes.float16 and not isinstance(srcs[0], tuple) \
+       and srcs[0].dtype.count == self.k:   # a float16 vector load (f16_vectors) converted as a whole
+      return UOp(Ops.CAST, n.dtype.vec(self.k), (srcs[0],))
     if n.op in self.vops and self.vec_dtype_ok(n.dtype) and all(self.vec_dtype_ok(s.dtype) for s in n.src):
       return UOp(n.op, n.dtype.vec(self.k), tuple(self.vec(s, o.dtype) for s, o in zip(srcs, n.src)), n.arg)
     return tuple(UOp(n.op, n.dtype, tuple(self.gep(s, i) for s in srcs), n.arg) for i in range(self.k))
@@ -195,7 +200,7 @@ class _Expander:
     if len(n.src) == 1 and ix.op is Ops.INDEX and (gate := self.uniform_gate(ix)) is not None:
       kind, base = self.pattern(ix.src[1])
       if kind == "broadcast": return UOp(Ops.LOAD, n.dtype, (ix.replace(src=(ix.src[0], base, *gate)),))
-      if kind == "contiguous" and self.vec_dtype_ok(n.dtype): return UOp(Ops.LOAD, n.dtype.vec(self.k), (ix.replace(src=(ix.src[0], base, *gate)),))
+      if kind == "contiguous" and self.vec_load_ok(n.dtype): return UOp(Ops.LOAD, n.dtype.vec(self.k), (ix.replace(src=(ix.src[0], base, *gate)),))
       if kind.startswith("tile") and self.vec_dtype_ok(n.dtype):   # one load of the group, repeated across the lanes
         g = int(kind[4:])
         v = UOp(Ops.LOAD, n.dtype.vec(g), (ix.replace(src=(ix.src[0], base, *gate)),))
@@ -273,16 +278,16 @@ def _absorb_add(add: UOp) -> UOp | None:
 pm_absorb_add = PatternMatcher([(UPat(Ops.ADD, name="add"), _absorb_add)])
 
 
-def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS, dots: Dots = NO_DOTS) -> UOp:
+def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS, dots: Dots = NO_DOTS, f16: bool = False) -> UOp:
   """`ast` with its vector lane range (if any) turned into vector values (see the module docstring); `dots`: the
-  renderer's integer dot products (WMMA "DOT2" / "DOT4")."""
+  renderer's integer dot products (WMMA "DOT2" / "DOT4"); `f16`: float16 loads may be vectors (`f16_vectors`)."""
   lanes = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and len(n.arg) > 2 and n.arg[2] == "vector"), key=lambda r: r.arg[0])
-  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops, dots)  # several lanes only in separate reduces (opt.py checks)
+  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops, dots, f16)  # several lanes only in separate reduces (opt.py checks)
   return graph_rewrite(ast, pm_absorb_add, name="dot accumulators") if lanes and dots else ast
 
 
-def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops], dots: Dots) -> UOp:
-  ex = _Expander(lane, vector_ops, dots)
+def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops], dots: Dots, f16: bool) -> UOp:
+  ex = _Expander(lane, vector_ops, dots, f16)
   ex.closers = {n for n in ast.toposort() if n.op is Ops.REDUCE and lane in n.src[1:]}  # lane-invariant results
   if lane.arg[1] == "reduce":  # the outermost ADD/MUL trees of vector accumulators first (substitute is pre-order)
     trees = {n: _horizontal(v, n.op) for n in ast.toposort() if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and (v := ex.reduce_vector(n)) is not None}

@@ -31,6 +31,8 @@ class Capabilities:
   - `dot2`: WMMA "DOT2" on vectors: lane i = a[2i]*b[2i] + a[2i+1]*b[2i+1] + c[i], int16 a, b into int32 (pmaddwd)
   - `dot4`: WMMA "DOT4" on vectors: lane i = c[i] + sum over j < 4 of a[4i+j]*b[4i+j], uint8 a at most this value
     (0: none), int8 b (vpdpbusd)
+  - `f16_vectors`: contiguous float16 loads become vectors converted to float32 lanes in hardware (x86 F16C's
+    vcvtph2ps); without it each lane converts on its own
   - `cache_bytes`: (L1d, L2 per core, L3 shared) data cache bytes; 0: unknown (no cache blocking)
   - `pad_windows`: the scheduler writes a reduction's padded, broadcast window input (a convolution's padded x) into a
     buffer first, so its taps load without bounds tests
@@ -49,6 +51,7 @@ class Capabilities:
   vectorizes_reductions: bool = False
   dot2: bool = False
   dot4: int = 0
+  f16_vectors: bool = False
   cache_bytes: tuple[int, int, int] = (0, 0, 0)
   pad_windows: bool = False
   has_local: bool = False

@@ -310,10 +310,19 @@ class ClangRenderer(CStyleRenderer):
   prefetch_trips = getenv("PREFETCH_TRIPS", 16)  # strided loads: prefetch this many reduce-loop trips ahead (0: none)
 
   def vector_type(self, dt: DType) -> str:
+    if dt.scalar() in self.emulated: return self.vector_type(dtypes.float32.vec(dt.count))   # emulated values are floats
     if dt.itemsize & (dt.itemsize - 1): raise NotImplementedError(f"vector type {dt} is not a power-of-two number of bytes")
     name = f"pg_{self.ctype(dt.scalar()).replace(' ', '_')}{dt.count}"
     self._vtypes[name] = (self.ctype(dt.scalar()), dt.itemsize)
     return name
+
+  def vector_from_storage(self, name: str, addr: str, dt: DType) -> str:
+    """float16 lanes converted in hardware through clang's storage-only __fp16 vectors (vcvtph2ps with F16C; CPUDevice
+    sets `f16_vectors` only then)."""
+    if dt.scalar() != dtypes.float16: return super().vector_from_storage(name, addr, dt)
+    h = f"pg_fp16_{dt.count}"
+    self._vtypes[h] = ("__fp16", 2 * dt.count)
+    return f"{{ {h} h_; __builtin_memcpy(&h_, &{addr}, sizeof(h_)); {name} = __builtin_convertvector(h_, {self.ctype(dtypes.float32.vec(dt.count))}); }}"
 
   def work_expr(self, uops: list[UOp]) -> str:
     """C expression (over the kernel's variables) estimating the ops the kernel executes: each op times its loop trips."""
@@ -542,6 +551,9 @@ class CPUDevice(Compiled):
     if isinstance(self.renderer, CStyleRenderer):  # 16-bit floats the compiler lacks (clang < 15: _Float16, gcc < 13: __bf16)
       self.renderer.emulated = type(self.renderer).emulated | frozenset(dt for dt, t in ((dtypes.float16, "_Float16"), (dtypes.bfloat16, "__bf16"))
                                          if not self.compiler.supports_type(t))
+    if isinstance(self.renderer, ClangRenderer):  # F16C converts float16 vectors: native _Float16 ones, or clang's __fp16
+      self.renderer.caps = dataclasses.replace(self.renderer.caps, f16_vectors="f16c" in cpu_flags() and (
+        dtypes.float16 not in self.renderer.emulated or "clang" in os.path.basename(self.compiler.cc.split()[0])))
 
   def _pool_lib(self) -> Any:
     """The process-wide thread pool library for this device's compiler (compiled and loaded on first use)."""

@@ -14,7 +14,8 @@ sum of x over a sub-block's chunks, instead of every element dequantized (a mult
 its FMA. The sub-block is split into C chunks of L = the device's vector lanes, so the lanes run along l and the short
 chunk loop unrolls (at least 8 wide: at most 4 chunks; SmolLM2 Q4_1 gate/up on AVX2: 72 -> 43 us a call).
 `dot2_linear` does the same in int16 integer products; `rows_linear` over weights stored with output rows in the
-vector lanes (`RowLanes`: Q4_0-Q8_0 and Q4_K-Q6_K where the renderer has dot2) scales a sub-block once for a vector of rows.
+vector lanes (`RowLanes`: Q4_0-Q8_0 and Q4_K-Q6_K where the renderer has dot2) scales a sub-block once for a vector of rows
+(Q4_0-Q8_0's float16 scales of L rows converted in one vector where the renderer has `f16_vectors`: F16C).
 """
 from __future__ import annotations
 
@@ -252,20 +253,22 @@ def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.nd
   """The blocks `raw` (uint8 (out*blocks a row, block bytes)) of `out` rows stored output rows in lanes (`RowLanes`),
   on the host: per group of L rows and sub-block, the S/2 code pairs of L rows; 4-bit codes: pair j in the low nibbles
   of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes; Q8_0 and
-  Q6_K: one int8 a code. Q4_0-Q8_0's float16 scales and mins as float32 (out/L, sub-blocks, L); the K types' byte
-  sub-block scales (and mins) as bytes (out/L, sub-blocks, L) and their super-block scales as float32 (out/L,
-  super-blocks, L)."""
+  Q6_K: one int8 a code. Q4_0-Q8_0's float16 scales and mins as the file's float16 (out/L, sub-blocks, L): 2 bytes a
+  block less than float32, and as fast where L of them convert at once (F16C); the K types' byte sub-block scales (and
+  mins) as bytes (out/L, sub-blocks, L) and their super-block scales as float32 (out/L, super-blocks, L): their float16
+  made Q4_K's product 1.4x slower on AVX2 code (1536x2048: 59 -> 82 us) for 1/64 bit a weight."""
   k, S = _K_SUBS.get(qtype, (1, 32))
   NB = raw.shape[0] // out
   B, G = NB * k, out // L
   def lay(a: np.ndarray) -> np.ndarray:   # (out*m, ...) row-major -> (G, m, L, ...)
     return np.ascontiguousarray(a.reshape(G, L, a.shape[0] // out, *a.shape[1:]).swapaxes(1, 2))
   def f32(col: int) -> np.ndarray: return lay(_f16(raw, col)[:, 0].astype(np.float32))
+  def f16(col: int) -> np.ndarray: return lay(_f16(raw, col)[:, 0])
   codes = _k_codes(raw, qtype) if k > 1 else _block_codes(raw, qtype)
   pairs = lay(codes).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
   if qtype == "Q6_K": return [np.ascontiguousarray(pairs), lay(raw[:, 192:208].view(np.int8).reshape(-1)), f32(208)]
   if k > 1: scales = [lay(a.reshape(-1)) for a in _k_scale_min(raw)] + [f32(0), f32(2)]
-  else: scales = [f32(0)] + ([f32(2)] if qtype in ("Q4_1", "Q5_1") else [])
+  else: scales = [f16(0)] + ([f16(2)] if qtype in ("Q4_1", "Q5_1") else [])
   if qtype == "Q8_0": return [np.ascontiguousarray(pairs), *scales]
   out_ = [((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1)]
   if qtype in ("Q5_0", "Q5_1", "Q5_K"): out_.append(_pack_bits((pairs >> 4).reshape(G * B, 8, 4 * L)))
@@ -288,7 +291,7 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> 
     def sub(sup: Tensor, byte: Tensor) -> Tensor: return (sup.reshape(G, B // k, 1, L).expand(G, B // k, k, L).reshape(G, B, L) *
                                                           byte.cast(dtypes.float32))
     d, m = (sub(scales[1], scales[0]), None) if qtype == "Q6_K" else (sub(scales[2], scales[0]), sub(-scales[3], scales[1]))
-  else: d, m = scales[0], (scales[1] if qtype in ("Q4_1", "Q5_1") else None)
+  else: d, m = scales[0].cast(dtypes.float32), (scales[1].cast(dtypes.float32) if qtype in ("Q4_1", "Q5_1") else None)
   rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, d.uop, None if m is None else m.uop)
   std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n * k, S)
   def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n * k, 1)
