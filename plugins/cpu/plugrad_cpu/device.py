@@ -322,7 +322,8 @@ class ClangRenderer(CStyleRenderer):
     if dt.scalar() != dtypes.float16: return super().vector_from_storage(name, addr, dt)
     h = f"pg_fp16_{dt.count}"
     self._vtypes[h] = ("__fp16", 2 * dt.count)
-    return f"{{ {h} h_; __builtin_memcpy(&h_, &{addr}, sizeof(h_)); {name} = __builtin_convertvector(h_, {self.ctype(dtypes.float32.vec(dt.count))}); }}"
+    f32 = self.ctype(dtypes.float32.vec(dt.count))
+    return f"{{ {h} h_; __builtin_memcpy(&h_, &{addr}, sizeof(h_)); {name} = __builtin_convertvector(h_, {f32}); }}"
 
   def work_expr(self, uops: list[UOp]) -> str:
     """C expression (over the kernel's variables) estimating the ops the kernel executes: each op times its loop trips."""
