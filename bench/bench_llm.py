@@ -195,7 +195,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   print(f"\n== {name}: {path} ({fsize / 1e6:.1f} MB)")
   print(f"plugrad: load {ours.load_s:.2f} s, cold time to first token {ours.ttft_cold:.1f} s; resident {ours.rss:.0f} MB = "
         f"{ours.rss * 1e6 / (fsize + kv):.2f}x (file {fsize / 1e6:.0f} MB + KV cache {kv / 1e6:.0f} MB) after the prompt, decode and "
-        f"the long prefill's capture ran (process: {ours.rss_before:.0f} MB before loading, {ours.rss_after:.0f} MB after)")
+        f"the long prefill's capture and a replay ran (process: {ours.rss_before:.0f} MB before loading, {ours.rss_after:.0f} MB after)")
   memory_breakdown(ours, fsize, kv)
   c, T = m.cfg, len(prompt)
   block_params = m.param_count() - math.prod(m.tok_embd.shape) - (0 if m.output is m.tok_embd else math.prod(m.output.shape))
