@@ -13,9 +13,7 @@ from plugrad.engine import realize
 from plugrad.schedule import kernelize
 from plugrad.viz import capture
 
-from viz_helpers import HERE, free_port, wait_for_line
-
-BIG_WAVES_INSTS = 50_000
+from viz_helpers import BIG_WAVES_INSTS, HERE, free_port, wait_for_line
 
 
 @pytest.fixture

@@ -180,8 +180,7 @@ def hover(drv, row: int, inst: int) -> None:
 
 
 def test_waves_view(browser, served_program, tmp_path):
-  from conftest import BIG_WAVES_INSTS
-  from viz_helpers import HOT, WAVES
+  from viz_helpers import BIG_WAVES_INSTS, HOT, WAVES
   url, report, _ = served_program
   drv = browser
   open_viewer(drv, url)

@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
+# instructions in the big waves trace the browser test scrolls (tests import it from here: `from conftest import` finds
+# whichever conftest module was imported first, tests/amd/emu's when both directories run in one worker)
+BIG_WAVES_INSTS = 50_000
 
 
 def free_port() -> int:
