@@ -5,6 +5,8 @@ import re
 import struct
 
 import plugrad.engine.realize as realize
+from plugrad.codegen import get_program
+from plugrad.device import Device
 from plugrad.codegen.targets import get_target
 from plugrad.plugins.python import decode, interpret_gpu
 
@@ -56,6 +58,16 @@ class ReferenceExecutor:
   def programs(self) -> dict[int, object]:
     return {r.prg.kd_addr: r for r in realize._RUNNERS.values() if hasattr(r.prg, "kd_addr")}
 
+  def linear(self, runner) -> list:
+    """The runner's linear IR: runners keep none, so its AST (the runner cache's key) is rendered again the way
+    get_runner does for a GPU (BEAM's cached choice or the device's own), checked to give the same source."""
+    ast = next(a for (_, a), r in realize._RUNNERS.items() if r is runner)
+    opts = realize.beam_opts(ast, runner.device)
+    ren = Device[runner.device].renderer
+    spec = get_program(ast, ren) if opts is None else get_program(ast, ren, opts)
+    if spec.src != runner.spec.src: raise RuntimeError(f"{runner.spec.name}: rendering its AST again gave another program")
+    return spec.uops
+
   def __call__(self, mem, d) -> None:
     self.dispatches.append(d)
     runner = self.programs().get(d.kernel_object)
@@ -70,4 +82,4 @@ class ReferenceExecutor:
     assert (groups, d.workgroup_size) == want, (spec.name, groups, d.workgroup_size, want)
     sizes = {g.arg: g.dtype.size * g.dtype.base.itemsize for g in spec.globals}
     views = [mem.view(a, sizes.get(i, 0)) if i in sizes else None for i, a in enumerate(addrs)]
-    interpret_gpu(decode(spec.uops, gpu=True), views, tuple(vals), groups, d.workgroup_size, get_target("AMD"))
+    interpret_gpu(decode(self.linear(runner), gpu=True), views, tuple(vals), groups, d.workgroup_size, get_target("AMD"))
