@@ -19,6 +19,7 @@ from plugrad.device import Device, canonicalize
 from plugrad.apps.llm.model import Transformer, linear
 from plugrad.apps.llm.quant import (_REPACKABLE, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4,
                                     has_dot2, prefers_dot4, repack, row_lanes, rows_linear, vector_lanes)
+from plugrad.codegen import get_program
 from plugrad.engine.realize import buffer_for, get_runner
 from plugrad.nn.serialize import dequantize
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
@@ -277,8 +278,11 @@ def test_decode_matvec_scales_once_per_sub_block(cpu_host):
   chunks = 32 // math.gcd(32, max(vector_lanes(dev), 8))   # a sub-block's chunks of lanes (2 on AVX-512, 4 on AVX2)
   assert max(flops) <= (2 + 1 / chunks + 0.1) * rows * cols, (flops, rows * cols)   # the scale once a lane and sub-block
   assert has_dot2(dev)
-  specs = [get_runner(dev, it.ast).spec for it in linear(x, w).schedule() if it.ast.op is Ops.SINK]
-  main = max(specs, key=lambda s: s.flops)
+  # the linear uops of the kernels the engine runs: rendered again (runners keep only the source), the same program
+  asts = [it.ast for it in linear(x, w).schedule() if it.ast.op is Ops.SINK]
+  ast = max(asts, key=lambda a: get_runner(dev, a).spec.flops)
+  main = get_program(ast, Device[dev].renderer)
+  assert main.src == get_runner(dev, ast).spec.src
   dots = sum(u.op is Ops.WMMA and u.arg == "DOT2" for u in main.uops)
   fops = sum(u.op in GroupOp.ALU and dtypes.is_float(u.dtype) and u.dtype.count > 1 for u in main.uops)
   per_sub_block = 32 // (2 * min(vector_lanes(dev), 16))   # DOT2s a sub-block of 32 takes: 2 on AVX2, 1 on AVX-512
