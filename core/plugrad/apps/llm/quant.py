@@ -262,8 +262,8 @@ def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.nd
   B, G = NB * k, out // L
   def lay(a: np.ndarray) -> np.ndarray:   # (out*m, ...) row-major -> (G, m, L, ...)
     return np.ascontiguousarray(a.reshape(G, L, a.shape[0] // out, *a.shape[1:]).swapaxes(1, 2))
-  def f32(col: int) -> np.ndarray: return lay(_f16(raw, col)[:, 0].astype(np.float32))
   def f16(col: int) -> np.ndarray: return lay(_f16(raw, col)[:, 0])
+  def f32(col: int) -> np.ndarray: return f16(col).astype(np.float32)
   codes = _k_codes(raw, qtype) if k > 1 else _block_codes(raw, qtype)
   pairs = lay(codes).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
   if qtype == "Q6_K": return [np.ascontiguousarray(pairs), lay(raw[:, 192:208].view(np.int8).reshape(-1)), f32(208)]
