@@ -15,6 +15,8 @@ import unicodedata
 import warnings
 from typing import Any
 
+from plugrad.apps.llm.vocab import PairTable, TokenTable, first_ids
+
 # token types as GGUF stores them (tokenizer.ggml.token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _EOG_NAMES = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>")
@@ -78,25 +80,25 @@ _U2B = {u: b for b, u in enumerate(_B2U)}
 
 # ---------------------------------------------------------------------------- merging
 
-def _merge_ranked(syms: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-  """Byte-level BPE: repeatedly merge the adjacent pair with the lowest rank (leftmost first when it repeats)."""
-  if len(syms) > _HEAP_MIN: return _merge_heap(syms, lambda a, b: ranks.get((a, b)))
-  while len(syms) > 1:
-    best, a, b = None, "", ""
-    for x, y in zip(syms, syms[1:]):
-      r = ranks.get((x, y))
-      if r is not None and (best is None or r < best): best, a, b = r, x, y
+def _merge_ranked(ids: list[int], pairs: PairTable) -> list[int]:
+  """Byte-level BPE on token ids: repeatedly merge the adjacent pair with the lowest rank (leftmost first when it repeats)."""
+  if len(ids) > _HEAP_MIN: return _merge_heap(ids, pairs.get, lambda a, b, p: p[1])
+  while len(ids) > 1:
+    best, a, b = None, 0, 0
+    for x, y in zip(ids, ids[1:]):
+      if (r := pairs.get(x, y)) is not None and (best is None or r < best): best, a, b = r, x, y
     if best is None: break
-    out, i, n = [], 0, len(syms)
+    out, i, n = [], 0, len(ids)
     while i < n:
-      if i + 1 < n and syms[i] == a and syms[i + 1] == b: out.append(a + b); i += 2
-      else: out.append(syms[i]); i += 1
-    syms = out
-  return syms
+      if i + 1 < n and ids[i] == a and ids[i + 1] == b: out.append(best[1]); i += 2
+      else: out.append(ids[i]); i += 1
+    ids = out
+  return ids
 
-def _merge_heap(syms: list[str], prio: Any) -> list[str]:
-  """Merge adjacent symbols in order of `prio(a, b)` (smaller first, None: never; ties go to the leftmost pair), with a heap
-  of candidate pairs and a linked list of symbols; stale heap entries are recognized by a changed priority."""
+def _merge_heap(syms: list, prio: Any, join: Any) -> list:
+  """Merge adjacent symbols in order of `p = prio(a, b)` (smaller first, None: never; ties go to the leftmost pair) into
+  `join(a, b, p)`, with a heap of candidate pairs and a linked list of symbols; stale heap entries are recognized by a
+  changed priority."""
   n = len(syms)
   nxt, prv, alive = list(range(1, n + 1)), list(range(-1, n - 1)), [True] * n
   heap = [(p, i) for i in range(n - 1) if (p := prio(syms[i], syms[i + 1])) is not None]
@@ -104,7 +106,7 @@ def _merge_heap(syms: list[str], prio: Any) -> list[str]:
   while heap:
     p, i = heapq.heappop(heap)
     if not alive[i] or (j := nxt[i]) >= n or prio(syms[i], syms[j]) != p: continue
-    syms[i] += syms[j]
+    syms[i] = join(syms[i], syms[j], p)
     alive[j], nxt[i] = False, nxt[j]
     if nxt[i] < n: prv[nxt[i]] = i
     for a in (prv[i], i):
@@ -121,9 +123,9 @@ class Tokenizer:
     if model not in ("gpt2", "llama"):
       raise ValueError(f"unsupported tokenizer model {model!r} (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
     if len(types) != len(tokens): raise ValueError(f"token_type has {len(types)} entries for {len(tokens)} tokens")
-    self.model, self.tokens, self.types, self.vocab_size = model, tokens, types, len(tokens)
-    self.vocab: dict[str, int] = {}
-    for i, t in enumerate(tokens): self.vocab.setdefault(t, i)
+    # the texts live in one UTF-8 blob (TokenTable): as Python strings in a list and a dict they cost ~140 bytes a token
+    first = first_ids(tokens)   # for the construction only
+    self.model, self.tokens, self.types, self.vocab_size = model, TokenTable(tokens, first), array.array("B", types), len(tokens)
     self.special_tokens = {t: i for i, t in enumerate(tokens) if types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and t}
     self.bos_id, self.unk_id, self.add_space_prefix, self.add_bos_token = bos_id, unk_id, add_space_prefix, add_bos_token
     self.eos_ids = set(eos_ids or ()) | {i for t in _EOG_NAMES if (i := self.special_tokens.get(t)) is not None}
@@ -136,11 +138,7 @@ class Tokenizer:
       self.pre = self._preset(pre)
       pattern, self._digits, self._ignore_merges = PRESETS[self.pre]
       self._rx, self._digit_rx = _compile(pattern), _compile("([{N}])")
-      self._ranks: dict[tuple[str, str], int] = {}
-      for r, m in enumerate(merges if merges is not None else []):
-        if not isinstance(m, str) or (k := m.find(" ", 1)) < 0:
-          raise ValueError(f"merge {r} ({m!r:.40}) is not two tokens separated by a space (GGUF tokenizer.ggml.merges)")
-        self._ranks.setdefault((self._same_str(m[:k]), self._same_str(m[k + 1:])), r)
+      self._pairs, self._extra, self._byte_syms = self._merge_table(merges if merges is not None else [], first)
     else:
       self.pre = None
       sc = scores if scores is not None else [0.0] * len(tokens)
@@ -149,13 +147,23 @@ class Tokenizer:
       # vocabulary is 14 MB, this array 2 MB
       self._neg_scores = array.array("d", (-float(sc[i]) if types[i] in (NORMAL, USER_DEFINED, UNUSED) else math.nan
                                           for i in range(len(tokens))))
-      self._byte_ids = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
+      self._byte_ids = [self.tokens.get(f"<0x{b:02X}>") for b in range(256)]
     self._derive()
 
-  def _same_str(self, t: str) -> str:
-    """The vocabulary's own string object for text t when it is a token (merges then hold no copies: 5 MB for a
-    49152-token vocabulary), else t."""
-    return t if (i := self.vocab.get(t)) is None else self.tokens[i]
+  def _merge_table(self, merges: list[str], first: dict[str, int]) -> tuple[PairTable, list[str], list[int]]:
+    """The merges keyed by their parts' ids; the texts with no token that they name, and byte characters without a
+    token, as ids from vocab_size on (llama.cpp merges texts, so a merge may pass through such a text; real
+    vocabularies have none); and the id each byte starts as."""
+    extra: dict[str, int] = {}
+    def sym(t: str) -> int:
+      return i if (i := first.get(t)) is not None else extra.setdefault(t, self.vocab_size + len(extra))
+    triples = []
+    for r, m in enumerate(merges):
+      if not isinstance(m, str) or (k := m.find(" ", 1)) < 0:
+        raise ValueError(f"merge {r} ({m!r:.40}) is not two tokens separated by a space (GGUF tokenizer.ggml.merges)")
+      triples.append((sym(m[:k]), sym(m[k + 1:]), sym(m[:k] + m[k + 1:])))
+    byte_syms = [sym(c) for c in _B2U]
+    return PairTable(self.vocab_size + len(extra), triples), list(extra), byte_syms
 
   def add_control(self, ids: set[int] | frozenset[int]) -> None:
     """Treat these token ids as control too: no text ever encodes to them unless `parse_special` reads special tokens
@@ -165,23 +173,23 @@ class Tokenizer:
     ids = frozenset(int(i) for i in ids if 0 <= i < self.vocab_size)
     if ids <= self.control_ids: return
     self.control_ids = self.control_ids | ids
-    if hasattr(self, "_byte_ids") or hasattr(self, "_ranks"): self._derive()
+    if hasattr(self, "_byte_ids") or hasattr(self, "_pairs"): self._derive()
 
   def _derive(self) -> None:
     """The regexes and merge tables that depend on `control_ids`."""
     ctrl, types = self.control_ids, self.types
-    control_texts = {self.tokens[i] for i in ctrl}
+    control_texts = {self.tokens[i] for i in ctrl}   # (a text's first id may be a normal token spelled the same)
     self._special_rx = {True: self._special_regex(list(self.special_tokens)),
                         False: self._special_regex([t for t, i in self.special_tokens.items() if types[i] == USER_DEFINED and i not in ctrl])}
     # the control tokens' texts: what a chat prompt's message content must not be able to produce (fenced as text)
     self.control_rx = self._special_regex(sorted(t for t in control_texts if t in self.special_tokens))
     self._cache.clear()
     # merges that would spell a control token go (control ids only ever grow, so none has to come back)
-    if self.model == "gpt2":
-      for ab in [ab for ab in self._ranks if ab[0] + ab[1] in control_texts]: del self._ranks[ab]
+    spelled = {self.tokens.get(t) for t in control_texts}   # the ids a merge of these texts produces
+    if self.model == "gpt2": self._pairs.drop_making(i for i in spelled if i is not None)
     else:
-      for t in control_texts:
-        if (i := self.vocab.get(t)) is not None: self._neg_scores[i] = math.nan
+      for i in spelled:
+        if i is not None: self._neg_scores[i] = math.nan
 
   @staticmethod
   def _preset(pre: str | None) -> str:
@@ -243,7 +251,7 @@ class Tokenizer:
     if not 0 <= (i := operator.index(i)) < self.vocab_size: raise IndexError(f"token id {i} out of range for a vocabulary of {self.vocab_size}")
     return self.tokens[i]
 
-  def token_to_id(self, s: str) -> int | None: return self.vocab.get(s)
+  def token_to_id(self, s: str) -> int | None: return self.tokens.get(s)
 
   @functools.cached_property
   def max_token_bytes(self) -> int:
@@ -306,21 +314,23 @@ class Tokenizer:
       ids = cache.get(piece)
       if ids is None:
         if len(cache) > _CACHE_MAX: cache.clear()
-        ids = cache[piece] = self._bpe_word(piece.encode("utf-8").decode("latin-1").translate(_B2U_TABLE))
+        ids = cache[piece] = self._bpe_word(piece.encode("utf-8"))
       out.extend(ids)
     return out
 
   def _text_id(self, sym: str) -> int | None:
     """The id of a piece of plain text: its token unless that is a control token (`control_ids`)."""
-    return None if (i := self.vocab.get(sym)) is None or i in self.control_ids else i
+    return None if (i := self.tokens.get(sym)) is None or i in self.control_ids else i
 
-  def _bpe_word(self, word: str) -> list[int]:
-    if self._ignore_merges and (i := self._text_id(word)) is not None: return [i]
-    out = []
-    for sym in _merge_ranked(list(word), self._ranks):
-      if (i := self._text_id(sym)) is not None: out.append(i)
-      else: out.extend(i for c in sym for i in self._unk_char(c))
+  def _bpe_word(self, raw: bytes) -> list[int]:
+    if self._ignore_merges and (i := self._text_id(raw.decode("latin-1").translate(_B2U_TABLE))) is not None: return [i]
+    out, n, ctrl = [], self.vocab_size, self.control_ids
+    for sym in _merge_ranked([self._byte_syms[b] for b in raw], self._pairs):
+      if sym < n and sym not in ctrl: out.append(sym)
+      else: out.extend(i for c in self._sym_text(sym) for i in self._unk_char(c))
     return out
+
+  def _sym_text(self, sym: int) -> str: return self.tokens[sym] if sym < self.vocab_size else self._extra[sym - self.vocab_size]
 
   def _unk_char(self, c: str) -> list[int]:
     """A byte with no token: dropped with a warning, as llama.cpp and Hugging Face tokenizers do (the unknown token of
@@ -333,11 +343,11 @@ class Tokenizer:
 
   def _merge_score(self, t: str) -> float | None:
     """SentencePiece: -score of the piece t when merging may form it (lower merges first), else None."""
-    return None if (i := self.vocab.get(t)) is None or (v := self._neg_scores[i]) != v else v
+    return None if (i := self.tokens.get(t)) is None or (v := self._neg_scores[i]) != v else v
 
   def _encode_spm(self, text: str, after_special: bool) -> list[int]:
     if self.add_space_prefix and after_special: text = " " + text
-    syms = _merge_heap(list(text.replace(" ", "\u2581")), lambda a, b: self._merge_score(a + b))
+    syms = _merge_heap(list(text.replace(" ", "\u2581")), lambda a, b: self._merge_score(a + b), lambda a, b, p: a + b)
     out = []
     for s in syms:
       if (i := self._text_id(s)) is not None: out.append(i); continue
