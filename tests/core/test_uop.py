@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from plugrad.dtype import dtypes
-from plugrad.uop import GroupOp, Ops, UOp, UOpSpecError, ucache_size
+from plugrad.uop import GroupOp, Ops, UOp, UOpSpecError, ucache_compact, ucache_size
 
 
 def var(name, lo=0, hi=10): return UOp.variable(name, lo, hi)
@@ -36,6 +36,19 @@ class TestHashCons:
     assert ucache_size() <= before + 5
     # rebuilding after collection gives a fresh, valid node
     assert UOp(Ops.NOOP, arg=("collect-me", 1)).arg == ("collect-me", 1)
+
+  def test_table_shrinks_after_a_peak(self):
+    """A dict keeps the table of its peak size: ucache_compact rebuilds it for the nodes alive, which stay the ones
+    construction returns."""
+    gc.collect()
+    peak = [UOp(Ops.NOOP, arg=("peak", i)) for i in range(150_000)]
+    keep = peak[:100]
+    del peak
+    gc.collect()
+    assert sys.getsizeof(UOp._nodes) > 128 * len(UOp._nodes) + (1 << 20)   # the table stayed at the peak
+    assert ucache_compact() and not ucache_compact()
+    assert sys.getsizeof(UOp._nodes) <= 128 * len(UOp._nodes) + (1 << 20)
+    assert all(UOp(Ops.NOOP, arg=("peak", i)) is keep[i] for i in range(100))
 
   def test_immutable(self):
     a = var("a")

@@ -43,7 +43,7 @@ from plugrad.engine.realize import CAPTURING, ExecItem, GlobalCounters, buffer_f
 from plugrad.helpers import getenv, trim_heap
 from plugrad.schedule.kernelize import SCHEDULES_USED, buffer_of, forget_schedules, rebind_view
 from plugrad.tensor import Tensor
-from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.ops import Ops, UOp, ucache_compact
 from plugrad.viz import capture, profile
 
 R = TypeVar("R")
@@ -114,7 +114,7 @@ class _Capture:
   """One capture of a TinyJit: the call count for its key, the recorded kernels, input slots and outputs."""
 
   def __init__(self, keep: list, arena: JitArena | None = None) -> None:
-    self.keep, self.cnt, self.arena = keep, 0, arena
+    self.keep, self.cnt, self.arena, self.compacted = keep, 0, arena, True
     self.captured: list[ExecItem] = []
     self._views: dict[tuple[int, int], tuple] = {}
     self.input_slots: list[tuple[int, int, int]] = []
@@ -153,6 +153,7 @@ class _Capture:
       keep = {id(b) for b in in_bufs} | {id(b) for b in _input_buffers(_tensors_in(ret))}
       self.arena.adopt(self, items, keep)
     self.rebind()
+    self.compacted = False   # the graphs this capture built die once its caller lets go of them: its first replay compacts
     trim_heap()
     return ret
 
@@ -183,6 +184,9 @@ class _Capture:
     for i, (now, was) in enumerate(zip(sig, self.signature)):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     st = capture.now() if capture.PROFILE else 0
+    if not self.compacted:   # the hash-cons table shrinks after the capture's peak
+      ucache_compact()
+      self.compacted = True
     bufs = _input_buffers(inputs)
     for i, j, k in self.input_slots:
       v = self._views.get((i, j)) if self._views else None

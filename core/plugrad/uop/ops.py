@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -367,6 +368,17 @@ def pretty(u: UOp, max_lines: int = 60) -> str:
   lines = [f"  %{num[n]} = {n.op.name} {n.dtype!r} {'(' + ', '.join(f'%{num[s]}' for s in n.src) + ')' if n.src else ''}"
            f"{' arg=' + repr(n.arg) if n.arg is not None else ''}{' tag=' + repr(n.tag) if n.tag is not None else ''}" for n in topo]
   return "UOp graph:\n" + "\n".join(lines)
+
+
+def ucache_compact() -> bool:
+  """Rebuild the hash-cons table when most of it is empty, and say whether it did: a dict keeps the table of its peak
+  (SmolLM2's warm-up leaves ~5 MB of table to ~16k live nodes). Call it where large graphs just died; like node
+  construction itself, not while another thread builds nodes."""
+  if sys.getsizeof(_nodes) <= 128 * len(_nodes) + (1 << 20): return False   # (a compact table: ~50 bytes an entry)
+  live = _nodes.copy()   # a compact copy; clearing and refilling keeps the dict (and its bound `get`) the same object
+  _nodes.clear()
+  _nodes.update(live)
+  return True
 
 
 def ucache_size() -> int:
