@@ -5,7 +5,7 @@ import pytest
 from llm_helpers import np_forward, tiny_config, tiny_model, tiny_weights
 
 from plugrad.apps.llm.generate import Generator
-from plugrad.apps.llm.model import Config, Transformer
+from plugrad.apps.llm.model import PREFILL_MULTIPLE, Config, Transformer
 from plugrad.engine.realize import GlobalCounters
 from plugrad.tensor import Tensor
 
@@ -154,3 +154,19 @@ def test_bad_metadata_is_refused_at_load(case, tmp_path, monkeypatch):
   with pytest.raises(ValueError) as e: LLM.load(path, max_context=16)
   assert named in str(e.value), str(e.value)
   assert not reads
+
+
+def test_prefill_scores_live_in_one_scratch():
+  """Every block's prefill attention writes its scores into the model's one scratch buffer and takes the softmax there
+  in place: the JIT arena holds neither scores nor probabilities (it held both, each (H, T, S) floats), and the
+  results still match numpy for every prompt length the capture serves."""
+  m, w = tiny_model("llama", max_context=128)
+  g = Generator(m)
+  toks = [int(t) for t in np.random.default_rng(5).integers(0, m.cfg.vocab_size, 64)]
+  for n in (20, 33, 41, 27, 64):   # one short-prefill JIT: call 1 runs, call 2 captures, the rest replay
+    np.testing.assert_allclose(g.forward(toks[:n], 0), np_forward(m.cfg, w, toks[:n])[-1], atol=1e-4, rtol=1e-4)
+  mult = PREFILL_MULTIPLE
+  scores_bytes = m.cfg.n_heads * g.v_short.vmax * mult * g.v_keys.vmax * mult * 4   # (H, T, S) floats at most
+  assert m.scores.buf is not None and m.scores.buf.nbytes() >= scores_bytes
+  assert all(layer.scratch is m.scores for layer in m.layers)
+  assert 0 < g.arena.nbytes < scores_bytes // 2

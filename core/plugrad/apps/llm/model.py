@@ -271,18 +271,43 @@ def causal_mask(T: sint, S: sint, start: sint, window: int = 0, device: str | tu
   return m if not window else m + Tensor.full((1, 1, 1, T, S), float("-inf"), device=device).tril(start - window)
 
 
-def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+class ScoresScratch:
+  """One float32 buffer that the blocks' prefill attentions write their scores into, each taking its softmax there in
+  place: blocks run one after another and a block's scores are dead once its p.V product ran. Otherwise each attention
+  has a scores and a probabilities buffer of (B, H, T, S) floats alive at once, 2 x 19 MB of SmolLM2's 512-token chunk.
+  The buffer grows to the largest request (symbolic sizes count at their maximum); a single device only."""
+
+  def __init__(self) -> None: self.buf: Tensor | None = None
+
+  def view(self, shape: tuple[sint, ...], device: str | tuple[str, ...]) -> Tensor | None:
+    """A contiguous float32 (shape) view of the buffer (laid out for the call's sizes), or None on several devices."""
+    if not isinstance(device, str): return None
+    n: sint = math.prod(shape)
+    need = int(n.vmax) if isinstance(n, UOp) else n
+    if self.buf is None or self.buf.shape[0] < need or self.buf.device != device:
+      self.buf = Tensor.empty(need, dtype=dtypes.float32, device=device).realize()
+    return self.buf[:n].reshape(shape)
+
+
+def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scratch: ScoresScratch | None = None) -> Tensor:
   """softmax(q k^T / sqrt(d) + mask) v with grouped query heads: q (B, H, T, D), keys and values (B, KV, S, D), mask
   broadcastable to (B, KV, H/KV, T, S). q (after RoPE) and the probabilities are materialized so the score and output
-  kernels read them instead of recomputing RoPE per key and exp per output. The output is realized in its own shape:
-  a consumer that made it contiguous as (T, H*D) would give its kernel one range of H*D outputs, and the values of a
-  position, shared by the H/KV heads of a KV head, would be read once per head (gemma3's decode: 22 -> 34 us a layer)."""
+  kernels read them instead of recomputing RoPE per key and exp per output; with a `scratch` (and more than one query)
+  the scores and then the probabilities are written into it, the softmax in place. The output is realized in its own
+  shape: a consumer that made it contiguous as (T, H*D) would give its kernel one range of H*D outputs, and the values
+  of a position, shared by the H/KV heads of a KV head, would be read once per head (gemma3's decode: 22 -> 34 us a
+  layer)."""
   B, H, T, D = q.shape
   KV, S = keys.shape[1], keys.shape[2]
   qg = q.contiguous().reshape(B, KV, H // KV, T, D)
   sc = qg @ keys.reshape(B, KV, 1, S, D).transpose(3, 4) * (1.0 / math.sqrt(D))
   if mask is not None: sc = sc + mask
-  return (sc.softmax(-1).contiguous() @ values.reshape(B, KV, 1, S, D)).contiguous().reshape(B, H, T, D)
+  one = isinstance(T, int) and T == 1
+  if scratch is not None and not one and (buf := scratch.view(sc.shape, q.device)) is not None:
+    scores = buf.assign(sc)
+    probs = scores.assign(scores.softmax(-1))
+  else: probs = sc.softmax(-1).contiguous()
+  return (probs @ values.reshape(B, KV, 1, S, D)).contiguous().reshape(B, H, T, D)
 
 
 def _t(u: UOp | None) -> Tensor | None: return None if u is None else Tensor(u)
@@ -374,6 +399,7 @@ class Block:
     self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)   # zeroed by Transformer
     self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
+    self.scratch: ScoresScratch | None = None   # the prefill attention's scores (one the Transformer gives every block)
 
   def lin(self, x: Tensor, w: UOp, b: UOp | None = None, fused: bool = False) -> Tensor:
     """`linear` with this block's weight w, reading its dense prefill copy when the model keeps one; `fused`: the
@@ -417,7 +443,7 @@ class Block:
     values = written(cv, start, T, v)[:, :, 0:end]
     one = isinstance(T, int) and T == 1 and keys_len is None and not self.window   # one token over exactly its keys: nothing to mask
     mask = None if one else causal_mask(T, end, start, self.window, x.device)
-    out = attend(q, keys, values, mask)
+    out = attend(q, keys, values, mask, self.scratch)
     return self.lin(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim), self.wo, None, fused)
 
   def attention_slots(self, x: Tensor, positions: list[sint], cos: Tensor, sin: Tensor, keys_len: sint, mask: Tensor) -> Tensor:
@@ -495,6 +521,8 @@ class Transformer:
     self.output = weights["output.weight"].uop if "output.weight" in weights else self.tok_embd  # tied when absent
     self.norm = weights["output_norm.weight"].uop if "output_norm.weight" in weights else None
     self.layers = [Block(cfg, weights, i, max_context, batch) for i in range(cfg.n_layers)]
+    self.scores = ScoresScratch()
+    for layer in self.layers: layer.scratch = self.scores
     caches = [c for layer in self.layers for c in (layer.cache_k, layer.cache_v)]
     Tensor.realize_all(*caches)
     Tensor.realize_all(*[c.assign(0.0) for c in caches])   # one realize for all caches
