@@ -14,7 +14,7 @@ from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.heuristic import heuristic_opts
 from plugrad.codegen.pack import split_packs
 from plugrad.device import Buffer, Device, Program
-from plugrad.dtype import DType
+from plugrad.dtype import DType, dtypes
 from plugrad.engine.search import beam_opts
 from plugrad.helpers import getenv
 from plugrad.schedule.kernelize import ScheduleItem
@@ -44,12 +44,18 @@ def set_buffer(u: UOp, b: Buffer) -> Buffer:
 @dataclass
 class PackStep:
   """A packing kernel that runs before its main kernel (codegen/pack.py): computes from slots `srcs` of the schedule
-  item's buffers into `scratch`. The pair always runs back to back, so packs of the same size and dtype on a device
-  share one scratch (`pack_scratch`): the next pair's pack overwrites it only after this main kernel read it (kernels
-  of a device run in order; one kernel run concurrently from two threads would race on its own scratch anyway)."""
+  item's buffers into `scratch`, a (size, dtype) view of `pool`. The pair always runs back to back, so the packs at one
+  position of their kernels share one pool on a device: the next pair's pack overwrites it only after this main kernel
+  read it (kernels of a device run in order; one kernel run concurrently from two threads would race on its own
+  scratch anyway)."""
   runner: CompiledRunner
   srcs: tuple[int, ...]
-  scratch: Buffer
+  size: int
+  dtype: DType
+  pool: PackScratch
+
+  @property
+  def scratch(self) -> Buffer: return self.pool.view(self.size, self.dtype)
 
 
 @dataclass
@@ -61,21 +67,41 @@ class CompiledRunner:
   slots: tuple[int, ...] | None = None  # with packs: each parameter's buffer (>= 0: the item's slot, -1-j: packs[j].scratch)
 
 
+class PackScratch:
+  """The memory of the `nth` pack of a kernel on a device, shared by every such pack whatever its size and dtype (see
+  PackStep): one buffer of the largest reserved size (SmolLM2's prefill packs four weight shapes: 3.5 MB instead of
+  8.9). A larger reservation replaces the buffer; views handed out before keep the old one alive while ExecItems hold
+  them. Devices without offset views get a buffer per (size, dtype)."""
+
+  def __init__(self, device: str) -> None:
+    self.device, self.nbytes, self.base = device, 0, None
+    self._views: dict[tuple[int, DType], Buffer] = {}
+
+  def reserve(self, nbytes: int) -> None:
+    if nbytes > self.nbytes: self.nbytes, self.base, self._views = nbytes, None, {}
+
+  def view(self, size: int, dtype: DType) -> Buffer:
+    if (v := self._views.get((size, dtype))) is None:
+      if not Device[self.device].allocator.supports_offset: v = Buffer(self.device, size, dtype).ensure_allocated()
+      else:
+        if self.base is None: self.base = Buffer(self.device, self.nbytes, dtypes.uint8).ensure_allocated()
+        v = self.base.view(size, dtype).ensure_allocated()
+      self._views[(size, dtype)] = v
+    return v
+
+
 _RUNNERS: dict[tuple[str, UOp], CompiledRunner] = {}
-_PACK_SCRATCH: dict[tuple[str, int, DType, int], Buffer] = {}
+_PACK_SCRATCH: dict[tuple[str, int], PackScratch] = {}
 
 
-def pack_scratch(device: str, size: int, dtype: DType, nth: int) -> Buffer:
-  """The scratch buffer of the `nth` pack of this size and dtype in one kernel, shared by every kernel on `device`
-  (see PackStep): a kernel reading two packed operands of one shape needs two."""
-  key = (device, size, dtype, nth)
-  if (b := _PACK_SCRATCH.get(key)) is None: b = _PACK_SCRATCH[key] = Buffer(device, size, dtype)
-  return b
+def pack_scratch(device: str, nth: int, nbytes: int) -> PackScratch:
+  """The pool of the `nth` pack of a kernel on `device` (a kernel packing two operands needs two), reserved to hold
+  at least `nbytes`."""
+  if (p := _PACK_SCRATCH.get(key := (device, nth))) is None: p = _PACK_SCRATCH[key] = PackScratch(device)
+  p.reserve(nbytes)
+  return p
 
 
-def _nth_of_shape(shapes: list[tuple[int, DType]]) -> list[int]:
-  """For each entry, how many equal entries come before it."""
-  return [shapes[:i].count(s) for i, s in enumerate(shapes)]
 GlobalCounters = {"kernels": 0, "compiles": 0}
 
 
@@ -103,8 +129,8 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   GlobalCounters["compiles"] += 1
   packs: tuple[PackStep, ...] = ()
   if plan is not None:
-    packs = tuple(PackStep(get_runner(device, pk.ast), pk.srcs, pack_scratch(device, pk.size, pk.dtype, nth)) for pk, nth in
-                  zip(plan.packs, _nth_of_shape([(pk.size, pk.dtype) for pk in plan.packs])))
+    packs = tuple(PackStep(get_runner(device, pk.ast), pk.srcs, pk.size, pk.dtype, pack_scratch(device, nth, pk.size * pk.dtype.itemsize))
+                  for nth, pk in enumerate(plan.packs))
   # the runner keeps its spec without the linear uops (the source holds the program; VIZ's record and DEBUG>=6 saw
   # them above): runners live as long as the process, and their uops were ~6,000 of SmolLM2's ~21,000 live UOps, 4.9 MB
   r = _RUNNERS[(device, ast)] = CompiledRunner(replace(spec, uops=[]), dev.load(spec.name, lib), device, packs,
