@@ -91,6 +91,7 @@ class BufferOptions:
   uncached: bool = False          # bypass CPU caches (signal pages, doorbells)
   nolru: bool = False             # never keep in the LRU cache; free immediately
   external_ptr: int | None = None # wrap memory someone else owns
+  zeroed: bool = False            # reads as zero when allocated (an allocator that can't promise it gets it zero-filled)
 
 DEFAULT_OPTIONS = BufferOptions()
 
@@ -109,6 +110,7 @@ class Allocator:
   Opaque handles returned by `alloc` are passed back to the same allocator and to the device's Program class.
   """
   external_memory: bool = False  # True where `BufferOptions(external_ptr=...)` wraps host memory (Tensor.from_blob)
+  zeroes_memory: bool = False    # True where `BufferOptions(zeroed=True)` allocations already read as zero
 
   def __init__(self, dev: Compiled | None = None) -> None: self.dev = dev
 
@@ -156,7 +158,7 @@ class LRUAllocator(Allocator):
 
   def alloc(self, size: int, options: BufferOptions | None = None) -> Any:
     opts = options or DEFAULT_OPTIONS
-    if (hit := self.cache.get((size, opts))): return hit.pop()
+    if not opts.zeroed and (hit := self.cache.get((size, opts))): return hit.pop()   # (a freed buffer is no longer zero)
     try: return super().alloc(size, opts)
     except MemoryError:
       self.free_cache()
@@ -164,7 +166,7 @@ class LRUAllocator(Allocator):
 
   def free(self, opaque: Any, size: int, options: BufferOptions | None = None) -> None:
     opts = options or DEFAULT_OPTIONS
-    if getenv("LRU", True) and not opts.nolru and opts.external_ptr is None: self.cache[(size, opts)].append(opaque)
+    if getenv("LRU", True) and not opts.nolru and not opts.zeroed and opts.external_ptr is None: self.cache[(size, opts)].append(opaque)
     else: super().free(opaque, size, opts)
 
   def free_cache(self) -> None:
@@ -229,6 +231,8 @@ class Buffer:
     else:
       self._buf = opaque if opaque is not None else self._alloc()
       self._owned = opaque is None
+      if self._owned and self.options is not None and self.options.zeroed and not self.allocator.zeroes_memory:
+        self.copyin(memoryview(bytearray(self.nbytes)))   # BufferOptions.zeroed on an allocator that can't promise it
       if capture.PROFILE and self._owned:  # PROFILE=1: memory in use
         capture.TRACE.mem_change(self.device, self.nbytes)
         self._mem_epoch = capture.TRACE.mem_epoch

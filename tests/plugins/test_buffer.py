@@ -1,5 +1,7 @@
 """Buffers, allocators (LRU caching, OOM retry, offsets, transfer) and the NULL device."""
 from __future__ import annotations
+import os
+
 import numpy as np
 import pytest
 from plugrad import Buffer, Device, dtypes
@@ -96,3 +98,46 @@ def test_null_device_fakes_everything():
   assert prg(b._buf, global_size=(4, 1, 1), local_size=(1, 1, 1), wait=True) == 0.0 and prg(b._buf) is None
   with pytest.raises(ValueError, match="global_size must be 1 to 3 positive ints"): prg(global_size=(0,))
   assert dev.renderer.name == "NULL" and "NULL kernel" in dev.renderer.render("k", [])
+
+def test_zeroed_is_never_served_from_the_lru_cache():
+  a = CountingAllocator()
+  x = a.alloc(64, BufferOptions(zeroed=True))
+  a.free(x, 64, BufferOptions(zeroed=True))
+  assert a.frees == 1 and a.cached_bytes == 0   # a freed buffer may have been written: it is no longer zero
+  y = a.alloc(64)
+  a.free(y, 64)
+  assert a.alloc(64, BufferOptions(zeroed=True)) is not y and a.allocs == 3
+
+class GarbageAllocator(CountingAllocator):
+  """Memory that starts dirty, as a device's reused memory does."""
+  def _alloc(self, size, options):
+    super()._alloc(size, options)
+    return bytearray(b"\xab" * size)
+  def _copyin(self, dest, src): dest[:] = src
+  def _copyout(self, dest, src): dest[:] = src
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON", "garbage"])
+def test_zeroed_buffers_read_zero(device, monkeypatch):
+  """BufferOptions(zeroed=True): zeros from the start on every allocator, zero-filled where it can't promise them."""
+  if device == "garbage": monkeypatch.setattr(Device["CPU"], "allocator", GarbageAllocator()); device = "CPU"
+  dirty = Buffer(device, 1000, dtypes.float32).ensure_allocated()
+  dirty.copyin(memoryview(np.full(1000, 7, np.float32).tobytes()))
+  dirty.deallocate()   # into the LRU cache: a plain request of this size would get it back
+  b = Buffer(device, 1000, dtypes.float32, BufferOptions(zeroed=True)).ensure_allocated()
+  assert not np.frombuffer(b.copyout(), np.float32).any()
+  b.copyin(memoryview(np.arange(1000, dtype=np.float32).tobytes()))
+  np.testing.assert_array_equal(np.frombuffer(b.copyout(), np.float32), np.arange(1000, dtype=np.float32))
+
+def _rss() -> int:
+  return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS:")).split()[1]) * 1024
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS")
+def test_cpu_zeroed_pages_are_resident_only_once_written():
+  """A zeroed CPU buffer is a fresh anonymous mapping: reading it maps the zero page, writing a quarter makes only that
+  resident (a KV cache reserved for the whole context costs what the tokens wrote)."""
+  n = 64 << 20
+  before = _rss()
+  b = Buffer("CPU", n, dtypes.uint8, BufferOptions(zeroed=True)).ensure_allocated()
+  assert not b._buf.any() and _rss() - before < (8 << 20)
+  b._buf[:n // 4] = 1
+  assert (n // 4) - (4 << 20) < _rss() - before < (n // 4) + (8 << 20)

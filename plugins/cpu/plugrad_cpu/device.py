@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import mmap
 import os
 import pathlib
 import re
@@ -35,10 +36,13 @@ from plugrad_cpu.pool import POOL_SRC
 MIN_WORK_PER_THREAD = 1 << 16  # estimated ops (loads, stores, ALU) one extra core must get to be worth waking
 
 class CPUAllocator(LRUAllocator):
-  """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices)."""
-  external_memory = True
+  """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices). A zeroed
+  buffer is an anonymous private mapping of its own: its pages read as zero and take no memory until written (a KV
+  cache reserved for the whole context is resident only where tokens went), and go back to the system when it dies."""
+  external_memory = zeroes_memory = True
   def _alloc(self, size: int, options: BufferOptions) -> np.ndarray:
     if options.external_ptr is not None: return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(options.external_ptr))
+    if options.zeroed and size: return np.frombuffer(mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
     raw = np.empty(size + 64, np.uint8)
     return raw[(-raw.ctypes.data) % 64:][:size]
   def _free(self, opaque: np.ndarray, size: int, options: BufferOptions) -> None: pass

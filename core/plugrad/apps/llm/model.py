@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from plugrad.device import Device, canonicalize
+from plugrad.device import Buffer, BufferOptions, Device, canonicalize
 from plugrad.dtype import DType, dtypes
-from plugrad.engine.realize import buffer_for
+from plugrad.engine.realize import buffer_for, set_buffer
 from plugrad.helpers import getenv
 from plugrad import TinyJit, Variable
 from plugrad.nn.state import gguf_load
@@ -310,6 +310,16 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scratch
   return (probs @ values.reshape(B, KV, 1, S, D)).contiguous().reshape(B, H, T, D)
 
 
+def zeroed(*shape: int) -> Tensor:
+  """A float32 tensor of its own buffer on the default device, reading as zero (BufferOptions.zeroed): where the device
+  gives fresh zero pages (CPU), a KV cache reserved for max_context is resident only where tokens were written. The
+  cache must read as zeros, not garbage: a padded prefill reads a few keys past those written, and masks them by adding
+  -inf to their scores, which only a finite key leaves at -inf."""
+  t = Tensor.empty(*shape)
+  set_buffer(buffer_of(t.uop), Buffer(t.device, t.numel(), t.dtype, BufferOptions(zeroed=True)).ensure_allocated())
+  return t
+
+
 def _t(u: UOp | None) -> Tensor | None: return None if u is None else Tensor(u)
 
 
@@ -394,10 +404,9 @@ class Block:
       self.router, self.gate_exps = get("ffn_gate_inp.weight"), get("ffn_gate_exps.weight")
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
-    # Tensor.empty: a unique buffer each (zeros(...).contiguous() twice is one hash-consed node, hence one buffer)
     rows = cache_rows(max_context)
-    self.cache_k = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)   # zeroed by Transformer
-    self.cache_v = Tensor.empty(batch, cfg.n_kv_heads, rows, cfg.head_dim)
+    self.cache_k = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim)
+    self.cache_v = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
     self.scratch: ScoresScratch | None = None   # the prefill attention's scores (one the Transformer gives every block)
 
@@ -523,9 +532,6 @@ class Transformer:
     self.layers = [Block(cfg, weights, i, max_context, batch) for i in range(cfg.n_layers)]
     self.scores = ScoresScratch()
     for layer in self.layers: layer.scratch = self.scores
-    caches = [c for layer in self.layers for c in (layer.cache_k, layer.cache_v)]
-    Tensor.realize_all(*caches)
-    Tensor.realize_all(*[c.assign(0.0) for c in caches])   # one realize for all caches
     ff = weights.get("rope_freqs.weight")
     self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_dim or cfg.head_dim, max_context + CACHE_PAD, cfg.rope_theta,
                                      None if ff is None else Tensor(ff.uop).numpy(), cfg.rope_scale)
