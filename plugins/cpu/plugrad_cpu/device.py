@@ -480,7 +480,7 @@ class CPUProgram(Program):
   """Loads a shared object with ctypes. Threaded kernels (with `name_work`) go through the C pool; others are called
   directly as `name(*buffer pointers, *int32 vals)`."""
   def __init__(self, dev: Compiled, name: str, lib: bytes) -> None:
-    super().__init__(dev, name, lib)
+    super().__init__(dev, name, b"")   # the loaded library needs its bytes no more (SmolLM2's 79 kernels: 1.3 MB)
     self._dll = load_library(lib, f"kernel {name!r}")
     try: self.fn = getattr(self._dll, name)
     except AttributeError: raise RuntimeError(f"compiled CPU library has no function {name!r}") from None
