@@ -6,7 +6,8 @@ from llm_helpers import np_forward, tiny_config, tiny_model, tiny_weights
 
 from plugrad.apps.llm.generate import Generator
 from plugrad.apps.llm.model import PREFILL_MULTIPLE, Config, Transformer
-from plugrad.engine.realize import GlobalCounters
+from plugrad.engine.realize import GlobalCounters, buffer_for
+from plugrad.schedule.kernelize import buffer_of
 from plugrad.tensor import Tensor
 
 TOKS = [3, 7, 1, 60, 22, 9, 41, 5, 17, 33, 2, 8, 50, 12, 0, 63]
@@ -170,3 +171,14 @@ def test_prefill_scores_live_in_one_scratch():
   assert m.scores.buf is not None and m.scores.buf.nbytes() >= scores_bytes
   assert all(layer.scratch is m.scores for layer in m.layers)
   assert 0 < g.arena.nbytes < scores_bytes // 2
+
+
+def test_kv_caches_are_zeroed_allocations():
+  """The KV caches read as zeros without a zeroing kernel (BufferOptions.zeroed: on the CPU fresh pages, resident only
+  where tokens were written; a kernel writing zeros made all max_context rows resident), and a padded prefill, which
+  reads a few never-written rows, still matches numpy."""
+  m, w = tiny_model("llama", max_context=128)
+  bufs = [buffer_for(buffer_of(c.uop)) for layer in m.layers for c in (layer.cache_k, layer.cache_v)]
+  assert all(b.options is not None and b.options.zeroed for b in bufs)
+  assert not any(np.frombuffer(b.copyout(), np.float32).any() for b in bufs)
+  np.testing.assert_allclose(Generator(m).forward(TOKS[:5], 0), np_forward(m.cfg, w, TOKS[:5])[-1], atol=1e-4, rtol=1e-4)
