@@ -69,9 +69,9 @@ class CompiledRunner:
 
 class PackScratch:
   """The memory of the `nth` pack of a kernel on a device, shared by every such pack whatever its size and dtype (see
-  PackStep): one buffer of the largest reserved size (SmolLM2's prefill packs four weight shapes: 3.5 MB instead of
-  8.9). A larger reservation replaces the buffer; views handed out before keep the old one alive while ExecItems hold
-  them. Devices without offset views get a buffer per (size, dtype)."""
+  PackStep): one buffer of the largest reserved size (a 135M-parameter LLM's prefill packs four weight shapes: 3.5 MB
+  instead of 8.9). A larger reservation replaces the buffer; views handed out before keep the old one alive while
+  ExecItems hold them. Devices without offset views get a buffer per (size, dtype)."""
 
   def __init__(self, device: str) -> None:
     self.device, self.nbytes, self.base = device, 0, None
@@ -132,7 +132,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     packs = tuple(PackStep(get_runner(device, pk.ast), pk.srcs, pk.size, pk.dtype, pack_scratch(device, nth, pk.size * pk.dtype.itemsize))
                   for nth, pk in enumerate(plan.packs))
   # the runner keeps its spec without the linear uops (the source holds the program; VIZ's record and DEBUG>=6 saw
-  # them above): runners live as long as the process, and their uops were ~6,000 of SmolLM2's ~21,000 live UOps, 4.9 MB
+  # them above): runners live as long as the process, and their uops were ~6,000 of a 135M LLM's ~21,000 live UOps, 4.9 MB
   r = _RUNNERS[(device, ast)] = CompiledRunner(replace(spec, uops=[]), dev.load(spec.name, lib), device, packs,
                                                None if plan is None else tuple(plan.slots))
   return r

@@ -372,7 +372,7 @@ def pretty(u: UOp, max_lines: int = 60) -> str:
 
 def ucache_compact(force: bool = False) -> bool:
   """Rebuild the hash-cons table when most of it is empty (or `force`), and say whether it did: a dict keeps the table
-  of its peak (SmolLM2's warm-up leaves ~5 MB of table to ~16k live nodes). Call it where large graphs just died; like
+  of its peak (a 135M LLM's warm-up leaves ~5 MB of table to ~16k live nodes). Call it where large graphs just died; like
   node construction itself, not while another thread builds nodes."""
   if not force and sys.getsizeof(_nodes) <= 128 * len(_nodes) + (1 << 20): return False   # (compact: ~50 bytes an entry)
   live = _nodes.copy()   # a compact copy; clearing and refilling keeps the dict (and its bound `get`) the same object
