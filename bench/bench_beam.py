@@ -3,7 +3,7 @@ their gradients, a ResNet-style 3x3 layer. Not a test.
 
   .venv/bin/python bench/bench_beam.py [--width 2] [--rounds 2] [--json]
 
-For each kernel: the heuristic's opts and the search's winner (engine/search.py, run here with an empty temporary
+For each kernel: the heuristic's opts and the search's winner (codegen/search.py, run here with an empty temporary
 PLUGRAD_CACHE_DIR so nothing cached is reused), then both timed alternately (best of 7, packing kernels included), and
 the ratio heuristic time / search time (> 1: the search found faster opts).
 """
@@ -49,7 +49,7 @@ def main() -> None:
   ap.add_argument("--json", action="store_true")
   a = ap.parse_args()
   os.environ.update(BEAM_ROUNDS=str(a.rounds), BEAM_CANDIDATES=str(a.candidates), PLUGRAD_CACHE_DIR=tempfile.mkdtemp(prefix="plugrad-beam-"))
-  from plugrad.engine import search
+  from plugrad.codegen import search
   dev = Device["CPU"]
   rows = []
   for name, ast in kernels():

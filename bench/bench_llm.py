@@ -81,7 +81,7 @@ def peak_gflops(threads: int) -> float:
 
 def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   """Where the resident memory the model added goes: weights as stored (against the file), the KV cache, the
-  generator's JIT arena (its steps' intermediates), the shared packing scratch, the prefill attention's scores scratch,
+  generator's JIT arena (its steps' intermediates, the packing kernels' scratch among them), the prefill attention's scores scratch,
   and the rest (Python objects, compiled programs, small buffers, heap slack), in MB; a reserved buffer counts what was
   touched of it (CPU buffers are numpy arrays, whose pages mincore reports: the KV cache is a zeroed mapping, resident
   only where tokens were written)."""
@@ -89,17 +89,15 @@ def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   from plugrad.engine import realize
   from plugrad.schedule.kernelize import buffer_of
   w = weight_bytes(ours.llm.model, embedding=True)
-  scratch = [p.base for p in realize._PACK_SCRATCH.values() if p.base is not None]
   scores = [realize.buffer_for(buffer_of(ours.llm.model.scores.buf.uop))] if ours.llm.model.scores.buf is not None else []
   arena = list(ours.g.arena.bases.values())
   kvb = [realize.buffer_for(buffer_of(c.uop)) for layer in ours.llm.model.layers for c in (layer.cache_k, layer.cache_v)]
-  parts = (("kv", kvb), ("arena", arena), ("scratch", scratch), ("scores", scores))
+  parts = (("kv", kvb), ("arena", arena), ("scores", scores))
   res = {k: sum(resident_bytes(b._buf.ctypes.data, b.nbytes) for b in bs) for k, bs in parts}
   rest = ours.rss * 1e6 - w - sum(res.values())
   print(f"resident memory, MB (touched of reserved): weights {w / 1e6:.1f} (file {fsize / 1e6:.1f}), KV cache {res['kv'] / 1e6:.1f} of "
-        f"{kv / 1e6:.1f}, JIT arena {res['arena'] / 1e6:.1f} of {sum(b.nbytes for b in arena) / 1e6:.1f}, packing scratch "
-        f"{res['scratch'] / 1e6:.1f} of {sum(b.nbytes for b in scratch) / 1e6:.1f}, attention scores {res['scores'] / 1e6:.1f} of "
-        f"{sum(b.nbytes for b in scores) / 1e6:.1f}, the rest {rest / 1e6:.1f} (Python objects, "
+        f"{kv / 1e6:.1f}, JIT arena {res['arena'] / 1e6:.1f} of {sum(b.nbytes for b in arena) / 1e6:.1f}, attention scores "
+        f"{res['scores'] / 1e6:.1f} of {sum(b.nbytes for b in scores) / 1e6:.1f}, the rest {rest / 1e6:.1f} (Python objects, "
         "programs, small buffers, heap)")
 
 

@@ -69,7 +69,7 @@ def main() -> None:
 
   # matmul's host path alone: the same realize with each launch's C call made a no-op (machine load can't leak in)
   pl = None if plan is None else plan.lookup(plan.targets_signature([(x @ y).uop]))
-  prgs = [] if pl is None else [r.prg for it in pl.items for r in (it.runner, *[pk.runner for pk in it.runner.packs])]
+  prgs = [] if pl is None else [it.runner.prg for it in pl.items if it.runner is not None]
   saved = [(p.fn, p._const_work) for p in prgs]
   for p in prgs: p.fn, p._const_work = (lambda *_: None), (0, 1)
   stub = min(timed(lambda: (x @ y).realize(), args.calls)[1] for _ in range(args.rounds))

@@ -283,10 +283,10 @@ def bench_launch(reps: int = 2000) -> dict:
   from concurrent.futures import ThreadPoolExecutor
 
   from plugrad.device import Device
-  from plugrad.engine.realize import buffer_for, get_runner
+  from plugrad.engine.realize import buffer_for, runner_of
   x = Tensor(np.ones(64, np.float32)).realize()
   (it,) = (x + 1).schedule()
-  prg = get_runner("CPU", it.ast).prg
+  prg = runner_of(it).prg
   bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
   dev = Device["CPU"]
   cbufs, cvals = (ctypes.c_void_p * len(bufs))(*[b.ctypes.data for b in bufs]), (ctypes.c_int32 * 1)()

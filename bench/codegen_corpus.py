@@ -249,27 +249,13 @@ def _opts_of(spec_or_opts) -> list:
   return [[str(getattr(o.kind, "name", o.kind)), o.rid, o.amount, list(o.arg)] for o in (spec_or_opts or [])]
 
 
-def programs(ast, ren) -> list[tuple[str, str, list]]:
-  """(name, source, optimizations) of every program the engine compiles for kernel `ast` on `ren`, in run order (the
-  operand-packing kernels of the engine before the refactor first; BEAM is never consulted)."""
+def programs(it, ren) -> list[tuple[str, str, list]]:
+  """(name, source, optimizations) of the program the engine compiles for schedule item `it` on `ren`: the opts the
+  scheduler chose for it (packing kernels are items of their own), else the pipeline's choice."""
   from plugrad.codegen import get_program
-  from plugrad.engine import realize
-  if hasattr(realize, "PackStep"):   # the engine ran packing kernels itself (codegen.pack.split_packs)
-    from plugrad.codegen.gpudims import uses_gpudims
-    from plugrad.codegen.heuristic import choose_gpu_opts, heuristic_opts
-    from plugrad.codegen.pack import split_packs
-    caps = getattr(ren, "caps", ren)   # (the capability record; before it, the renderer's attributes)
-    gpu = uses_gpudims(caps)
-    heur = choose_gpu_opts(ast, caps) if gpu else heuristic_opts(ast, caps)
-    if getattr(caps, "vector_lanes", 0) and not gpu and any(o.kind == "PACK" for o in heur):
-      plan = split_packs(ast, heur)
-      pre = [p for pk in plan.packs for p in programs(pk.ast, ren)]
-      spec = get_program(plan.ast, ren, plan.opts)
-      return pre + [(spec.name, spec.src, _opts_of(heur))]
-    spec = get_program(ast, ren)
-    return [(spec.name, spec.src, _opts_of(heur))]
-  spec = get_program(ast, ren)
-  return [(spec.name, spec.src, _opts_of(getattr(spec, "opts", None)))]
+  opts = getattr(it, "opts", None)
+  spec = get_program(it.ast, ren) if opts is None else get_program(it.ast, ren, list(opts))
+  return [(spec.name, spec.src, _opts_of(opts))]
 
 
 def render_group(group: str, out: Path, only: list[str]) -> None:
@@ -301,7 +287,7 @@ def render_group(group: str, out: Path, only: list[str]) -> None:
     for rname, ren in renderers:
       progs, errors = [], []
       for it in items:
-        try: progs += programs(it.ast, ren)
+        try: progs += programs(it, ren)
         except (NotImplementedError, ValueError) as ex: errors.append(f"{type(ex).__name__}: {str(ex)[:200]}")
       d = out / rname
       d.mkdir(parents=True, exist_ok=True)

@@ -17,20 +17,24 @@ import pytest
 
 @contextmanager
 def host_kind(kind: str) -> Iterator[str]:
-  """The CPU device's renderer with the capability record the cpu plugin derives from `kind`'s flags; the compiled
-  programs (cached per AST, not per record) are forgotten on entry and on exit."""
+  """The CPU device's renderer with the capability record the cpu plugin derives from `kind`'s flags; the schedules
+  (whose kernels' optimizations follow the record) and the compiled programs are forgotten on entry and on exit."""
   from plugrad.device import Device
   from plugrad.engine import realize
+  from plugrad.schedule import kernelize
   from plugrad_cpu.device import HOST_KINDS, simd_caps
   ren = Device["CPU"].renderer
   saved = ren.caps
-  realize._RUNNERS.clear()
+  def forget() -> None:
+    realize._RUNNERS.clear()
+    kernelize._SCHEDULE_CACHE.clear()
+  forget()
   try:
     ren.caps = dataclasses.replace(saved, **simd_caps(HOST_KINDS[kind]))
     yield kind
   finally:
     ren.caps = saved
-    realize._RUNNERS.clear()
+    forget()
 
 
 @pytest.fixture(params=["avx2", "avx512"])

@@ -326,11 +326,13 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
     return tensor_method(self, name)
 
   # ***** realization *****
-  def schedule(self, *others: Tensor):
-    """The schedule items (kernels and copies) that would realize these tensors, without running them."""
+  def schedule(self, *others: Tensor, optimize: bool = True):
+    """The schedule items (kernels and copies) that would realize these tensors, without running them: each kernel
+    with the optimizations it would compile with, and the packing kernels they add (schedule/optimize.py).
+    `optimize=False`: the kernels as the scheduler builds them, before their optimizations are chosen."""
     uops = _flat_targets([inline_calls(t.uop) for t in (self, *others)])
     targets = list(dict.fromkeys(_pending_writes(uops) + [u for u in uops if not is_buffer_view(u)]))
-    return create_schedule(targets)[0] if targets else []
+    return create_schedule(targets, optimize=optimize)[0] if targets else []
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) into device buffers."""

@@ -60,14 +60,13 @@ class ReferenceExecutor:
     return {r.prg.kd_addr: r for r in realize._RUNNERS.values() if hasattr(r.prg, "kd_addr")}
 
   def linear(self, runner) -> list:
-    """The runner's linear IR: runners keep none, so its AST (the runner cache's key) is rendered again the way
-    get_runner does for a GPU (BEAM's cached choice or the device's own), checked to give the same source; once per
-    runner (runners live as long as the process, so their descriptor addresses aren't reused)."""
+    """The runner's linear IR: runners keep none, so its AST and opts (the runner cache's key) are rendered again the
+    way get_runner does, checked to give the same source; once per runner (runners live as long as the process, so
+    their descriptor addresses aren't reused)."""
     if (uops := self._linear.get(runner.prg.kd_addr)) is not None: return uops
-    ast = next(a for (_, a), r in realize._RUNNERS.items() if r is runner)
-    opts = realize.beam_opts(ast, runner.device)
+    ast, opts = next((a, o) for (_, a, o), r in realize._RUNNERS.items() if r is runner)
     ren = Device[runner.device].renderer
-    spec = get_program(ast, ren) if opts is None else get_program(ast, ren, opts)
+    spec = get_program(ast, ren) if opts is None else get_program(ast, ren, list(opts))
     if spec.src != runner.spec.src: raise RuntimeError(f"{runner.spec.name}: rendering its AST again gave another program")
     self._linear[runner.prg.kd_addr] = spec.uops
     return spec.uops

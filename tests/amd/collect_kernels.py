@@ -24,8 +24,8 @@ class Collector:
   def pytest_configure(self, config) -> None:
     import plugrad.engine.realize as realize
     from plugrad.codegen import get_program
-    def wrapped(ast, renderer):
-      spec = get_program(ast, renderer)
+    def wrapped(ast, renderer, opts=None):
+      spec = get_program(ast, renderer, opts)   # (the NULL device's choice; each AMDGPU renderer makes its own below)
       for arch, ren in self.renderers.items():
         try: self.kernels[arch].setdefault(get_program(ast, ren).src, spec.name)
         except Exception as e: self.errors[arch].setdefault(f"{type(e).__name__}: {e}", spec.name)  # a finding, not a crash

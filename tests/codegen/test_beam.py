@@ -1,4 +1,4 @@
-"""BEAM search (engine/search.py): the winner is timed on the device, correct, and cached on disk keyed by AST+device+arch."""
+"""BEAM search (codegen/search.py): the winner is timed on the device, correct, and cached on disk keyed by AST+device+arch."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +10,7 @@ from plugrad import Tensor
 from plugrad.codegen.heuristic import heuristic_opts
 from plugrad.codegen.optops import Opt
 from plugrad.device import Buffer, Device
-from plugrad.engine import search
+from plugrad.codegen import search
 
 
 def test_beam_on_cpu_finds_correct_opts_and_caches_them(monkeypatch, tmp_path):
@@ -22,7 +22,7 @@ def test_beam_on_cpu_finds_correct_opts_and_caches_them(monkeypatch, tmp_path):
   np.testing.assert_allclose((Tensor(a, device="CPU") * 3).sum(1).numpy(), (a * 3).sum(1), rtol=1e-5)
   files = list((tmp_path / "beam").iterdir())
   assert len(files) == 1
-  ast = (Tensor(a, device="CPU") * 3).sum(1).schedule()[-1].ast
+  ast = (Tensor(a, device="CPU") * 3).sum(1).schedule(optimize=False)[-1].ast
   calls = []
   monkeypatch.setattr(search, "beam_search", lambda *args: calls.append(args) or [])
   opts = search.beam_opts(ast, "CPU")  # from the disk cache: no search
@@ -37,7 +37,7 @@ def test_beam_cache_keeps_opt_args(monkeypatch, tmp_path):
   """A TC tile (Opt.arg) survives the disk cache; entries written before Opt had an arg still load."""
   monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))
   monkeypatch.setenv("BEAM", "1")
-  ast = (Tensor.empty(16, 32, device="CPU") * 2).sum(1).schedule()[-1].ast
+  ast = (Tensor.empty(16, 32, device="CPU") * 2).sum(1).schedule(optimize=False)[-1].ast
   want = [Opt("TC", -1, 0, (4, 8, 2, 2, 2)), Opt("UPCAST", 0, 4)]
   monkeypatch.setattr(search, "beam_search", lambda *args: list(want))
   assert search.beam_opts(ast, "CPU") == want
@@ -58,7 +58,7 @@ def test_beam_times_packed_candidates_and_keeps_the_fastest(monkeypatch, tmp_pat
   rng = np.random.default_rng(1)
   a, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 256)).astype(np.float32)
   t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
-  ast = t.schedule()[-1].ast
+  ast = t.schedule(optimize=False)[-1].ast
   heur = heuristic_opts(ast, Device["CPU"].renderer.caps)
   assert any(o.kind == "PACK" for o in heur)
   acts = search._actions(ast, False, ast, ())
@@ -75,11 +75,11 @@ def test_beam_times_packed_candidates_and_keeps_the_fastest(monkeypatch, tmp_pat
 _WRITTEN_CHECK = """
 import numpy as np
 from plugrad import Tensor
-from plugrad.engine import search
+from plugrad.codegen import search
 def rss():
   with open("/proc/self/statm") as f: return int(f.read().split()[1]) * 4096
 n, m = 4099, 2053
-ast = (Tensor.empty(n, m, device="CPU") + Tensor.empty(n, m, device="CPU")).schedule()[-1].ast
+ast = (Tensor.empty(n, m, device="CPU") + Tensor.empty(n, m, device="CPU")).schedule(optimize=False)[-1].ast
 before = rss()
 bufs = search.scratch_buffers(ast, "CPU")
 assert [b.size for b in bufs] == [n * m] * 3, [b.size for b in bufs]

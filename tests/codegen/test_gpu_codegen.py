@@ -118,7 +118,7 @@ def test_local_threads_limit(monkeypatch):
 
 def test_cpu_renderer_keeps_loops():
   from plugrad.device import Device
-  spec = get_program((Tensor.ones(8, 8).contiguous() + 1).schedule()[-1].ast, Device["CPU"].renderer)
+  spec = get_program((Tensor.ones(8, 8).contiguous() + 1).schedule(optimize=False)[-1].ast, Device["CPU"].renderer)
   assert spec.local_size is None and spec.global_size == [1, 1, 1] and Ops.SPECIAL not in ops_of(spec)
 
 
@@ -136,7 +136,7 @@ def test_local(monkeypatch, n: int, k: int):
 def test_group_reduce(monkeypatch, kind: str, n: int, k: int):
   a = RNG.random((5, n)).astype(np.float32)
   t = t_(a).sum(1)
-  rid = next(r for r in ranges_of(t.schedule()[-1].ast).values() if r.arg[1] == "reduce").arg[0]
+  rid = next(r for r in ranges_of(t.schedule(optimize=False)[-1].ast).values() if r.arg[1] == "reduce").arg[0]
   out, spec = run_emulated(t, emu_device(monkeypatch), opts=[Opt(kind, rid, k)])
   np.testing.assert_allclose(out, a.sum(1), rtol=1e-5)
   assert {Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.SPECIAL} <= ops_of(spec) and spec.local_size == [k, 1, 1]
@@ -147,7 +147,7 @@ def test_group_reduce(monkeypatch, kind: str, n: int, k: int):
 def test_group_max_and_local(monkeypatch):
   a = RNG.standard_normal((8, 128)).astype(np.float32)
   t = t_(a).max(0)
-  rngs = ranges_of(t.schedule()[-1].ast)
+  rngs = ranges_of(t.schedule(optimize=False)[-1].ast)
   g = next(r for r in rngs.values() if r.arg[1] == "global").arg[0]
   r = next(r for r in rngs.values() if r.arg[1] == "reduce").arg[0]
   out, spec = run_emulated(t, emu_device(monkeypatch), opts=[Opt("LOCAL", g, 32), Opt("GROUPTOP", r, 4)])
@@ -156,7 +156,7 @@ def test_group_max_and_local(monkeypatch):
 
 
 def test_bad_opts_raise(monkeypatch):
-  ast = t_(np.zeros((4, 64), np.float32)).sum(1).schedule()[-1].ast
+  ast = t_(np.zeros((4, 64), np.float32)).sum(1).schedule(optimize=False)[-1].ast
   g = next(r for r in ranges_of(ast).values() if r.arg[1] == "global").arg[0]
   with pytest.raises(ValueError, match="reduce range"): apply_opt(ast, Opt("GROUP", g, 4))
   r = next(r for r in ranges_of(ast).values() if r.arg[1] == "reduce").arg[0]
@@ -175,7 +175,7 @@ def test_heuristic_sum_rows(monkeypatch, target: str):
 def test_acceptance_big_sums_have_group_reduce(monkeypatch):
   """Tensor.rand(4096, 1024).sum(1) (program only: running 4M elements in Python is too slow) and a full 2**20 sum (run)."""
   dev = emu_device(monkeypatch)
-  spec = get_program(Tensor.empty(4096, 1024, device="PYTHON").sum(1).schedule()[-1].ast, dev.renderer)
+  spec = get_program(Tensor.empty(4096, 1024, device="PYTHON").sum(1).schedule(optimize=False)[-1].ast, dev.renderer)
   assert {Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER} <= ops_of(spec) and spec.local_size == [256, 1, 1] and spec.global_size == [4096, 1, 1]
   a = RNG.random(2**20).astype(np.float32)
   reset_gpu_counters()
@@ -186,7 +186,7 @@ def test_acceptance_big_sums_have_group_reduce(monkeypatch):
 
 
 def test_heuristic_elementwise_uses_threads(monkeypatch):
-  opts = choose_gpu_opts((Tensor.empty(100, 300, device="PYTHON") + 1).schedule()[-1].ast, emu_device(monkeypatch).renderer.caps)
+  opts = choose_gpu_opts((Tensor.empty(100, 300, device="PYTHON") + 1).schedule(optimize=False)[-1].ast, emu_device(monkeypatch).renderer.caps)
   assert opts and all(o.kind == "LOCAL" for o in opts)
 
 
@@ -357,7 +357,7 @@ def test_tc_staging_reads_each_tile_once(monkeypatch):
 
 def test_tc_tile_errors(monkeypatch):
   dev = emu_device(monkeypatch, "CUDA")
-  ast = (t_(np.ones((32, 32), np.float16)) @ t_(np.ones((32, 32), np.float16))).schedule()[-1].ast
+  ast = (t_(np.ones((32, 32), np.float16)) @ t_(np.ones((32, 32), np.float16))).schedule(optimize=False)[-1].ast
   for tile, msg in (((4, 1, 2, 1), "doesn't divide"), ((1, 1, 1, 1, 3), "stage 0, 1 or 2"), ((1, 0), ">= 1"), ((1,) * 6, "up to 5")):
     with pytest.raises(ValueError, match=msg): apply_opt(ast, Opt("TC", -1, 0, tile), dev.renderer.caps)
 
@@ -365,7 +365,7 @@ def test_tc_tile_errors(monkeypatch):
 def test_tc_heuristic_tile_from_target_data(monkeypatch):
   """128 x 128 workgroup tiles of 2 x 2 warps when the output allows; the accumulators and shared memory fit the target."""
   a = Tensor.empty(256, 256, dtype=dtypes.float16, device="PYTHON")
-  ast = (a @ a).schedule()[-1].ast
+  ast = (a @ a).schedule(optimize=False)[-1].ast
   cuda, amd = (choose_gpu_opts(ast, emu_device(monkeypatch, t).renderer.caps) for t in ("CUDA", "AMD"))
   # CUDA's C rows (8 halves) are narrower than a sector: its output is staged too (exactly the 48 KB of shared memory)
   assert cuda == [Opt("TC", -1, 0, (4, 8, 2, 2, 2))] and amd == [Opt("TC", -1, 0, (4, 4, 2, 2, 1))]
@@ -461,7 +461,7 @@ def test_two_reduces_in_one_kernel_share_group_threads(monkeypatch, name: str):
 def test_float32_matmul_register_tiles(monkeypatch):
   a, b = RNG.standard_normal((64, 24)).astype(np.float32), RNG.standard_normal((24, 128)).astype(np.float32)
   dev = emu_device(monkeypatch)
-  ast = (t_(a) @ t_(b)).schedule()[-1].ast
+  ast = (t_(a) @ t_(b)).schedule(optimize=False)[-1].ast
   assert [o.kind for o in choose_gpu_opts(ast, dev.renderer.caps)].count("UPCAST") == 2
   out, spec = run_emulated(t_(a) @ t_(b), dev)
   np.testing.assert_allclose(out.reshape(64, 128), a @ b, rtol=1e-5, atol=1e-5)
@@ -471,7 +471,7 @@ def test_float32_matmul_register_tiles(monkeypatch):
 def test_tiny_reduce_is_unrolled(monkeypatch):
   x = RNG.standard_normal((40, 3)).astype(np.float32)
   dev = emu_device(monkeypatch)
-  assert [o.kind for o in choose_gpu_opts(t_(x).sum(1).schedule()[-1].ast, dev.renderer.caps)][0] == "UNROLL"
+  assert [o.kind for o in choose_gpu_opts(t_(x).sum(1).schedule(optimize=False)[-1].ast, dev.renderer.caps)][0] == "UNROLL"
   out, spec = run_emulated(t_(x).sum(1), dev)
   np.testing.assert_allclose(out, x.sum(1), rtol=1e-6)
   assert not any(u.op is Ops.RANGE for u in spec.uops)

@@ -29,14 +29,14 @@ def test_contiguous_runs_merge_and_others_stay():
            (x[:, :, :, :30].sum(axis=(2, 3)), [30, 32]),        # rows 32 apart, 30 read: not a run
            (x.max(axis=(2, 3)), [1024])]
   for t, want in cases:
-    assert reduce_sizes(merge_reduce_ranges(t.schedule()[-1].ast)) == want
+    assert reduce_sizes(merge_reduce_ranges(t.schedule(optimize=False)[-1].ast)) == want
 
 
 def test_channel_sum_runs_as_one_loop_of_the_pixels():
   """Regression: the per-channel sum of a BatchNorm ran 32 loops of 32 pixels, which clang unrolled into a chain of
   scalar adds (64x64x32x32: 3.47 ms on one core, 4.8 GB/s); one loop of 1024 is vectorized (0.27 ms)."""
   x = Tensor(RNG.standard_normal((8, 16, 32, 32)).astype(np.float32)).realize()
-  ast = x.sum(axis=(0, 2, 3)).schedule()[-1].ast
+  ast = x.sum(axis=(0, 2, 3)).schedule(optimize=False)[-1].ast
   k = run_pipeline(ast, Device["CPU"].renderer)
   assert "< 1024" in k.src and "< 32;" not in k.src, k.src
   np.testing.assert_allclose(x.sum(axis=(0, 2, 3)).numpy(), x.numpy().sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-3)
@@ -45,7 +45,7 @@ def test_channel_sum_runs_as_one_loop_of_the_pixels():
 def test_explicit_opts_keep_the_ranges():
   """Explicit Opts name the caller's ranges, so the pass leaves the AST alone then."""
   x = Tensor(RNG.standard_normal((4, 32, 32)).astype(np.float32)).realize()
-  ast = x.sum(axis=(1, 2)).schedule()[-1].ast
+  ast = x.sum(axis=(1, 2)).schedule(optimize=False)[-1].ast
   assert reduce_sizes(run_pipeline(ast, Device["CPU"].renderer, []).ast) == [32, 32]
 
 
@@ -78,7 +78,7 @@ def test_sum_of_products_is_vectorized_by_the_heuristic():
   x = Tensor(RNG.standard_normal((16, 4, 32, 32)).astype(np.float32)).realize()   # 16384 products a channel
   for lanes, regs in ((8, 16), (16, 32)):
     caps = host_record(lanes=lanes, regs=regs)
-    sq = merge_reduce_ranges((x * x).sum(axis=(0, 2, 3)).schedule()[-1].ast)
+    sq = merge_reduce_ranges((x * x).sum(axis=(0, 2, 3)).schedule(optimize=False)[-1].ast)
     assert any(o.kind == "VECTOR" for o in heuristic_opts(sq, caps))
-    assert heuristic_opts(merge_reduce_ranges(x.sum(axis=(0, 2, 3)).schedule()[-1].ast), caps) == []
+    assert heuristic_opts(merge_reduce_ranges(x.sum(axis=(0, 2, 3)).schedule(optimize=False)[-1].ast), caps) == []
   np.testing.assert_allclose((x * x).sum(axis=(0, 2, 3)).numpy(), (x.numpy() ** 2).sum(axis=(0, 2, 3)), rtol=1e-4)

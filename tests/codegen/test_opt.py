@@ -28,7 +28,7 @@ def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.
 
 def kinds(t: Tensor) -> list[str]:
   """The optimizations chosen for the (last) kernel computing `t`."""
-  return [o.kind for o in choose_opts(t.schedule()[-1].ast, 64)]
+  return [o.kind for o in choose_opts(t.schedule(optimize=False)[-1].ast, 64)]
 
 
 def mm(a: np.ndarray, b: np.ndarray) -> Tensor:
@@ -48,7 +48,7 @@ def run_with(t: Tensor, **renderer_attrs) -> np.ndarray:
   """Realize `t`'s single kernel with a copy of the CPU renderer whose capabilities are overridden (bypasses the runner cache)."""
   dev = Device["CPU"]
   ren = with_caps(dev.renderer, **renderer_attrs)
-  (it,) = t.schedule()
+  (it,) = t.schedule(optimize=False)
   spec = get_program(it.ast, ren)
   bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
   dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*bufs, vals=tuple(it.var_vals.values()))
@@ -59,7 +59,7 @@ def run_with(t: Tensor, **renderer_attrs) -> np.ndarray:
 def test_sum_split_accumulators(n: int):
   x = rand(n)
   t = Tensor(x).realize().sum()
-  if n % 16 == 0: assert kinds(t) == ["SPLIT"] and choose_opts(t.schedule()[-1].ast, 64, split_reduce=False) == []
+  if n % 16 == 0: assert kinds(t) == ["SPLIT"] and choose_opts(t.schedule(optimize=False)[-1].ast, 64, split_reduce=False) == []
   for vec in (False, True):  # split into accumulators / left to clang's loop vectorizer (pragma)
     np.testing.assert_allclose(run_with(t, vectorizes_reductions=vec), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(t.numpy(), x.sum(dtype=np.float64), rtol=1e-5, atol=1e-5)
@@ -69,9 +69,9 @@ def test_reduce_pragma_only_on_single_accumulator_loops():
   # the scalar path (explicit SIMD is tested in test_vectorize.py)
   ren = with_caps(Device["CPU"].renderer, vectorizes_reductions=True, vector_lanes=0)
   x = Tensor(rand(64, 64)).realize()
-  assert "#pragma clang loop vectorize" in get_program(x.sum(1).schedule()[-1].ast, ren).src
-  assert "#pragma clang loop vectorize" not in get_program((x @ x).schedule()[-1].ast, ren).src  # register-blocked
-  assert choose_opts(x.max(1).schedule()[-1].ast, 64, split_reduce=False)[0].kind == "SPLIT"  # max: always split
+  assert "#pragma clang loop vectorize" in get_program(x.sum(1).schedule(optimize=False)[-1].ast, ren).src
+  assert "#pragma clang loop vectorize" not in get_program((x @ x).schedule(optimize=False)[-1].ast, ren).src  # register-blocked
+  assert choose_opts(x.max(1).schedule(optimize=False)[-1].ast, 64, split_reduce=False)[0].kind == "SPLIT"  # max: always split
 
 
 @pytest.mark.parametrize("shape", [(48, 64), (5, 7), (33, 16)])
@@ -143,7 +143,7 @@ def test_symbolic_sizes_untouched_and_correct():
 
 def test_apply_opt_errors():
   t = mm(rand(8, 16), rand(16, 16))
-  ast = t.schedule()[-1].ast
+  ast = t.schedule(optimize=False)[-1].ast
   with pytest.raises(ValueError, match="UPCAST needs a global range"): apply_opt(ast, Opt("UPCAST", 2, 4))
   with pytest.raises(ValueError, match="can't split range"): apply_opt(ast, Opt("UPCAST", 0, 3))
   with pytest.raises(ValueError, match="no range 9"): apply_opt(ast, Opt("SPLIT", 9, 2))
@@ -151,14 +151,14 @@ def test_apply_opt_errors():
 
 
 def test_optimize_respects_renderer_and_noopt(monkeypatch: pytest.MonkeyPatch):
-  ast = mm(rand(8, 16), rand(16, 16)).schedule()[-1].ast
+  ast = mm(rand(8, 16), rand(16, 16)).schedule(optimize=False)[-1].ast
   assert optimize(ast, Capabilities(upcast_max=0)) is ast
   monkeypatch.setenv("NOOPT", "1")
   assert optimize(ast, Device["CPU"].renderer.caps) is ast
 
 
 def test_merged_accumulators_and_fma():
-  ast = mm(rand(8, 16), rand(16, 32)).schedule()[-1].ast
+  ast = mm(rand(8, 16), rand(16, 32)).schedule(optimize=False)[-1].ast
   ren = with_caps(Device["CPU"].renderer, vector_lanes=0)  # scalar copies (the vector form: test_vectorize.py)
   spec = get_program(ast, ren)
   assert [u.op for u in spec.uops].count(Ops.RANGE) == 3  # 64 accumulators share one reduce loop
@@ -176,7 +176,7 @@ def test_gcc_compiles_and_runs_optimized_kernels():
   cases = (((ta.reshape(8, 32, 1) * tb.reshape(1, 32, 48)).sum(1), a @ b, 1e-5),
            (tx.sum(), x.sum(dtype=np.float64), 1e-6 * np.abs(x).sum()), (ta.max(1), a.max(1), 1e-5))
   for t, want, atol in cases:
-    (it,) = t.schedule()
+    (it,) = t.schedule(optimize=False)
     spec = get_program(it.ast, dev.renderer)
     prg = CPUProgram(dev, spec.name, gcc.compile(spec.src))
     bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
@@ -193,7 +193,7 @@ def test_vectorizable_exp2_accuracy_and_specials():
   fin = np.isfinite(ref32) & (ref32 != 0)
   assert (np.abs(got[fin] - ref[fin]) / np.spacing(ref32[fin]).astype(np.float64)).max() <= 2.0  # ulps
   np.testing.assert_array_equal(got[~fin], ref32[~fin])  # inf, 0 and nan exactly where exp2 gives them
-  assert "pg_exp2f(" in get_program(Tensor(x).exp2().schedule()[-1].ast, Device["CPU"].renderer).src
+  assert "pg_exp2f(" in get_program(Tensor(x).exp2().schedule(optimize=False)[-1].ast, Device["CPU"].renderer).src
 
 
 @pytest.mark.parametrize("n", [1000, 1024, 7])
@@ -201,7 +201,7 @@ def test_arange_kernel_computes_its_index_without_bit_arithmetic(n: int):
   # Tensor.arange is a sum of padded bit patterns; the symbolic rules fold it back into the loop index (it was 3-4
   # integer ops per bit per element, e.g. in every causal mask and softmax of the LLM's attention)
   t = Tensor.arange(n).float() * 3 + 1
-  src = get_program(t.schedule()[-1].ast, Device["CPU"].renderer).src
+  src = get_program(t.schedule(optimize=False)[-1].ast, Device["CPU"].renderer).src
   body = src[src.index("for (int gidx0"):]
   assert "%" not in body and "?" not in body, body
   np.testing.assert_array_equal(t.numpy(), np.arange(n, dtype=np.float32) * 3 + 1)
@@ -216,7 +216,7 @@ def test_interleaved_phases_are_unrolled_to_one_load_each():
   y = xx.conv2d(Tensor(w), stride=2, padding=1)
   dy = rand(*y.shape)
   (y * Tensor(dy)).sum().backward()
-  interleave = [it.ast for it in xx.grad.schedule() if not any(n.op is Ops.REDUCE for n in it.ast.toposort())
+  interleave = [it.ast for it in xx.grad.schedule(optimize=False) if not any(n.op is Ops.REDUCE for n in it.ast.toposort())
                 and sum(1 for n in it.ast.toposort() if n.op is Ops.DEFINE_GLOBAL) == 5]
   assert len(interleave) == 1
   ast = optimize(interleave[0], Device["CPU"].renderer.caps)
@@ -235,9 +235,9 @@ def test_phase_opts_only_for_small_moduli_of_global_ranges():
   a = rand(6, 10)
   keep = (np.arange(10) % 5 == 0).astype(np.float32)
   t = Tensor(a) * (Tensor.arange(10) % 5 == 0).reshape(1, 10)   # modulus 5: left rolled
-  assert any(n.op is Ops.MOD for n in t.schedule()[-1].ast.toposort()) and choose_opts(t.schedule()[-1].ast, 64) == []
+  assert any(n.op is Ops.MOD for n in t.schedule(optimize=False)[-1].ast.toposort()) and choose_opts(t.schedule(optimize=False)[-1].ast, 64) == []
   t2 = Tensor(a) * (Tensor.arange(10) % 2 == 0).reshape(1, 10)  # modulus 2: unrolled by 2
-  assert [o.kind for o in choose_opts(t2.schedule()[-1].ast, 64)] == ["UPCAST"]
+  assert [o.kind for o in choose_opts(t2.schedule(optimize=False)[-1].ast, 64)] == ["UPCAST"]
   np.testing.assert_array_equal(t.numpy(), a * keep)
   np.testing.assert_array_equal(t2.numpy(), a * (np.arange(10) % 2 == 0))
 
@@ -256,10 +256,10 @@ def test_weight_gradient_puts_the_window_operand_range_outermost(host_caps):
   dy = rand(*y.shape)
   (y * Tensor(dy)).sum().backward()
   ren = host_caps()
-  items = ww.grad.schedule()
+  items = ww.grad.schedule(optimize=False)
   main = max((it.ast for it in items), key=lambda a: sum(1 for n in a.toposort() if n.op is Ops.REDUCE and len(n.src) > 2))
   assert any(o.kind == "OUTER" for o in heuristic_opts(main, ren)), heuristic_opts(main, ren)
-  fwd = Tensor(x).conv2d(Tensor(w), padding=1).schedule()[-1].ast
+  fwd = Tensor(x).conv2d(Tensor(w), padding=1).schedule(optimize=False)[-1].ast
   assert not any(o.kind == "OUTER" for o in heuristic_opts(fwd, ren))
   xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
   ref = np.zeros(w.shape)
@@ -271,7 +271,7 @@ def test_weight_gradient_puts_the_window_operand_range_outermost(host_caps):
 
 
 def _matmul_ast(m: int, k: int, n: int) -> UOp:
-  return (Tensor(rand(m, k)) @ Tensor(rand(k, n))).schedule()[-1].ast
+  return (Tensor(rand(m, k)) @ Tensor(rand(k, n))).schedule(optimize=False)[-1].ast
 
 
 def test_big_matmul_rows_are_blocked_for_l3(host_caps):
@@ -294,7 +294,7 @@ def test_row_blocked_matmul_values(monkeypatch: pytest.MonkeyPatch):
   ren = Device["CPU"].renderer
   monkeypatch.setattr(ren, "caps", dataclasses.replace(ren.caps, cache_bytes=(48 << 10, 1 << 20, 256 << 10)))
   a, b = rand(256, 200), rand(200, 256)
-  ast = (Tensor(a) @ Tensor(b)).schedule()[-1].ast
+  ast = (Tensor(a) @ Tensor(b)).schedule(optimize=False)[-1].ast
   opts = heuristic_opts(ast, Device["CPU"].renderer.caps)
   (blk,) = [o for o in opts if o.kind == "BLOCK"]
   rows = next(o.amount for o in opts if o.kind.startswith("UPCAST") and o.rid != blk.rid and o.amount > 2)   # the tile's rows

@@ -38,7 +38,7 @@ def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.
 def run_opts(t: Tensor, opts: list[Opt]) -> np.ndarray:
   """`t`'s single kernel compiled with exactly `opts` on the CPU device, run, its output returned."""
   dev = Device["CPU"]
-  (it,) = t.schedule()
+  (it,) = t.schedule(optimize=False)
   spec = get_program(it.ast, dev.renderer, opts)
   bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
   dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*bufs, vals=tuple(it.var_vals.values()))
@@ -58,7 +58,7 @@ def test_upcast_overlap_matches_numpy(m: int, k: int, n: int, threads: int):
   t = Tensor(a) @ Tensor(b)
   dev = Device["CPU"]
   saved, dev.threads = dev.threads, threads
-  try: out = run_opts(t, [Opt("UPCAST_OVERLAP", rows_of(t.schedule()[-1].ast), k)])
+  try: out = run_opts(t, [Opt("UPCAST_OVERLAP", rows_of(t.schedule(optimize=False)[-1].ast), k)])
   finally: dev.threads = saved
   np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
 
@@ -68,7 +68,7 @@ def test_block_overlap_matches_numpy(m: int, chunk: int):
   """BLOCK by a chunk that doesn't divide the range (the last chunk overlaps), also on top of an overlapping tile."""
   a, b = rand(m, 16), rand(16, 32)
   t = Tensor(a) @ Tensor(b)
-  r = rows_of(t.schedule()[-1].ast)
+  r = rows_of(t.schedule(optimize=False)[-1].ast)
   np.testing.assert_allclose(run_opts(t, [Opt("BLOCK", r, chunk)]), a @ b, rtol=1e-5, atol=1e-5)
   tiles = (m + 3) // 4
   if tiles > chunk: np.testing.assert_allclose(run_opts(t, [Opt("UPCAST_OVERLAP" if m % 4 else "UPCAST", r, 4), Opt("BLOCK", r, chunk)]),
@@ -79,12 +79,12 @@ def test_overlap_refusals():
   """Refused where a second store could differ or the kind doesn't fit, with the reason named."""
   x = Tensor(rand(10, 8)).realize()
   y = x.assign(x * 2 + 1)
-  inplace = y.schedule()[-1].ast   # reads the buffer it writes: a second copy would double twice
+  inplace = y.schedule(optimize=False)[-1].ast   # reads the buffer it writes: a second copy would double twice
   y.realize()   # (an assign left pending would stay pending for the rest of the process: later tests' realizes see it)
   r = rows_of(inplace)
   with pytest.raises(ValueError, match="reads a buffer it writes"): apply_opt(inplace, Opt("UPCAST_OVERLAP", r, 3))
   with pytest.raises(ValueError, match="reads a buffer it writes"): apply_opt(inplace, Opt("BLOCK", r, 3))
-  ast = (Tensor(rand(12, 8)) @ Tensor(rand(8, 8))).schedule()[-1].ast
+  ast = (Tensor(rand(12, 8)) @ Tensor(rand(8, 8))).schedule(optimize=False)[-1].ast
   r = rows_of(ast)
   with pytest.raises(ValueError, match="else UPCAST"): apply_opt(ast, Opt("UPCAST_OVERLAP", r, 4))   # 4 divides 12
   with pytest.raises(ValueError, match="else UPCAST"): apply_opt(ast, Opt("UPCAST_OVERLAP", r, 12))
@@ -92,7 +92,7 @@ def test_overlap_refusals():
 
 
 def _matmul_ast(m: int, k: int, n: int) -> UOp:
-  return (Tensor(rand(m, k)) @ Tensor(rand(k, n))).schedule()[-1].ast
+  return (Tensor(rand(m, k)) @ Tensor(rand(k, n))).schedule(optimize=False)[-1].ast
 
 
 def _tile(opts: list[Opt], ast: UOp) -> list[tuple[str, int, str]]:
@@ -158,7 +158,7 @@ def test_avx2_conv_weight_grad_tile_keeps_its_accumulators_in_registers():
   x = Tensor(rand(2, 16, 30, 30), requires_grad=True)
   w = Tensor(rand(32, 16, 3, 3), requires_grad=True)
   (x.conv2d(w, padding=1) * Tensor(rand(2, 32, 30, 30))).sum().backward()
-  ast = [si.ast for si in w.grad.schedule() if any(n.op is Ops.REDUCE for n in si.ast.toposort())][-1]
+  ast = [si.ast for si in w.grad.schedule(optimize=False) if any(n.op is Ops.REDUCE for n in si.ast.toposort())][-1]
   opts = conv_opts(ast, 8, 16)
   ups = [o for o in (opts or []) if o.kind == "UPCAST"]
   assert ups and ups[-1].rid == opts[0].rid and all(o.rid != opts[0].rid for o in ups[:-1]), opts   # the channel vectors last
@@ -173,8 +173,8 @@ def test_packed_row_operand_panels_hold_the_tile_rows():
   packed in panels of the tile's rows: 6 on 16 registers, 8 on 32, the last panel padded where they don't divide
   (1024 rows). Before: 4-row tiles on AVX2 (f16 inputs 179 against 208 GFLOPS on 2 threads, A.T 191-199 against
   194-214)."""
-  at = (Tensor(rand(1024, 256)).T @ Tensor(rand(1024, 256))).schedule()[-1].ast
-  f16 = Tensor(rand(1024, 256)).cast("float16").matmul(Tensor(rand(256, 256)).cast("float16"), dtype="float32").schedule()[-1].ast
+  at = (Tensor(rand(1024, 256)).T @ Tensor(rand(1024, 256))).schedule(optimize=False)[-1].ast
+  f16 = Tensor(rand(1024, 256)).cast("float16").matmul(Tensor(rand(256, 256)).cast("float16"), dtype="float32").schedule(optimize=False)[-1].ast
   for ast in (at, f16):
     r = rows_of(ast)
     for caps, rows in ((AVX2, 6), (AVX512, 8)):
@@ -194,7 +194,7 @@ def test_scores_get_a_two_operand_tile_on_both_register_files():
   of SPLIT 2 x 4 keys (one query vector against 4 key vectors a step: a load an FMA; gemma3's prefill scores 3.80 ->
   2.06 ms with AVX-512 code, 4.08 -> 2.38 with AVX2's). Values against float64 with each record's tile."""
   y, want = _scores(4, 48, 40, 64)
-  (it,) = y.schedule()
+  (it,) = y.schedule(optimize=False)
   for caps, tile in ((AVX512, (4, 4)), (AVX2, (4, 2))):
     opts = heuristic_opts(it.ast, caps)
     assert not any(o.kind == "SPLIT" for o in opts), opts
@@ -207,7 +207,7 @@ def test_batched_matvec_keeps_the_matvec_rules():
   """A batched decode step's x @ W.T (4 rows against float32 weights) reuses each weight only 4 times: its rows are
   upcast whole and the weight rows are not (each would add a weight stream), as before the two-operand tile."""
   x, w = rand(4, 256), rand(64, 256)
-  (it,) = (Tensor(x) @ Tensor(w).T).schedule()
+  (it,) = (Tensor(x) @ Tensor(w).T).schedule(optimize=False)
   for caps in (AVX512, AVX2):
     ups = [(o.amount, _range_size(it.ast, o.rid)) for o in heuristic_opts(it.ast, caps) if o.kind == "UPCAST"]
     assert ups == [(4, 4)], ups

@@ -35,7 +35,7 @@ def renderer(**attrs):
 def run(t: Tensor, opts: list[Opt] | None = None, dev: str = "CPU", **attrs) -> tuple[np.ndarray, str]:
   """Realize the last kernel of `t` (earlier ones normally) on `dev` with `opts` applied by hand (None: the renderer's
   own choice, CPU only). Returns the output and the kernel source."""
-  *pre, it = t.schedule()
+  *pre, it = t.schedule(optimize=False)
   for p in pre: lower_item(p).run()
   ast = it.ast
   d = Device[dev]
@@ -51,7 +51,7 @@ def run(t: Tensor, opts: list[Opt] | None = None, dev: str = "CPU", **attrs) -> 
 
 
 def chosen(t: Tensor, lanes: int = 16, regs: int = 32) -> list[Opt]:
-  return choose_opts(t.schedule()[-1].ast, 64, True, lanes, regs)
+  return choose_opts(t.schedule(optimize=False)[-1].ast, 64, True, lanes, regs)
 
 
 def mm(a: np.ndarray, b: np.ndarray) -> Tensor: return Tensor(a).realize() @ Tensor(b).realize()
@@ -61,7 +61,7 @@ def mm(a: np.ndarray, b: np.ndarray) -> Tensor: return Tensor(a).realize() @ Ten
 def test_matmul_vector_columns(m: int, k: int, n: int):
   a, b = rand(m, k), rand(k, n)
   opts = chosen(mm(a, b))
-  vr = ranges_of(mm(a, b).schedule()[-1].ast)[opts[0].rid]
+  vr = ranges_of(mm(a, b).schedule(optimize=False)[-1].ast)[opts[0].rid]
   assert opts[0].kind == "VECTOR" and opts[0].amount == 16 and vr.arg[1] == "global" and vr.src[0].arg == n  # lanes along n
   got, src = run(mm(a, b))
   assert "pg_float16" in src and "pg_fma_pg_float16(" in src
@@ -77,7 +77,7 @@ def test_matmul_tile_and_outer_loop_order():
   assert [o.kind for o in opts] == ["VECTOR", "UPCAST", "UPCAST", "OUTER"]
   got, _ = run(mm(a, b))
   np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
-  ast = apply_opt(mm(a, b).schedule()[-1].ast, Opt("OUTER", 1, 0))
+  ast = apply_opt(mm(a, b).schedule(optimize=False)[-1].ast, Opt("OUTER", 1, 0))
   assert sorted((r.arg[0], r.src[0].arg) for r in ranges_of(ast).values() if r.arg[1] == "global") == [(0, 512), (1, 64)]
 
 
@@ -113,7 +113,7 @@ def test_few_rows_of_a_dequantizing_matvec_are_upcast_whole():
   k = wn.shape[1]
   x = rand(4, k)
   t = Tensor(x) @ w.T
-  rows = next(r for r in ranges_of(t.schedule()[-1].ast).values() if r.arg[1] == "global" and r.src[0].arg == 4)
+  rows = next(r for r in ranges_of(t.schedule(optimize=False)[-1].ast).values() if r.arg[1] == "global" and r.src[0].arg == 4)
   assert Opt("UPCAST", rows.arg[0], 4) in chosen(t)
   got, _ = run(t)
   np.testing.assert_allclose(got, x @ wn.T, rtol=1e-4, atol=1e-4)
@@ -128,7 +128,7 @@ def test_decode_attention_reads_each_key_once_and_splits_positions_across_cores(
   q, kc = rand(3, group, 64), rand(3, 64, 1040)
   v = Variable("S", 1, 130)
   def prog(n: int) -> Tensor: return Tensor(q).realize() @ Tensor(kc).realize()[:, :, :v.bind(n) * 8]
-  ast = prog(57).schedule()[-1].ast
+  ast = prog(57).schedule(optimize=False)[-1].ast
   kv_heads, heads, pos = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "global"), key=lambda r: r.arg[0])
   assert heads.src[0].arg == group and pos.src[0].op is not Ops.CONST
   opts = chosen(prog(57))
@@ -154,7 +154,7 @@ def test_vector_reductions(shape: tuple[int, ...], axis):
 def test_streaming_reduce_left_to_loop_vectorizer():
   x = rand(16, 256)
   t = Tensor(x).realize().exp().sum(1)
-  ast = t.schedule()[-1].ast
+  ast = t.schedule(optimize=False)[-1].ast
   assert choose_opts(ast, 64, False, 16, 32) == [] and choose_opts(ast, 64, True, 16, 32)[0].kind == "VECTOR"
   got, src = run(t, vectorizes_reductions=True)
   assert "#pragma clang loop vectorize" in src and "pg_float16" not in src
@@ -195,7 +195,7 @@ def test_two_reduces_two_lanes():
   if sum(o.kind == "VECTOR" for o in opts) == 2:
     got, src = run(t)
     np.testing.assert_allclose(got, (x @ w1.T) * 2 + x @ w2.T, rtol=1e-5, atol=1e-5)
-  ast = t.schedule()[-1].ast
+  ast = t.schedule(optimize=False)[-1].ast
   reds = sorted({n.src[-1] for n in ast.toposort() if n.op is Ops.REDUCE}, key=lambda r: r.arg[0])
   if len(reds) == 2:  # both lanes in one kernel: allowed because no reduce uses both ranges
     a = apply_opt(apply_opt(ast, Opt("VECTOR", reds[0].arg[0], 8)), Opt("VECTOR", reds[1].arg[0], 8))
@@ -203,7 +203,7 @@ def test_two_reduces_two_lanes():
 
 
 def test_vector_opt_errors():
-  ast = mm(rand(8, 32), rand(32, 32)).schedule()[-1].ast
+  ast = mm(rand(8, 32), rand(32, 32)).schedule(optimize=False)[-1].ast
   with pytest.raises(ValueError, match="power of two"): apply_opt(ast, Opt("VECTOR", 1, 6))
   with pytest.raises(ValueError, match="can't split range"): apply_opt(ast, Opt("VECTOR", 0, 16))
   a = apply_opt(ast, Opt("VECTOR", 1, 8))
@@ -234,7 +234,7 @@ def test_symbolic_multiple_of_eight(dev: str):
   for n in (1, 3, 8):
     got, _ = run(prog(n), None if dev == "CPU" else sym, dev=dev)
     np.testing.assert_allclose(got.reshape(-1)[:n * 8 * 32].reshape(n * 8, 32), x[:n * 8] @ w, rtol=1e-5, atol=1e-5)
-  ast = prog(2).schedule()[-1].ast
+  ast = prog(2).schedule(optimize=False)[-1].ast
   assert apply_opt(ast, Opt("UPCAST", 0, 4)) is not None and apply_opt(ast, Opt("UPCAST", 0, 2)) is not None
   with pytest.raises(ValueError, match="can't split range"): apply_opt(ast, Opt("UPCAST", 0, 16))
 
@@ -244,7 +244,7 @@ def test_symbolic_reduce_split():
   x = rand(4, 128)
   v = Variable("v", 1, 16)
   def prog(n: int) -> Tensor: return Tensor(x)[:, :v.bind(n) * 8].sum(1)
-  ast = prog(2).schedule()[-1].ast
+  ast = prog(2).schedule(optimize=False)[-1].ast
   assert [r.src[0].render() for r in ranges_of(apply_opt(ast, Opt("VECTOR", 1, 8))).values() if r.arg[1] == "reduce"] == ["v", "8"]
   for n in (1, 5, 16):
     for opts, dev in (([Opt("VECTOR", 1, 8)], "CPU"), ([Opt("VECTOR", 1, 4), Opt("SPLIT", 1, 2)], "CPU"), ([Opt("VECTOR", 1, 8)], "PYTHON")):
@@ -258,7 +258,7 @@ def test_gcc_compiles_vector_kernels():
   a, b, x = rand(16, 32), rand(32, 64), rand(8, 256)
   gcc, dev = ClangCompiler("gcc"), Device["CPU"]
   for t, want in ((mm(a, b), a @ b), (Tensor(x).realize().exp().sum(1), np.exp(x).sum(1)), (Tensor(x).realize().max(1), x.max(1))):
-    (it,) = t.schedule()
+    (it,) = t.schedule(optimize=False)
     spec = get_program(it.ast, renderer())
     assert "pg_float16" in spec.src
     prg = CPUProgram(dev, spec.name, gcc.compile(spec.src))
@@ -324,7 +324,7 @@ def test_no_whole_axis_tile_when_short_reduce_loops_are_unrolled():
   copies of a fused expression (54k uops, 20+ minutes in clang; the data-parallel digits training test hung)."""
   a, b = rand(3, 4, 32), rand(4, 32, 64)
   t = (Tensor(a).realize().reshape(3, 4, 32, 1) * Tensor(b).realize().reshape(1, 4, 32, 64)).sum((1, 2))
-  ast = t.schedule()[-1].ast
+  ast = t.schedule(optimize=False)[-1].ast
   rows = next(r for r in ranges_of(ast).values() if r.arg[1] == "global" and r.src[0].arg == 3)
   opts = chosen(t)
   assert any(o.kind == "UNROLL" for o in opts) and Opt("UPCAST", rows.arg[0], 3) not in opts, opts
@@ -374,7 +374,7 @@ def test_pair_dot_is_one_dot2_per_2k_products(lanes: int, shift: bool):
   if shift: c = c >> (np.arange(K) // 16 % 2 * 4)
   want = ((c & 15) @ x16.astype(np.int64)).astype(np.float64)
   t = pair_dot(codes, x16, lanes, shift)
-  opts = choose_opts(t.schedule()[-1].ast, 64, True, lanes, 16, Dots(pair=True))
+  opts = choose_opts(t.schedule(optimize=False)[-1].ast, 64, True, lanes, 16, Dots(pair=True))
   assert ("VECTOR", lanes) in [(o.kind, o.amount) for o in opts] and not any(o.kind == "UNROLL" and o.amount == 2 for o in opts), opts
   got, src = run(pair_dot(codes, x16, lanes, shift), vector_lanes=lanes, vector_regs=16)
   assert f"pg_dot2_pg_int{lanes}(" in src and f"pg_short{2 * lanes}" in src and "pg_int8 acc" not in src
@@ -431,7 +431,7 @@ def test_quad_dot_is_one_dot4_per_4k_products(lanes: int, form: str):
   if form == "nibble": c = (c >> (np.arange(K) // 32 % 2 * 4)) & 15
   want = (c @ x8.astype(np.int64)).astype(np.float64)
   t = quad_dot(codes, x8, lanes, form)
-  opts = choose_opts(t.schedule()[-1].ast, 64, True, lanes, 16, Dots(quad=255))
+  opts = choose_opts(t.schedule(optimize=False)[-1].ast, 64, True, lanes, 16, Dots(quad=255))
   assert ("VECTOR", lanes) in [(o.kind, o.amount) for o in opts] and not any(o.kind == "UNROLL" and o.amount == 4 for o in opts), opts
   got, src = run(quad_dot(codes, x8, lanes, form), vector_lanes=lanes, vector_regs=16, dot4=255)
   assert f"pg_dot4_pg_int{lanes}(" in src and f"pg_unsigned_char{4 * lanes}" in src and f"pg_signed_char{4 * lanes}" in src
@@ -456,7 +456,7 @@ def test_pair_dot_with_output_rows_in_lanes(lanes: int, rows: int):
     c = Tensor(codes).realize().cast(dtypes.int32).reshape(1, G, P, lanes, 2)
     return (c * Tensor(x16).realize().cast(dtypes.int32).reshape(rows, 1, P, 1, 2)).sum((2, 4)).cast(dtypes.float32)
   want = np.einsum("gpls,rps->rgl", codes.astype(np.int64), x16.astype(np.int64))
-  opts = choose_opts(t().schedule()[-1].ast, 64, True, lanes, 32, Dots(pair=True))
+  opts = choose_opts(t().schedule(optimize=False)[-1].ast, 64, True, lanes, 32, Dots(pair=True))
   kinds = [(o.kind, o.amount) for o in opts]
   assert ("VECTOR", lanes) in kinds and (("UPCAST", 4) in kinds) is (rows == 4), opts
   got, src = run(t(), vector_lanes=lanes, vector_regs=32)

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
   ("codegen", ["plugrad.codegen", "plugrad.codegen.*"]),
   ("plugins", ["plugrad.plugins", "plugrad.plugins.*"]),
   ("schedule", ["plugrad.schedule", "plugrad.schedule.*"]),
-  ("engine", ["plugrad.engine.realize", "plugrad.engine.search", "plugrad.engine.inline", "plugrad.engine.plan",
+  ("engine", ["plugrad.engine.realize", "plugrad.engine.inline", "plugrad.engine.plan",
               "plugrad.engine.memory"]),
   ("autograd", ["plugrad.gradient"]),
   ("tensor", ["plugrad.tensor_ops", "plugrad.tensor_ops.*", "plugrad.tensor"]),

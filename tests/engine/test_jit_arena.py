@@ -12,6 +12,7 @@ from plugrad.schedule import kernelize
 rng = np.random.default_rng(3)
 N = 64
 WS = [rng.standard_normal(s).astype(np.float32) / 16 for s in ((256, 256), (256, 128), (128, 192), (192, 8))]
+LIVE_MAX = max(N * (256 + 128), 256 * 256 + N * 256) * 4   # bytes alive at once in `chain` (see the first test)
 
 
 def chain(x: Tensor, ws: list[Tensor]) -> Tensor:
@@ -34,8 +35,9 @@ def test_internal_buffers_share_memory_by_lifetime(ws):
   for _ in range(5):
     x = rng.standard_normal((N, 256)).astype(np.float32)
     np.testing.assert_allclose(f(Tensor(x)).numpy(), chain_np(x), rtol=1e-4, atol=1e-5)
-  # 64K + 32K + 48K bytes of intermediates; at most two are alive at once (64K + 32K)
-  assert 0 < f.arena.nbytes <= N * (256 + 128) * 4 + 2 * ALIGN
+  # 64K + 32K + 48K bytes of intermediates, and the packing kernels' scratch (the weights repacked: 256K, 128K, 96K)
+  # where the CPU heuristic packs; at most two intermediates, or a packed weight and its matmul's output, live at once
+  assert 0 < f.arena.nbytes <= LIVE_MAX + 2 * ALIGN
 
 
 def test_jit_arena_off_keeps_the_buffers(ws, monkeypatch):
@@ -63,7 +65,7 @@ def test_shared_arena_takes_the_largest_plan_and_keeps_outputs(ws):
     small(Tensor(xs))
     np.testing.assert_allclose(out_big.numpy(), chain_np(xb), rtol=1e-4, atol=1e-5)
   assert 0 < small_need[1] < arena.nbytes   # the arena grew for the big capture and re-pointed the small one's
-  assert arena.nbytes <= N * (256 + 128) * 4 + 2 * ALIGN
+  assert arena.nbytes <= LIVE_MAX + 2 * ALIGN
 
 
 def test_reset_gives_the_memory_back(ws):

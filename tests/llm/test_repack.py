@@ -20,7 +20,7 @@ from plugrad.apps.llm.model import Transformer, linear
 from plugrad.apps.llm.quant import (_REPACKABLE, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4,
                                     has_dot2, prefers_dot4, repack, row_lanes, rows_linear, vector_lanes)
 from plugrad.codegen import get_program
-from plugrad.engine.realize import buffer_for, get_runner
+from plugrad.engine.realize import buffer_for, runner_of
 from plugrad.nn.serialize import dequantize
 from plugrad.schedule.kernelize import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
@@ -217,7 +217,7 @@ def test_dot4_kernel_multiplies_bytes(qtype, cpu_host):
   fits = fits_dot4(bw, dot4_bound("CPU"))
   assert fits is (qtype != "Q8_0" or cpu_host == "avx512")
   x = Tensor(rng.standard_normal((1, 1, 256)).astype(np.float32))
-  srcs = [get_runner("CPU", it.ast).spec.src for it in dot4_linear(x, bw, 12, vector_lanes("CPU")).schedule() if it.ast.op is Ops.SINK]
+  srcs = [runner_of(it).spec.src for it in dot4_linear(x, bw, 12, vector_lanes("CPU")).schedule() if it.ast.op is Ops.SINK]
   assert any("pg_dot4_" in s for s in srcs) is fits
 
 
@@ -230,7 +230,7 @@ def test_act_bits_chooses_the_product(monkeypatch, cpu_host):
   rows, cols = 8, 256
   dev = "CPU"
   def kernels(w: Tensor) -> str:
-    return " ".join(get_runner(dev, it.ast).spec.src for it in linear(x, w).schedule() if it.ast.op is Ops.SINK)
+    return " ".join(runner_of(it).spec.src for it in linear(x, w).schedule() if it.ast.op is Ops.SINK)
   w, ref, rng = quantized_weight("Q4_0", rows, cols, 3)
   x = Tensor(rng.standard_normal((1, 1, cols)).astype(np.float32))
   assert activation_bits() == 16 and dot4_bound(dev) == {"avx2": 127, "avx512": 255}[cpu_host]
@@ -274,15 +274,15 @@ def test_decode_matvec_scales_once_per_sub_block(cpu_host):
   w = packed(finite_blocks("Q4_1", rows * cols // 32, np.random.default_rng(5)), "Q4_1", rows)
   x = Tensor(np.ones((1, 1, cols), np.float32))
   y = blockwise_linear(x, blockwise_of(w.uop), rows, vector_lanes(dev))
-  flops = [get_runner(dev, it.ast).spec.flops for it in y.schedule() if it.ast.op is Ops.SINK]
+  flops = [runner_of(it).spec.flops for it in y.schedule() if it.ast.op is Ops.SINK]
   chunks = 32 // math.gcd(32, max(vector_lanes(dev), 8))   # a sub-block's chunks of lanes (2 on AVX-512, 4 on AVX2)
   assert max(flops) <= (2 + 1 / chunks + 0.1) * rows * cols, (flops, rows * cols)   # the scale once a lane and sub-block
   assert has_dot2(dev)
   # the linear uops of the kernels the engine runs: rendered again (runners keep only the source), the same program
-  asts = [it.ast for it in linear(x, w).schedule() if it.ast.op is Ops.SINK]
-  ast = max(asts, key=lambda a: get_runner(dev, a).spec.flops)
-  main = get_program(ast, Device[dev].renderer)
-  assert main.src == get_runner(dev, ast).spec.src
+  its = [it for it in linear(x, w).schedule() if it.ast.op is Ops.SINK]
+  it = max(its, key=lambda i: runner_of(i).spec.flops)
+  main = get_program(it.ast, Device[dev].renderer, None if it.opts is None else list(it.opts))
+  assert main.src == runner_of(it).spec.src
   dots = sum(u.op is Ops.WMMA and u.arg == "DOT2" for u in main.uops)
   fops = sum(u.op in GroupOp.ALU and dtypes.is_float(u.dtype) and u.dtype.count > 1 for u in main.uops)
   per_sub_block = 32 // (2 * min(vector_lanes(dev), 16))   # DOT2s a sub-block of 32 takes: 2 on AVX2, 1 on AVX-512
@@ -438,7 +438,7 @@ def test_dot2_kernel_tiles(qtype, rows, cols, split, batch, monkeypatch, cpu_hos
   x = rng.standard_normal((batch, 1, cols)).astype(np.float32)
   lanes, ren = vector_lanes("CPU"), Device["CPU"].renderer
   y = dot2_linear(Tensor(x), blockwise_of(w.uop), rows, lanes)
-  ast = y.schedule()[-1].ast
+  ast = y.schedule(optimize=False)[-1].ast
   opts, rngs = heuristic_opts(ast, ren.caps), ranges_of(ast)
   src = get_program(ast, ren).src
   assert f"pg_dot2_pg_int{lanes}(" in src and "__builtin_prefetch" in src
@@ -547,7 +547,7 @@ def test_token_matmul_packs_the_dequantized_weight_once(cpu_host):
   w, ref, rng = quantized_weight("Q5_0", 64, 256, 4)
   x = rng.standard_normal((1, 256, 256)).astype(np.float32)
   y = Tensor(x).realize().linear(w.transpose())
-  ast = y.schedule()[-1].ast
+  ast = y.schedule(optimize=False)[-1].ast
   opts, rngs = heuristic_opts(ast, Device["CPU"].renderer.caps), ranges_of(ast)
   assert [rngs[o.rid].src[0].arg for o in opts if o.kind == "PACK"] == [64], opts   # the weight's rows, not the tokens
   np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ ref.T, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * 16)

@@ -24,8 +24,8 @@ class Collector:
   def pytest_configure(self, config) -> None:
     import plugrad.engine.realize as realize
     from plugrad.codegen import get_program
-    def wrapped(ast, renderer):
-      spec = get_program(ast, renderer)
+    def wrapped(ast, renderer, opts=None):
+      spec = get_program(ast, renderer, opts)   # (the NULL device's choice; the CUDA renderer makes its own below)
       try:
         src = get_program(ast, self.renderer).src
         self.kernels.setdefault(src, spec.name)

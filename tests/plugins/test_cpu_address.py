@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 from plugrad import Tensor
-from plugrad.engine.realize import get_runner
+from plugrad.engine.realize import runner_of
 
 RNG = np.random.default_rng(5)
 
@@ -30,7 +30,7 @@ def _offset_indices(src: str) -> list[str]:
 def test_conv_tile_loads_share_a_base_pointer():
   x, w = RNG.standard_normal((2, 16, 14, 14)).astype(np.float32), RNG.standard_normal((32, 16, 3, 3)).astype(np.float32)
   t = Tensor(x, device="CPU").conv2d(Tensor(w, device="CPU"), padding=1)
-  srcs = [get_runner("CPU", it.ast).spec.src for it in t.schedule() if it.ast.op.name == "SINK"]
+  srcs = [runner_of(it).spec.src for it in t.schedule() if it.ast.op.name == "SINK"]
   conv = [s for s in srcs if "pg_fma" in s]
   assert conv, "no vectorized conv kernel"
   for s in conv:
@@ -54,6 +54,6 @@ def test_gated_copy_indexes_by_its_loop_variable():
   x = RNG.standard_normal((4, 8, 14, 14)).astype(np.float32)
   t = Tensor(x, device="CPU").pad(((0, 0), (0, 0), (0, 0), (0, 1))).contiguous()
   (item,) = t.schedule()
-  src = get_runner("CPU", item.ast).spec.src
+  src = runner_of(item).spec.src
   assert re.search(r"\(data1\+alu\d+\)\[gidx\d+\]", src) and re.search(r"\(data0\+alu\d+\)\[gidx\d+\] =", src), src
   np.testing.assert_array_equal(t.numpy(), np.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1))))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from plugrad.device import Device
-from plugrad.engine.realize import buffer_for, get_runner
+from plugrad.engine.realize import buffer_for, runner_of
 from plugrad.tensor import Tensor
 
 RNG = np.random.default_rng(1)
@@ -27,7 +27,7 @@ def run(t: Tensor, threads: int) -> tuple[np.ndarray, int]:
   """Run `t`'s single kernel with `threads` cores allowed: (result, cores the launcher picked)."""
   dev = Device["CPU"]
   (it,) = t.schedule()
-  prg = get_runner("CPU", it.ast).prg
+  prg = runner_of(it).prg
   bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
   old, dev.threads = dev.threads, threads
   try:
@@ -67,7 +67,7 @@ def test_large_full_reduction_runs_on_all_cores():
   y = Tensor(RNG.standard_normal(1 << 18).astype(np.float32)).realize()
   items = y.sum().schedule()
   assert len(items) == 2
-  part = get_runner("CPU", items[0].ast).prg
+  part = runner_of(items[0]).prg
   old, Device["CPU"].threads = Device["CPU"].threads, 8
   try: assert part.threads_for(()) > 1
   finally: Device["CPU"].threads = old

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import gguf
 from plugrad.dtype import dtypes
-from plugrad.engine.realize import GlobalCounters, get_runner
+from plugrad.engine.realize import GlobalCounters, runner_of
 from plugrad.nn.serialize import dequantize, gguf_load
 from plugrad.tensor import Tensor
 from storage_helpers import QTYPES, random_blocks
@@ -81,7 +81,7 @@ def test_q4k_gemv_fuses_and_reads_quantized_bytes(tmp_path):
   assert len(kernels) == 1 and [s.ast.op.name for s in sched].count("COPY") == 1
   ins = [b.dtype for b in kernels[0].bufs[1:]]
   assert dtypes.uint8 in ins and ins.count(dtypes.float32) == 1  # the quantized blocks and x; no float copy of the weights
-  spec = get_runner("CPU", kernels[0].ast).spec
+  spec = runner_of(kernels[0]).spec
   assert spec.mem_bytes < rows * cols * 4 // 2  # far less than a float32 weight matrix
   before = GlobalCounters["kernels"]
   got = y.numpy()

@@ -7,7 +7,8 @@ does. As built:
   merge ranges    reduce ranges every index reads as one contiguous run (a*nb + b) become one range (codegen/opt.py:
                   merge_reduce_ranges; loop targets, only when the heuristic chooses: explicit Opts name the caller's
                   ranges). A graph_rewrite per merged pair.
-  optimize        the heuristic's (codegen/heuristic.py, from `renderer.caps`) or the caller's Opts applied one by one
+  optimize        the caller's Opts (the scheduler's choice: schedule/optimize.py) or else the heuristic's
+                  (codegen/heuristic.py, from `renderer.caps`), applied one by one
                   (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt
                   splits and retypes ranges; UPCAST/SPLIT/UNROLL also expand their copies right there (substitutions
                   and graph_rewrites), so there is no separate expand pass. A step: choosing the Opts is not a rewrite.

@@ -2,7 +2,7 @@
 device, read only from the renderer's declared capability record (`Renderer.caps`, plugrad.runtime.renderer.Capabilities).
 
 `optimize` applies them (the "optimize" pass of codegen, NOOPT=1: none); `heuristic_opts` is the choice for a target
-without GPU launch dimensions, `choose_gpu_opts` for one with them (BEAM, engine/search.py, starts from either). What
+without GPU launch dimensions, `choose_gpu_opts` for one with them (BEAM, codegen/search.py, starts from either). What
 the choice reads off the kernel (ranges, strides, loops, row tiles) comes from codegen/facts.py; the rewrites that apply
 the chosen kinds live in codegen/opt.py (UPCAST, SPLIT, UNROLL, VECTOR, OUTER, BLOCK), codegen/gpuopt.py (LOCAL, GROUP,
 GROUPTOP, GROUPOUT, TC) and codegen/pack.py (PACK), registered in codegen/optops.py. This module imports neither opt.py
@@ -528,7 +528,7 @@ def conv_opts(ast: UOp, lanes: int, regs: int) -> list[Opt] | None:
 
 def optimize(ast: UOp, caps: Capabilities) -> UOp:
   """Apply the optimizations a target with capabilities `caps` asks for (see the module docstring). PACK is left out: it adds a kernel, which
-  the engine runs (codegen/pack.py); the kernel is correct without it."""
+  the scheduler splits off (schedule/optimize.py); the kernel is correct without it."""
   if getenv("NOOPT", False): return ast
   opts = [o for o in heuristic_opts(ast, caps) if o.kind != "PACK"]
   capture.annotate("opts", opts)  # VIZ=1: shown with the kernel

@@ -174,7 +174,7 @@ register(OptKind("UNROLL", _split, REDUCE, beam=lambda n: (n,)))
 register(OptKind("VECTOR", _vector, ANY_RANGE))
 register(OptKind("OUTER", _outer_loop, GLOBAL, device="cpu", beam=lambda n: (0,)))
 register(OptKind("BLOCK", _block, GLOBAL, device="cpu", beam=split_amounts))
-register(OptKind("PACK", None, GLOBAL, device="cpu", adds_kernel=True))  # BEAM proposes it on the unoptimized kernel (engine/search.py)
+register(OptKind("PACK", None, GLOBAL, device="cpu", adds_kernel=True))  # BEAM proposes it on the unoptimized kernel (codegen/search.py)
 
 
 def merge_reduce_ranges(ast: UOp) -> UOp:

@@ -17,8 +17,8 @@ R broadcasts of one k step read R consecutive floats instead of R rows a whole r
 range for B, the rows for A) and the panel width P.
 It is not an AST rewrite like the other opts (it adds a kernel and a buffer): `split_packs(ast, opts)` returns the
 main kernel reading the packed layout, the remaining opts, the packing kernels and how the main kernel's parameters map
-to the original buffers and the scratch buffers. The engine (engine/realize.py) runs the packing kernels before the
-main one (each kernel of the pair is an ordinary ExecItem, so TinyJit captures and replays both).
+to the original buffers and the scratch buffers. The scheduler (schedule/optimize.py) makes each packing kernel a
+schedule item of its own before the main one, its scratch an intermediate buffer like any other.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from plugrad.device import Buffer
 from plugrad.engine import realize
-from plugrad.engine.realize import CompiledRunner, ExecItem, buffer_for, exec_item, run_exec_items
+from plugrad.engine.realize import CompiledRunner, ExecItem, buffer_for, run_exec_items
 from plugrad.helpers import getenv
 from plugrad.schedule import kernelize
 from plugrad.schedule.kernelize import SCHEDULE_STATS, ScheduleItem, new_buffer
@@ -212,6 +212,7 @@ def targets_signature(targets: list[UOp]) -> tuple[int, tuple[UOp, ...]] | None:
 @dataclass
 class _PlanItem:
   ast: UOp
+  opts: tuple | None              # the optimizations the scheduler chose (the runner's key with device and ast)
   runner: CompiledRunner | None   # None: a COPY
   device: str                     # the device of slot 0 (the runner's key in the compiled-kernel cache)
   slots: tuple[tuple[bool, int], ...]  # per buffer slot: (True, output index) or (False, leaf index)
@@ -224,6 +225,7 @@ class Plan:
   entry: Any                      # that cache's entry (identity-checked on every use)
   items: list[_PlanItem]
   outs: list[tuple[str, int, Any]]  # per fresh output: (device, size, dtype)
+  internal: frozenset[int]         # the outputs no target views (a packing kernel's scratch): intermediates, as the scheduler marks them
   views: list[tuple[int, tuple[tuple[Ops, Any, Any], ...]]]  # per target: (output index, movement ops over it, bottom up)
   bind_leaves: tuple[int, ...]     # leaf indices of the BINDs (their values must agree per variable)
   allocators: dict[str, Any]       # per output device, its allocator
@@ -234,7 +236,7 @@ class Plan:
     if kernelize._SCHEDULE_CACHE.get(self.nsink) is not self.entry: return False
     runners = realize._RUNNERS
     for it in self.items:
-      if it.runner is not None and runners.get((it.device, it.ast)) is not it.runner: return False
+      if it.runner is not None and runners.get((it.device, it.ast, it.opts)) is not it.runner: return False
     return True
 
 
@@ -274,8 +276,8 @@ def _make(leaves: tuple[UOp, ...], targets: list[UOp], info: dict, items: list[S
       else: return None
     if any(v not in var_leaf for v in it_t.var_vals): return None
     dev, runner = buffer_for(it.bufs[0]).device, None
-    if it_t.ast.op is not Ops.COPY and (runner := realize._RUNNERS.get((dev, it_t.ast))) is None: return None
-    pitems.append(_PlanItem(it_t.ast, runner, dev, tuple(slots), tuple((v.arg[0], var_leaf[v]) for v in it_t.var_vals)))
+    if it_t.ast.op is not Ops.COPY and (runner := realize._RUNNERS.get((dev, it_t.ast, it_t.opts))) is None: return None
+    pitems.append(_PlanItem(it_t.ast, it_t.opts, runner, dev, tuple(slots), tuple((v.arg[0], var_leaf[v]) for v in it_t.var_vals)))
   views = []
   for n in tnodes:
     v, chain = becomes_t[n], []
@@ -286,10 +288,9 @@ def _make(leaves: tuple[UOp, ...], targets: list[UOp], info: dict, items: list[S
     views.append((outs[v], tuple(reversed(chain))))
   allocators = {dev: buffer_for(it.bufs[0]).allocator for it in items for dev in (buffer_for(it.bufs[0]).device,)}
   if any(d not in allocators for d, _, _ in out_specs): return None
-  direct = all(r is not None and not r.spec.vars and r.spec.local_size is None and
-               all(pk.runner.slots is None and not pk.runner.spec.vars and pk.runner.spec.local_size is None for pk in r.packs)
-               for r in (it.runner for it in pitems))
-  return Plan(nsink, entry, pitems, out_specs, views, tuple(i for i, x in enumerate(leaves) if x.op is Ops.BIND), allocators,
+  direct = all(r is not None and not r.spec.vars and r.spec.local_size is None for r in (it.runner for it in pitems))
+  internal = frozenset(range(len(out_specs))) - {oi for oi, _ in views}
+  return Plan(nsink, entry, pitems, out_specs, internal, views, tuple(i for i, x in enumerate(leaves) if x.op is Ops.BIND), allocators,
               direct, [None] * len(out_specs))
 
 
@@ -335,6 +336,7 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
     u = new_buffer(dev, size, dt)
     if size * dt.itemsize <= REUSE_MAX_BYTES: last[k] = u
     b = Buffer(dev, size, dt)
+    if k in p.internal: b.internal = True   # (TinyJit's memory planner may place it in its arena: no tensor sees it)
     b.__dict__["_allocator"] = p.allocators[dev]  # (what Buffer.allocator would look up in the device registry)
     u._cached()["buffer"] = b  # (realize.set_buffer, without its checks: the plan made these to match)
     out_uops.append(u); out_bufs.append(b.allocate())
@@ -345,22 +347,17 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   direct = p.direct and not debug and not realize.CAPTURING and not capture.PROFILE  # no hook wants ExecItems
   eis: list[ExecItem] = []
   for it in p.items:
-    if direct:  # (what ExecItem.run does for loop-mapped kernels without variables: packing kernels first, codegen/pack.py)
+    if direct:  # (what ExecItem.run does for loop-mapped kernels without variables)
       raw = []  # the allocator handles: a leaf's Buffer read from its uop's cache (buffer_for), allocated if it isn't
       for is_out, i in it.slots:
         if is_out: raw.append(out_bufs[i]._buf)
         elif (c := leaves[i]._cache) is not None and (b := c.get("buffer")) is not None and (h := b._buf) is not None: raw.append(h)
         else: raw.append(buffer_for(leaves[i]).ensure_allocated()._buf)
-      if (r := it.runner).slots is None:
-        realize.GlobalCounters["kernels"] += 1
-        r.prg.launch(*raw)
-        continue
-      for pk in r.packs: pk.runner.prg.launch(pk.scratch.ensure_allocated()._buf, *[raw[j] for j in pk.srcs])
-      realize.GlobalCounters["kernels"] += 1 + len(r.packs)
-      r.prg.launch(*[raw[j] if j >= 0 else r.packs[-1 - j].scratch._buf for j in r.slots])
+      realize.GlobalCounters["kernels"] += 1
+      it.runner.prg.launch(*raw)
     else:
       bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
-      eis.append(exec_item(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
+      eis.append(ExecItem(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
   if eis: run_exec_items(eis, debug)
   ret = []
   for oi, chain in p.views:

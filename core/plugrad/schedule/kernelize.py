@@ -11,12 +11,13 @@ log_softmax): one workgroup per row reduces and writes it (`_row_kernel`); and, 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.errors import TensorError
 from plugrad.schedule.indexing import TRUE, KernelContext, pm_index, same_size
+from plugrad.schedule.item import ScheduleItem
+from plugrad.schedule.optimize import optimize_items
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
 from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map, pm_substitute
@@ -120,14 +121,6 @@ def _row_kernel(expand: UOp, red: UOp, users: dict[UOp, list[UOp]], realize: set
 def _storage_error(device: str, what: str) -> RuntimeError:
   return RuntimeError(f"{device} is a storage device and can't {what}; it only copies contiguous byte ranges. "
                       f"Move the data to a compute device first, e.g. t.to('CPU'), and compute there")
-
-
-@dataclass
-class ScheduleItem:
-  """One step: a kernel (`ast` is a SINK) or a COPY (`ast` is the COPY node) over `bufs` (BUFFER uops, output first)."""
-  ast: UOp
-  bufs: list[UOp]
-  var_vals: dict[UOp, int] = field(default_factory=dict)
 
 
 def _storage_assign_source(n: UOp) -> UOp | None:
@@ -342,8 +335,9 @@ def _placeholder(kind: str, i: int, size: int, device: str, dtype) -> UOp:
   return UOp(Ops.PARAM, dtype, arg=(kind, i, size, device))
 
 
-def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-  """Schedule a graph whose buffers are PARAM placeholders; outputs get ("out", j) placeholders."""
+def _schedule_normalized(sink: UOp, optimize: bool = True) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+  """Schedule a graph whose buffers are PARAM placeholders; outputs get ("out", j) placeholders. The last pass
+  (`optimize`) chooses each kernel's optimizations and splits off packing kernels (schedule/optimize.py)."""
   targets = list(sink.src)
   nodes = list(sink.toposort(gate=lambda u: not is_buffer_view(u)))
   realize = _must_realize(nodes, targets)
@@ -397,7 +391,7 @@ def _schedule_normalized(sink: UOp) -> tuple[list[ScheduleItem], dict[UOp, UOp]]
       becomes[n] = view_as(out, n.shape)
     _check_one_device(src, ctx.bufs)
     items.append(ScheduleItem(ast, list(ctx.bufs), {v: -1 for v in ast.toposort() if v.op is Ops.DEFINE_VAR}))
-  return items, becomes
+  return (optimize_items(items, new_out) if optimize else items), becomes
 
 
 def _check_one_device(node: UOp, bufs: list[UOp]) -> None:
@@ -469,23 +463,27 @@ def forget_schedules(keys: set[UOp]) -> None:
 SCHEDULE_STATS = {"hits": 0, "misses": 0}
 
 
-def create_schedule(targets: list[UOp], keep: set[UOp] | None = None, info: dict | None = None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def create_schedule(targets: list[UOp], keep: set[UOp] | None = None, info: dict | None = None,
+                    optimize: bool = True) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   """Kernels (in run order) that realize `targets`, and the map from each realized node to its buffer view.
   Schedules are cached by the structure of the graph (buffers and bound values abstracted), so running the same
   program on new data skips scheduling and codegen. Intermediate buffers not in `keep` (or targets) may share memory.
   `info`, when given, receives the normalization ("nsink": the cache key, "mapping": node -> normalized node, "norm")
-  from which engine/plan.py builds its realize plans."""
+  from which engine/plan.py builds its realize plans. `optimize=False`: the kernels as built, without the last pass
+  (schedule/optimize.py: each kernel's optimizations and the packing kernels they add), for inspection; not cached."""
   with capture.group("schedule", lambda: f"schedule {', '.join(str(t.shape) for t in targets[:3])}{' ...' if len(targets) > 3 else ''}"):
-    return _create_schedule(targets, keep, info)
+    return _create_schedule(targets, keep, info, optimize)
 
 
-def _create_schedule(targets: list[UOp], keep: set[UOp] | None, info: dict | None = None) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def _create_schedule(targets: list[UOp], keep: set[UOp] | None, info: dict | None = None,
+                     optimize: bool = True) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
   norm = _Normalize()
   mapping = graph_rewrite_map(UOp.sink_of(*targets), pm_unbind_args, ctx=norm, bpm=pm_normalize, walk=True, name="normalize")
   nsink = mapping[UOp.sink_of(*targets)]
   if info is not None: info.update(nsink=nsink, mapping=mapping, norm=norm)
   if SCHEDULES_USED: SCHEDULES_USED[-1].add(nsink)
-  if (cached := _SCHEDULE_CACHE.get(nsink)) is None:
+  if not optimize: cached = _schedule_normalized(nsink, optimize=False)
+  elif (cached := _SCHEDULE_CACHE.get(nsink)) is None:
     cached = _SCHEDULE_CACHE[nsink] = _schedule_normalized(nsink)
     SCHEDULE_STATS["misses"] += 1
     if getenv("DEBUG", 0) >= 1: print(f"schedule cache miss: {len(cached[0])} items")
@@ -498,7 +496,7 @@ def _create_schedule(targets: list[UOp], keep: set[UOp] | None, info: dict | Non
   def real(p: UOp) -> UOp: return norm.inputs[p.arg[1]] if p.arg[0] == "in" else outs[p]
   sub_map = {p: real(p) for it in items_t for b in it.bufs for p in b.toposort() if p.op is Ops.PARAM}
   items = [ScheduleItem(it.ast, [sub_map[b] if b.op is Ops.PARAM else b.substitute(sub_map) for b in it.bufs],
-                        {v: norm.var_vals[v] for v in it.var_vals}) for it in items_t]
+                        {v: norm.var_vals[v] for v in it.var_vals}, it.opts) for it in items_t]
   rebind = {**sub_map, **{v: v.bind(val) for v, val in norm.var_vals.items()}}  # realized views keep their bound sizes
   becomes = {n: graph_rewrite(becomes_t[m], pm_rebind_args, ctx=rebind, bpm=pm_substitute, walk=True, name="rebind")
              for n, m in mapping.items() if m in becomes_t}

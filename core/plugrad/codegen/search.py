@@ -1,6 +1,7 @@
-"""BEAM search: pick a kernel's optimizations by timing candidates on the device, and remember the winner on disk.
+"""The optimizations a kernel runs with (`kernel_opts`, asked by the scheduler once per kernel): BEAM's, else the heuristic's.
 
-With `BEAM=n` (n >= 1) the engine asks `beam_opts(ast, device)` for each new kernel. Starting from no optimization
+BEAM search picks a kernel's optimizations by timing candidates on the device and remembers the winner on disk.
+With `BEAM=n` (n >= 1) `beam_opts(ast, device)` searches for each new kernel. Starting from no optimization
 and from the heuristic's choice, each round extends every kept candidate by one optimization (UPCAST/UNROLL/SPLIT on
 any renderer, LOCAL/GROUP/GROUPTOP on GPU renderers, OUTER/BLOCK/PACK on CPU ones: each registered kind's BEAM rule in
 codegen/optops.py), compiles and times them
@@ -21,6 +22,7 @@ import time
 from plugrad.codegen import apply_opts, get_program
 from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.facts import ranges_of
+from plugrad.codegen.opt import merge_reduce_ranges
 from plugrad.codegen.heuristic import choose_gpu_opts, heuristic_opts
 from plugrad.codegen.optops import Opt, beam_actions
 from plugrad.codegen.pack import pack_candidate, split_packs
@@ -129,3 +131,19 @@ def beam_opts(ast: UOp, device: str) -> list[Opt] | None:
   tmp.replace(path)
   if getenv("DEBUG", 0) >= 1: print(f"BEAM={width}: {opts} in {time.perf_counter() - st:.2f} s")
   return opts
+
+
+def kernel_opts(ast: UOp, device: str) -> tuple[UOp, tuple[Opt, ...] | None]:
+  """The kernel to compile for `ast` on `device` and its optimizations, chosen once per schedule: BEAM's (searched, or
+  cached on disk); else, on renderers without launch dimensions, the heuristic's on the kernel with its contiguous
+  reduce ranges merged (the `merge ranges` pass, which explicit opts skip; memoized on the AST per device and
+  capability record); else None (the codegen pipeline's own choice: the GPU heuristic, or NOOPT). A PACK among them
+  adds kernels, which the scheduler splits off (codegen/pack.py's `split_packs`)."""
+  if (beam := beam_opts(ast, device)) is not None: return ast, tuple(beam)
+  caps = Device[device].renderer.caps
+  if uses_gpudims(caps) or getenv("NOOPT", 0): return ast, None
+  memo = ast._cached()
+  if (hit := memo.get(key := ("kernel_opts", device, caps))) is None:
+    merged = merge_reduce_ranges(ast)
+    hit = memo[key] = (merged, tuple(heuristic_opts(merged, caps)))
+  return hit

@@ -1,0 +1,45 @@
+"""The scheduler's last pass: every kernel's optimizations chosen once, and operand packing split into kernels of its own.
+
+For each kernel item, codegen/search.py's `kernel_opts` gives the kernel to compile and its optimizations (BEAM's, or
+the CPU heuristic's; None on GPU renderers, whose pipeline chooses). The item carries them (`ScheduleItem.opts`), so
+codegen applies them without choosing again. A PACK among them (codegen/pack.py) becomes what it is, more kernels: each
+packing kernel is an item of its own writing a scratch buffer, an intermediate like any other (the schedule's and
+TinyJit's memory planners place it), and the main kernel reads it. The engine runs the items in order and knows
+nothing of packing.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from plugrad.codegen.pack import split_packs
+from plugrad.codegen.search import kernel_opts
+from plugrad.dtype import DType
+from plugrad.schedule.item import ScheduleItem
+from plugrad.uop.ops import Ops, UOp
+
+
+def _device(it: ScheduleItem) -> str:
+  """The device of a normalized item (its output's PARAM placeholder: ("out"|"in", i, size, device))."""
+  return next(p.arg[3] for p in it.bufs[0].toposort() if p.op is Ops.PARAM)
+
+
+def optimize_items(items: list[ScheduleItem], new_out: Callable[[str, int, DType], UOp]) -> list[ScheduleItem]:
+  """`items` with each kernel's optimizations chosen and its packing kernels split off (see the module docstring);
+  `new_out(device, size, dtype)` makes the placeholder of a fresh intermediate buffer (the packed operand)."""
+  out: list[ScheduleItem] = []
+  for it in items:
+    if it.ast.op is not Ops.SINK:
+      out.append(it)
+      continue
+    dev = _device(it)
+    ast, opts = kernel_opts(it.ast, dev)
+    if opts is None or not any(o.kind == "PACK" for o in opts):
+      out.append(ScheduleItem(ast, it.bufs, it.var_vals, opts))
+      continue
+    plan = split_packs(ast, list(opts))
+    scratch = [new_out(dev, pk.size, pk.dtype) for pk in plan.packs]
+    for pk, buf in zip(plan.packs, scratch):
+      pk_ast, pk_opts = kernel_opts(pk.ast, dev)
+      out.append(ScheduleItem(pk_ast, [buf, *[it.bufs[s] for s in pk.srcs]], {}, pk_opts))
+    out.append(ScheduleItem(plan.ast, [it.bufs[s] if s >= 0 else scratch[-1 - s] for s in plan.slots], it.var_vals, tuple(plan.opts)))
+  return out

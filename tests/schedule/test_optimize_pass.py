@@ -1,0 +1,72 @@
+"""The scheduler's last pass (schedule/optimize.py): each kernel's optimizations chosen once, carried by its item, and
+operand packing made kernels of their own whose scratch is an intermediate like any other."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrad import Tensor, TinyJit
+from plugrad.codegen import heuristic, search
+from plugrad.device import Device
+from plugrad.engine import realize
+from plugrad.uop.ops import Ops
+
+RNG = np.random.default_rng(3)
+
+
+def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+@pytest.fixture
+def heuristic_calls(monkeypatch) -> list:
+  """Every call of the CPU heuristic, wherever a module imported it from (the ASTs it was asked about)."""
+  calls: list = []
+  real = heuristic.heuristic_opts
+  def spy(ast, caps):
+    calls.append(ast)
+    return real(ast, caps)
+  for mod in (heuristic, search, realize):
+    if hasattr(mod, "heuristic_opts"): monkeypatch.setattr(mod, "heuristic_opts", spy)
+  return calls
+
+
+def test_the_heuristic_runs_once_per_kernel(heuristic_calls: list):
+  """Regression: the engine ran the heuristic on every CPU kernel to see whether it packs, then the codegen pipeline
+  ran it again to optimize the kernel (twice per kernel; a packing kernel too). Now the scheduler chooses once and
+  the pipeline applies what the item carries."""
+  if not Device["CPU"].renderer.caps.vector_lanes: pytest.skip("the CPU renderer has no vector lanes here")
+  a, b = rand(72, 40), rand(40, 264)          # shapes no other test uses: nothing cached
+  ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
+  np.testing.assert_allclose(((ta @ tb + 1).relu()).numpy(), np.maximum(a @ b + 1, 0), rtol=1e-5, atol=1e-4)
+  assert len(heuristic_calls) == 2   # the packing kernel and the matmul, once each (3 before: the pack twice)
+  np.testing.assert_allclose(((ta @ tb + 1).relu()).numpy(), np.maximum(a @ b + 1, 0), rtol=1e-5, atol=1e-4)
+  kernels = [it for it in (ta @ tb + 1).relu().schedule() if it.ast.op is Ops.SINK]
+  assert len(heuristic_calls) == 2   # a second realize and a schedule of the same structure chose nothing again
+  assert len(kernels) == 2 and all(it.opts is not None for it in kernels)
+
+
+def test_packing_kernels_are_schedule_items_with_an_intermediate_scratch():
+  """The packing kernel writes a scratch buffer only the matmul reads: an internal intermediate of the schedule
+  (no tensor sees it), listed by Tensor.schedule(); optimize=False gives the one kernel as the scheduler built it."""
+  if not Device["CPU"].renderer.caps.vector_lanes: pytest.skip("the CPU renderer has no vector lanes here")
+  ta, tb = Tensor(rand(64, 56), device="CPU").realize(), Tensor(rand(56, 320), device="CPU").realize()
+  pack, main = (ta @ tb).schedule()
+  assert pack.bufs[0] in main.bufs[1:] and realize.buffer_for(pack.bufs[0]).internal
+  assert not any(o.kind == "PACK" for o in main.opts) and main.opts
+  (one,) = (ta @ tb).schedule(optimize=False)
+  assert one.opts is None and set(one.bufs[1:]) == {main.bufs[1], pack.bufs[1]}
+
+
+def test_jitted_pack_scratch_lives_in_the_arena():
+  """Under TinyJit the scratch is placed in the capture's arena like every intermediate (before, the engine held a
+  pool of its own per device, outside the arena)."""
+  if not Device["CPU"].renderer.caps.vector_lanes: pytest.skip("the CPU renderer has no vector lanes here")
+  w = Tensor(rand(56, 320), device="CPU").realize()
+  @TinyJit
+  def f(x: Tensor) -> Tensor: return (x @ w).realize()
+  for _ in range(3):
+    a = rand(64, 56)
+    np.testing.assert_allclose(f(Tensor(a, device="CPU")).numpy(), a @ w.numpy(), rtol=1e-5, atol=1e-4)
+  (base,) = f.arena.bases.values()
+  pack = f.captured[0]
+  assert len(f.captured) == 2 and pack.bufs[0].base is base and base.nbytes >= 56 * 320 * 4
