@@ -86,6 +86,7 @@ def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   touched of it (CPU buffers are numpy arrays, whose pages mincore reports: the KV cache is a zeroed mapping, resident
   only where tokens were written)."""
   from plugrad.apps.llm.__main__ import weight_bytes
+  from plugrad.device import Device
   from plugrad.engine import realize
   from plugrad.schedule.kernelize import buffer_of
   w = weight_bytes(ours.llm.model, embedding=True)
@@ -94,10 +95,13 @@ def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   kvb = [realize.buffer_for(buffer_of(c.uop)) for layer in ours.llm.model.layers for c in (layer.cache_k, layer.cache_v)]
   parts = (("kv", kvb), ("arena", arena), ("scores", scores))
   res = {k: sum(resident_bytes(b._buf.ctypes.data, b.nbytes) for b in bs) for k, bs in parts}
+  lru = Device[Device.DEFAULT].allocator
+  res["lru"] = getattr(lru, "cached_bytes", 0)   # freed buffers the allocator keeps for reuse
   rest = ours.rss * 1e6 - w - sum(res.values())
   print(f"resident memory, MB (touched of reserved): weights {w / 1e6:.1f} (file {fsize / 1e6:.1f}), KV cache {res['kv'] / 1e6:.1f} of "
         f"{kv / 1e6:.1f}, JIT arena {res['arena'] / 1e6:.1f} of {sum(b.nbytes for b in arena) / 1e6:.1f}, attention scores "
-        f"{res['scores'] / 1e6:.1f} of {sum(b.nbytes for b in scores) / 1e6:.1f}, the rest {rest / 1e6:.1f} (Python objects, "
+        f"{res['scores'] / 1e6:.1f} of {sum(b.nbytes for b in scores) / 1e6:.1f}, freed buffers cached {res['lru'] / 1e6:.1f}, "
+        f"the rest {rest / 1e6:.1f} (Python objects, "
         "programs, small buffers, heap)")
 
 

@@ -145,5 +145,6 @@ def kernel_opts(ast: UOp, device: str) -> tuple[UOp, tuple[Opt, ...] | None]:
   memo = ast._cached()
   if (hit := memo.get(key := ("kernel_opts", device, caps))) is None:
     merged = merge_reduce_ranges(ast)
-    hit = memo[key] = (merged, tuple(heuristic_opts(merged, caps)))
-  return hit
+    # (the AST itself is remembered as None: a reference from its own cache would be a cycle only a collection frees)
+    hit = memo[key] = (None if merged is ast else merged, tuple(heuristic_opts(merged, caps)))
+  return (ast if hit[0] is None else hit[0]), hit[1]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import gc
 import numbers
 import warnings
 from collections import OrderedDict
@@ -184,7 +185,8 @@ class _Capture:
     for i, (now, was) in enumerate(zip(sig, self.signature)):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     st = capture.now() if capture.PROFILE else 0
-    if not self.compacted:   # the hash-cons table shrinks after the capture's peak
+    if not self.compacted:   # the hash-cons table shrinks after the capture's peak, once the graphs it built are freed
+      gc.collect()           # (tensor graphs hold reference cycles: without a collection, when they die is up to chance)
       ucache_compact()
       self.compacted = True
     bufs = _input_buffers(inputs)

@@ -61,27 +61,36 @@ class Layout:
 
 def plan_capture(items: list[Step], keep: set[int]) -> tuple[Layout, list[Buffer]]:
   """The layout of `items`' internal buffers (bases not in `keep`, ids of buffers that must stay as they are) on
-  devices that can give offset views, and the base buffers it replaces."""
-  spans: dict[int, list] = {}   # id(base) -> [base, first, last]
+  devices that can give offset views, and the base buffers it replaces. A base is placed per *value*: an item that
+  writes the whole base (its output, not read by the same item) starts a new span, since the scheduler hands one
+  intermediate's memory to the next once its last reader ran (one buffer serving every layer of a model would
+  otherwise be one span over the whole capture, alive beside everything)."""
+  spans: list[list] = []        # [base, first item, last item]
+  current: dict[int, int] = {}  # id(base) -> its current span
+  of_slot: dict[tuple[int, int], int] = {}
   offsets_ok: dict[str, bool] = {}
   for i, it in enumerate(items):
-    for b in it.bufs:
+    for j, b in enumerate(it.bufs):
       base = b.base
       if not base.internal or id(base) in keep: continue
       if (ok := offsets_ok.get(base.device)) is None: ok = offsets_ok[base.device] = Device[base.device].allocator.supports_offset
       if not ok: continue
-      if (s := spans.get(id(base))) is None: spans[id(base)] = [base, i, i]
-      else: s[2] = i
-  by_dev: dict[str, list] = {}
-  for s in spans.values(): by_dev.setdefault(s[0].device, []).append(s)
-  at: dict[int, int] = {}   # id(base) -> byte offset in its device's arena
+      fresh = j == 0 and b is base and not any(x.base is base for x in it.bufs[1:])
+      if (k := current.get(id(base))) is None or fresh:
+        k = current[id(base)] = len(spans)
+        spans.append([base, i, i])
+      else: spans[k][2] = i
+      of_slot[(i, j)] = k
+  by_dev: dict[str, list[int]] = {}
+  for k, s in enumerate(spans): by_dev.setdefault(s[0].device, []).append(k)
+  at: dict[int, int] = {}   # span -> byte offset in its device's arena
   need: dict[str, int] = {}
-  for dev, ss in by_dev.items():
-    offs, need[dev] = place([(s[0].nbytes, s[1], s[2]) for s in ss])
-    at.update((id(s[0]), o) for s, o in zip(ss, offs))
-  slots = {(i, j): (b.device, at[id(b.base)] + b.offset, b.size, b.dtype)
-           for i, it in enumerate(items) for j, b in enumerate(it.bufs) if id(b.base) in at}
-  return Layout(slots, need), [s[0] for s in spans.values()]
+  for dev, ks in by_dev.items():
+    offs, need[dev] = place([(spans[k][0].nbytes, spans[k][1], spans[k][2]) for k in ks])
+    at.update(zip(ks, offs))
+  slots = {(i, j): (b.device, at[of_slot[(i, j)]] + b.offset, b.size, b.dtype)
+           for i, it in enumerate(items) for j, b in enumerate(it.bufs) if (i, j) in of_slot}
+  return Layout(slots, need), list({id(s[0]): s[0] for s in spans}.values())
 
 
 class JitArena:
