@@ -121,6 +121,28 @@ def test_cpu_threads_env_validated(monkeypatch: pytest.MonkeyPatch):
   assert CPUDevice("CPU").threads == 3
 
 
+def test_spin_env(monkeypatch: pytest.MonkeyPatch):
+  """CPU_SPIN_US: how long workers spin after a job (default 1 ms); a pool loaded under it runs with it (negative:
+  refused by the device, clamped to 0 by the library)."""
+  from plugrad.device import Device
+  from plugrad_cpu import device as cpu_device
+  from plugrad_cpu.device import spin_us
+  monkeypatch.delenv("CPU_SPIN_US", raising=False)
+  assert spin_us() == 1000
+  monkeypatch.setenv("CPU_SPIN_US", "-1")
+  with pytest.raises(ValueError, match="CPU_SPIN_US must be >= 0"): spin_us()
+  monkeypatch.setenv("CPU_SPIN_US", "250")
+  monkeypatch.setattr(cpu_device, "_POOLS", {})   # load the (process-wide) pool library again: it reads the setting
+  lib = Device["CPU"]._pool_lib()
+  try:
+    assert lib.plugrad_pool_spin_ns() == 250_000
+    lib.plugrad_pool_set_spin_ns(-5)
+    assert lib.plugrad_pool_spin_ns() == 0
+  finally:
+    monkeypatch.undo()
+    lib.plugrad_pool_set_spin_ns(spin_us() * 1000)
+
+
 SUB = np.array([1e-38, 3e-39, -2e-39, 2e-38, 1.0], np.float32)   # float32's smallest normal is 1.18e-38
 
 

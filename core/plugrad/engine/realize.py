@@ -1,4 +1,5 @@
-"""Run a schedule: allocate buffers, compile kernels (cached per device and AST), launch them, copy between devices.
+"""Run a schedule: allocate buffers, compile kernels (cached per device, AST and the Opts the scheduler chose), launch them,
+copy between devices.
 
 BUFFER uops map to device Buffers through `BUFFERS` (weakly: a Buffer lives as long as its uop is referenced).
 DEBUG=1 prints each schedule's kernel count and time; DEBUG=2 each kernel with its time, GFLOPS and GB/s;

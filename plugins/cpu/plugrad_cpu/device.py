@@ -35,6 +35,15 @@ from plugrad_cpu.pool import POOL_SRC
 
 MIN_WORK_PER_THREAD = 1 << 16  # estimated ops (loads, stores, ALU) one extra core must get to be worth waking
 
+def spin_us() -> int:
+  """How long the pool's workers spin after a job before they sleep (`CPU_SPIN_US`, microseconds; default 1000). A
+  sleeping worker's wake-up cost ~1 ms on the 2-core VMs measured: with a 100 us spin, 512x512 matmuls realized back
+  to back after an idle moment took a median 2.8 ms (their packing kernel runs on one core for longer than the spin),
+  with 0.5-1 ms 1.35-1.55 (numpy 1.4); a step's kernels run back to back and never wait either way."""
+  if (us := getenv("CPU_SPIN_US", 1000)) < 0: raise ValueError(f"CPU_SPIN_US must be >= 0 microseconds, got {us}")
+  return us
+
+
 class CPUAllocator(LRUAllocator):
   """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices). A zeroed
   buffer is an anonymous private mapping of its own: its pages read as zero and take no memory until written (a KV
@@ -569,6 +578,9 @@ class CPUDevice(Compiled):
       lib.plugrad_batch_run.restype, lib.plugrad_batch_run.argtypes = None, [p, ctypes.c_int, p, ctypes.c_int, ctypes.c_longlong, p]
       lib.plugrad_pool_set_ftz.restype, lib.plugrad_pool_set_ftz.argtypes = None, [ctypes.c_int]
       lib.plugrad_pool_set_ftz(int(_FTZ[0]))
+      lib.plugrad_pool_set_spin_ns.restype, lib.plugrad_pool_set_spin_ns.argtypes = None, [ctypes.c_longlong]
+      lib.plugrad_pool_spin_ns.restype, lib.plugrad_pool_spin_ns.argtypes = ctypes.c_longlong, []
+      lib.plugrad_pool_set_spin_ns(spin_us() * 1000)
       _POOLS[self.compiler.cachekey] = lib
     return lib
 

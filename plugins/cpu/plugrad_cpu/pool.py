@@ -4,8 +4,9 @@ A threaded kernel has the uniform entry `void name(void **bufs, const int *vals,
 core `core_id` runs its share of the outermost global loop, and `long long name_work(const int *vals, long long
 *split)` returning the estimated work (ops) and the outer loop's trip count. `plugrad_pool_launch` picks the core
 count from these (one core when the work is small), wakes that many persistent workers, runs share 0 on the
-calling thread and waits for the rest. Workers spin briefly after a job (cheap back-to-back launches), then sleep
-on a condition variable. One launch at a time (a mutex); after fork() the child starts with no workers.
+calling thread and waits for the rest. Workers spin after a job (`CPU_SPIN_US`, default 1 ms: back-to-back launches
+with a short single-core kernel or some Python between them find them awake), then sleep on a condition variable.
+One launch at a time (a mutex); after fork() the child starts with no workers.
 `plugrad_pool_set_ftz(1)` makes every kernel run with float32 subnormals flushed to zero (x86 MXCSR FTZ|DAZ, arm64
 FPCR.FZ), each thread's own mode restored after the kernel, so code outside the kernels (numpy) is unaffected.
 `plugrad_batch_run` runs an array of such kernels in order (a TinyJit replay without a Python call per kernel), and
@@ -108,7 +109,8 @@ static int start_workers(int want) {
   return nworkers;
 }
 
-void plugrad_pool_set_spin_ns(long long ns) { spin_ns = ns; }
+void plugrad_pool_set_spin_ns(long long ns) { spin_ns = ns < 0 ? 0 : ns; }
+long long plugrad_pool_spin_ns(void) { return spin_ns; }
 
 static long long threads_for(long long w, long long split, int max_threads, long long min_work) {
   long long n = min_work > 0 ? w / min_work : max_threads;
