@@ -38,7 +38,8 @@ MIN_WORK_PER_THREAD = 1 << 16  # estimated ops (loads, stores, ALU) one extra co
 def spin_us() -> int:
   """How long the pool's workers spin after a job before they sleep (`CPU_SPIN_US`, microseconds; default 1000). A
   sleeping worker's wake-up cost ~1 ms on the 2-core VMs measured: with a 100 us spin, 512x512 matmuls realized back
-  to back after an idle moment took a median 2.8 ms (the worker was often asleep at a launch), with 0.5-1 ms
+  to back after an idle moment took a median 2.8 ms (the 80-160 us of Python between two realizes outlasted the spin,
+  and the worker was asleep at the next launch), with 0.5-1 ms
   1.35-1.55 (numpy 1.4); a TinyJit step's kernels run back to back and never wait either way."""
   if (us := getenv("CPU_SPIN_US", 1000)) < 0: raise ValueError(f"CPU_SPIN_US must be >= 0 microseconds, got {us}")
   return us
