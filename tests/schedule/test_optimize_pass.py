@@ -70,3 +70,23 @@ def test_jitted_pack_scratch_lives_in_the_arena():
   (base,) = f.arena.bases.values()
   pack = f.captured[0]
   assert len(f.captured) == 2 and pack.bufs[0].base is base and base.nbytes >= 56 * 320 * 4
+
+
+def test_the_beam_cache_is_looked_up_once_per_kernel(monkeypatch):
+  """The BEAM disk-cache lookup hashes the whole kernel AST (~50 us a kernel): a kernel's choice is remembered on its
+  AST (per device, capability record and BEAM settings), so scheduling it again, in another graph or after the
+  schedule cache was cleared, doesn't look it up again; a changed setting (BEAM_REUSE=0 here) does."""
+  from plugrad.schedule import kernelize
+  calls: list = []
+  real = search.beam_opts
+  monkeypatch.setattr(search, "beam_opts", lambda ast, device: calls.append(ast) or real(ast, device))
+  x = Tensor(rand(24, 40), device="CPU").realize()
+  (x * 3 + 1).exp().schedule()
+  assert len(calls) == 1
+  monkeypatch.setattr(kernelize, "_SCHEDULE_CACHE", {})
+  (x * 3 + 1).exp().schedule()
+  assert len(calls) == 1
+  monkeypatch.setenv("BEAM_REUSE", "0")
+  kernelize._SCHEDULE_CACHE.clear()
+  (x * 3 + 1).exp().schedule()
+  assert len(calls) == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 
 from plugrad.codegen import apply_opts, get_program
@@ -129,22 +130,31 @@ def beam_opts(ast: UOp, device: str) -> list[Opt] | None:
   tmp = path.with_suffix(".tmp")
   tmp.write_text(json.dumps([[o.kind, o.rid, o.amount, list(o.arg)] for o in opts]))
   tmp.replace(path)
+  _BEAM_WRITES[0] += 1
   if getenv("DEBUG", 0) >= 1: print(f"BEAM={width}: {opts} in {time.perf_counter() - st:.2f} s")
   return opts
+
+
+_BEAM_WRITES = [0]   # bumped whenever a search stores a winner: lookups remembered before it may be stale
 
 
 def kernel_opts(ast: UOp, device: str) -> tuple[UOp, tuple[Opt, ...] | None]:
   """The kernel to compile for `ast` on `device` and its optimizations, chosen once per schedule: BEAM's (searched, or
   cached on disk); else, on renderers without launch dimensions, the heuristic's on the kernel with its contiguous
-  reduce ranges merged (the `merge ranges` pass, which explicit opts skip; memoized on the AST per device and
-  capability record); else None (the codegen pipeline's own choice: the GPU heuristic, or NOOPT). A PACK among them
-  adds kernels, which the scheduler splits off (codegen/pack.py's `split_packs`)."""
-  if (beam := beam_opts(ast, device)) is not None: return ast, tuple(beam)
+  reduce ranges merged (the `merge ranges` pass, which explicit opts skip); else None (the codegen pipeline's own
+  choice: the GPU heuristic, or NOOPT). A PACK among them adds kernels, which the scheduler splits off (codegen/pack.py's
+  `split_packs`). Remembered on the AST per device, capability record and the settings that decide it (a disk cache
+  lookup hashes the whole AST: ~50 us a kernel, paid once, not per schedule)."""
   caps = Device[device].renderer.caps
-  if uses_gpudims(caps) or getenv("NOOPT", 0): return ast, None
+  key = ("kernel_opts", device, caps, getenv("BEAM", 0), getenv("BEAM_REUSE", 1), getenv("NOOPT", 0), os.environ.get("PLUGRAD_CACHE_DIR"),
+         _BEAM_WRITES[0])
   memo = ast._cached()
-  if (hit := memo.get(key := ("kernel_opts", device, caps))) is None:
-    merged = merge_reduce_ranges(ast)
-    # (the AST itself is remembered as None: a reference from its own cache would be a cycle only a collection frees)
-    hit = memo[key] = (None if merged is ast else merged, tuple(heuristic_opts(merged, caps)))
+  if (hit := memo.get(key)) is None:
+    if (beam := beam_opts(ast, device)) is not None: hit = (None, tuple(beam))
+    elif uses_gpudims(caps) or getenv("NOOPT", 0): hit = (None, None)
+    else:
+      merged = merge_reduce_ranges(ast)
+      # (the AST itself is remembered as None: a reference from its own cache would be a cycle only a collection frees)
+      hit = (None if merged is ast else merged, tuple(heuristic_opts(merged, caps)))
+    memo[key] = hit
   return (ast if hit[0] is None else hit[0]), hit[1]
