@@ -114,6 +114,9 @@ def beam_search(ast: UOp, device: str, width: int) -> list[Opt]:
   return list(best[1])
 
 
+_BEAM_WRITES = [0]   # bumped whenever a search stores a winner: lookups remembered before it may be stale
+
+
 def beam_opts(ast: UOp, device: str) -> list[Opt] | None:
   """The searched optimizations for `ast` on `device`: searched when BEAM is set and none are cached; what an earlier
   search found is reused from the disk cache without BEAM too (BEAM_REUSE=0: only with BEAM). None: use the heuristic."""
@@ -133,9 +136,6 @@ def beam_opts(ast: UOp, device: str) -> list[Opt] | None:
   _BEAM_WRITES[0] += 1
   if getenv("DEBUG", 0) >= 1: print(f"BEAM={width}: {opts} in {time.perf_counter() - st:.2f} s")
   return opts
-
-
-_BEAM_WRITES = [0]   # bumped whenever a search stores a winner: lookups remembered before it may be stale
 
 
 def kernel_opts(ast: UOp, device: str) -> tuple[UOp, tuple[Opt, ...] | None]:

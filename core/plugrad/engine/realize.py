@@ -111,7 +111,7 @@ CAPTURING: list[list[ExecItem]] = []  # TinyJit pushes a list here to record the
 def lower_item(it: ScheduleItem) -> ExecItem:
   """The ExecItem for a schedule item: allocate its buffers and get (compile) its program."""
   bufs = [buffer_for(b).ensure_allocated() for b in it.bufs]
-  runner = None if it.ast.op is Ops.COPY else get_runner(bufs[0].device, it.ast, it.opts)
+  runner = None if it.ast.op is Ops.COPY else runner_of(it)
   return ExecItem(runner, bufs, {v.arg[0]: val for v, val in it.var_vals.items()})
 
 
