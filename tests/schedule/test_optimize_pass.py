@@ -90,3 +90,17 @@ def test_the_beam_cache_is_looked_up_once_per_kernel(monkeypatch):
   kernelize._SCHEDULE_CACHE.clear()
   (x * 3 + 1).exp().schedule()
   assert len(calls) == 2
+
+
+def test_weight_gradient_is_merged_before_its_pack_is_planned(cpu_host: str):
+  """A 1x1 conv's weight gradient sums over batch x 28 x 28: the scheduler merges the 28x28 reduce into one 784 range
+  and then plans PACK on that kernel, on an AVX2 and an AVX-512 host alike (before, the engine planned PACK on the
+  unmerged kernel while kernels without PACK were merged in the pipeline). Values against numpy."""
+  x, dy = rand(8, 64, 28, 28), rand(8, 32, 28, 28)
+  w = Tensor(rand(32, 64, 1, 1), device="CPU", requires_grad=True)
+  (Tensor(x, device="CPU").conv2d(w) * Tensor(dy, device="CPU")).sum().backward()
+  *pre, main = [it for it in w.grad.schedule() if it.ast.op is Ops.SINK]
+  reduces = [r.src[0].arg for r in main.ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"]
+  assert 784 in reduces and 28 not in reduces, (cpu_host, reduces)
+  assert any(p.bufs[0] in main.bufs[1:] for p in pre) and not any(o.kind == "PACK" for o in main.opts), cpu_host   # packed
+  np.testing.assert_allclose(w.grad.numpy().reshape(32, 64), np.einsum("bohw,bihw->oi", dy, x), rtol=1e-4, atol=1e-2)
