@@ -464,6 +464,25 @@ def test_pair_dot_with_output_rows_in_lanes(lanes: int, rows: int):
   np.testing.assert_array_equal(got, want.astype(np.float32))
 
 
+@pytest.mark.parametrize("fields", [8, 32])
+def test_a_loop_over_bit_fields_unrolls_within_the_budget(fields: int):
+  """A reduce loop whose index is a shift's amount (the fifth bits of Q5 codes, bit j of a byte for pair j) is
+  unrolled when it fits the unroll budget (16 copies), so every copy shifts by a constant: 8 fields are, 32 are not
+  (a loop of 8 was left rolled before: a runtime amount splatted and shifted each trip). Exact against numpy."""
+  bits8 = RNG.integers(0, 256, (64, fields // 8, 16), dtype=np.uint8)
+  x16 = RNG.integers(-1000, 1000, (fields // 8, 8, 16), dtype=np.int64).astype(np.int32)
+  def t() -> Tensor:
+    sh = Tensor.arange(8, dtype=dtypes.uint8).reshape(1, 1, 8, 1)
+    b = Tensor(bits8).realize().reshape(64, fields // 8, 1, 16)
+    return ((b >> sh) & 1).cast(dtypes.int32).mul(Tensor(x16).realize().reshape(1, fields // 8, 8, 16)).sum((1, 2))
+  bitv = (bits8.reshape(64, fields // 8, 1, 16) >> np.arange(8).reshape(1, 1, 8, 1)) & 1
+  want = (bitv.astype(np.int64) * x16.reshape(1, fields // 8, 8, 16)).sum((1, 2))
+  opts = choose_opts(t().schedule(optimize=False)[-1].ast, 64, True, 8, 16)
+  assert (("UNROLL", 8) in [(o.kind, o.amount) for o in opts]) is (fields == 8), opts
+  got, _ = run(t(), vector_lanes=8, vector_regs=16)
+  np.testing.assert_array_equal(got, want)
+
+
 def test_lane_pattern_tiles():
   """lane_pattern tells a group of g repeated across the lanes (base + lane % g) from a gather."""
   from plugrad.codegen.facts import lane_pattern
