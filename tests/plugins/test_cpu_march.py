@@ -2,9 +2,11 @@
 products) that follows from the instruction sets the compiler enables for it, checked against the host's; and
 `simd_caps` for named flag sets (what the `cpu_host` fixture applies)."""
 import os
+import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import plugrad_cpu.device as cpu
@@ -64,3 +66,20 @@ def test_opening_the_device_with_a_bad_target_says_why():
   p = subprocess.run([sys.executable, "-c", "from plugrad import Tensor; Tensor([1.0]).realize()"], capture_output=True, text=True,
                      timeout=120, env={**os.environ, "CPU_MARCH": "no-such-cpu", "DEV": "CPU"})
   assert p.returncode != 0 and "CPU_MARCH=no-such-cpu" in p.stderr and "rejects -march=no-such-cpu" in p.stderr
+
+
+@pytest.mark.skipif(shutil.which("clang-19") is None, reason="clang-19 is not installed")
+def test_bfloat16_with_a_compiler_whose_bf16_needs_a_runtime_library(tmp_path):
+  """Regression: clang 19 compiles __bf16 arithmetic into calls of compiler-rt's __truncsfbf2, which libgcc before
+  GCC 13 (Debian 12's) lacks, so the type probe passed (it only compiled) and every bfloat16 kernel then failed to load
+  ("undefined symbol: __truncsfbf2"). The probe now loads what it compiled: bfloat16 is emulated where the library
+  doesn't load, and a round trip through bfloat16 is numpy's round-to-nearest-even of the top 16 bits either way."""
+  code = ("import numpy as np; from plugrad import Tensor; from plugrad.dtype import dtypes; "
+          "x = np.random.default_rng(0).standard_normal(4096).astype(np.float32); "
+          "print(Tensor(x).cast(dtypes.bfloat16).cast(dtypes.float32).numpy().view(np.uint32).tobytes().hex())")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "CC": "clang-19", "PLUGRAD_CACHE_DIR": str(tmp_path)})
+  assert p.returncode == 0, p.stderr[-2000:]
+  x = np.random.default_rng(0).standard_normal(4096).astype(np.float32).view(np.uint32)
+  want = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16 << 16).astype(np.uint32)   # (finite inputs: no NaN rounding to handle)
+  np.testing.assert_array_equal(np.frombuffer(bytes.fromhex(p.stdout.strip()), np.uint32), want)

@@ -454,13 +454,15 @@ class ClangCompiler(Compiler):
     super().__init__(f"cc={self.cc} version={ver[0] if ver else '?'} flags={' '.join(self.flags)}")
 
   def supports_type(self, ctype: str) -> bool:
-    """Whether this compiler has arithmetic on `ctype` (e.g. _Float16); the answer is cached on disk per compiler."""
-    f = cache_dir() / "probe" / hashlib.sha256(f"{self.cachekey}|{ctype}".encode()).hexdigest()[:24]
+    """Whether this compiler has arithmetic on `ctype` (e.g. _Float16) in a library that loads: clang 19 compiles
+    __bf16 arithmetic into calls of compiler-rt's __truncsfbf2, which libgcc before GCC 13 lacks (an undefined symbol
+    at load). The answer is cached on disk per compiler."""
+    f = cache_dir() / "probe" / hashlib.sha256(f"{self.cachekey}|{ctype}|loads".encode()).hexdigest()[:24]
     try:
       if (known := f.read_text()) in ("0", "1"): return known == "1"  # anything else (a torn write): probe again
     except OSError: pass
-    try: self.compile(f"{ctype} pg_probe({ctype} a, {ctype} b) {{ return a * b + ({ctype})1; }}\n"); ok = True
-    except CompileError: ok = False
+    try: load_library(self.compile(f"{ctype} pg_probe({ctype} a, {ctype} b) {{ return a * b + ({ctype})1; }}\n"), f"the {ctype} probe"); ok = True
+    except (CompileError, RuntimeError): ok = False
     try:
       f.parent.mkdir(parents=True, exist_ok=True)
       f.write_text("1" if ok else "0")
