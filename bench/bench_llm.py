@@ -74,9 +74,11 @@ class Ours:
 
 
 def peak_gflops(threads: int) -> float:
-  """f32 FMA peak of `threads` cores: clock (/proc/cpuinfo) x 2 FMA units x 16 lanes (AVX-512) x 2 FLOPs."""
+  """f32 FMA peak of `threads` cores: clock (/proc/cpuinfo) x 2 FMA units x the CPU device's float32 vector lanes (8
+  AVX2, 16 AVX-512: the code plugrad runs) x 2 FLOPs."""
+  from plugrad.device import Device
   mhz = max((float(line.split(":")[1]) for line in open("/proc/cpuinfo") if line.startswith("cpu MHz")), default=2000.0)
-  return threads * mhz / 1e3 * 2 * 16 * 2
+  return threads * mhz / 1e3 * 2 * (Device["CPU"].renderer.caps.vector_lanes or 1) * 2
 
 
 def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:

@@ -83,3 +83,21 @@ def test_bfloat16_with_a_compiler_whose_bf16_needs_a_runtime_library(tmp_path):
   x = np.random.default_rng(0).standard_normal(4096).astype(np.float32).view(np.uint32)
   want = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16 << 16).astype(np.uint32)   # (finite inputs: no NaN rounding to handle)
   np.testing.assert_array_equal(np.frombuffer(bytes.fromhex(p.stdout.strip()), np.uint32), want)
+
+
+def test_the_newest_versioned_clang_is_the_default(tmp_path, monkeypatch):
+  """Without CC the CPU device compiles with the newest clang-NN on PATH (Debian 12's plain `clang` is clang 14, whose
+  unrolling spilled the 4-row decode product's accumulators: 2x its time), else clang, else gcc; CC still wins."""
+  from plugrad_cpu import find_cc
+  for name in ("clang", "clang-14", "clang-19", "clang-9", "clang-format-19", "gcc"):
+    (f := tmp_path / name).write_text("#!/bin/sh\n"); f.chmod(0o755)
+  (tmp_path / "clang-21").write_text("not executable")
+  monkeypatch.delenv("CC", raising=False)
+  monkeypatch.setenv("PATH", str(tmp_path))
+  assert find_cc() == "clang-19"
+  monkeypatch.setenv("CC", "gcc")
+  assert find_cc() == "gcc"
+  monkeypatch.delenv("CC")
+  for name in ("clang-14", "clang-19", "clang-9"): (tmp_path / name).unlink()
+  monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep)   # (another PATH string: not the remembered listing)
+  assert find_cc() == "clang"
