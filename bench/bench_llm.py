@@ -115,7 +115,7 @@ def decode_profile(ours: "Ours", bw: float, top: int = 14) -> None:
   """Per-kernel times of one captured decode step (see --profile), timed in place inside the batched replay."""
   g, pos = ours.g, len(ours.prompt)
   g.forward([ours.prompt[0]], pos)
-  vv = {"start": pos, "S": -(-(pos + 1) // 8)}
+  vv = {"start": pos, "S": -(-(pos + 1) // 8), g.v_tok.arg[0]: ours.prompt[0]}
   step = min(timed(lambda: g.forward([ours.prompt[0]], pos)) for _ in range(5))
   rows = replay_profile(g.decode_jit, vv, lambda: g.forward([ours.prompt[0]], pos))
   total = sum(r[1] for r in rows.values())

@@ -77,7 +77,8 @@ def batched_profile(llm, ps: list[list[int]], top: int = 16) -> None:
   nxt = {s: int(np.argmax(b.prefill(s, p, 0))) for s, p in enumerate(ps)}
   pos = {s: len(p) for s, p in enumerate(ps)}
   for _ in range(3): b.decode({s: (nxt[s], pos[s]) for s in nxt})   # compile, capture, replay
-  vv = {b.v_keys.arg[0]: -(-(max(pos.values()) + 1) // 8), **{v.arg[0]: pos[s] for s, v in enumerate(b.v_pos)}}
+  vv = {b.v_keys.arg[0]: -(-(max(pos.values()) + 1) // 8), **{v.arg[0]: pos[s] for s, v in enumerate(b.v_pos)},
+        **{v.arg[0]: nxt.get(s, 0) for s, v in enumerate(b.v_tok)}}
   rows = replay_profile(b.decode_jit, vv, lambda: b.decode({s: (nxt[s], pos[s]) for s in nxt}))
   total = sum(r[1] for r in rows.values())
   print(f"batched step of {len(ps)} slots: {len(b.decode_jit.captured)} kernels timed in place in the replay (best of 5 per kernel): "

@@ -101,7 +101,8 @@ class Generator:
     dim = model.cfg.dim
     rows = (min(self.max_context, PREFILL_CHUNK) + m - 1) // m * m
     self.inp = Tensor.zeros(model.batch, rows, dim).contiguous().realize()   # prefill embeddings, written in place
-    self.inp1 = Tensor.zeros(model.batch, 1, dim).contiguous().realize()                 # decode embedding
+    self.inp1 = Tensor.zeros(model.batch, 1, dim).contiguous().realize()   # decode embedding, written by the decode step
+    self.v_tok = Variable("tok", 0, model.cfg.vocab_size - 1)
     # the three steps never run at once: their intermediates share one arena (the largest plan's memory, not the sum)
     self.arena = JitArena()
     self.prefill_jit = TinyJit(functools.partial(self._prefill, fused=model.fused_long_prefill()), arena=self.arena)
@@ -112,7 +113,8 @@ class Generator:
   def _prefill(self, T: Any, start: Any, last: Any, keys: Any, fused: bool = False) -> Tensor:
     m = PREFILL_MULTIPLE
     return self.model.forward(self.inp[:, :T * m], start, last, keys * m, fused=fused).realize()
-  def _decode(self, start: Any, keys: Any) -> Tensor:
+  def _decode(self, start: Any, keys: Any, tok: Any) -> Tensor:
+    self.model.write_embeddings(self.inp1[0], [tok])
     return self.model.forward(self.inp1, start, keys_len=keys * PREFILL_MULTIPLE).realize()
 
   @staticmethod
@@ -133,11 +135,11 @@ class Generator:
       for i in range(0, n - PREFILL_CHUNK, PREFILL_CHUNK): self.forward(tokens[i:i + PREFILL_CHUNK], start + i)
       done = (n - 1) // PREFILL_CHUNK * PREFILL_CHUNK
       return self.forward(tokens[done:], start + done)
-    emb = self.model.embed(tokens)
     if n == 1:
-      self._write(self.inp1, emb)
-      out = self.decode_jit(self.v_start.bind(start), self.v_keys.bind(-(-(start + 1) // PREFILL_MULTIPLE)))
+      self.model.check_ids(np.asarray(tokens))
+      out = self.decode_jit(self.v_start.bind(start), self.v_keys.bind(-(-(start + 1) // PREFILL_MULTIPLE)), self.v_tok.bind(int(tokens[0])))
     else:
+      emb = self.model.embed(tokens)
       m = PREFILL_MULTIPLE
       padded = -(-n // m)
       self._write(self.inp, np.concatenate([emb, np.zeros((padded * m - n, emb.shape[1]), np.float32)]))
@@ -344,6 +346,7 @@ class BatchGenerator:
     self.v_keys = Variable("S", 1, rows // m)
     self.v_slot = Variable("slot", 0, self.slots - 1)
     self.v_pos = [Variable(f"pos{b}", 0, rows - 1) for b in range(self.slots)]
+    self.v_tok = [Variable(f"tok{b}", 0, cfg.vocab_size - 1) for b in range(self.slots)]   # the tokens a step embeds (row b's in tok{b})
     half = cfg.head_dim // 2
     # Tensor.empty: a buffer of its own each (equal zeros(...).contiguous() graphs would be one hash-consed buffer)
     self.inp = Tensor.empty(1, (min(self.max_context, PREFILL_CHUNK) + m - 1) // m * m, cfg.dim)
@@ -368,12 +371,15 @@ class BatchGenerator:
     m = PREFILL_MULTIPLE
     return self.model.forward(self.inp[:, :T * m], start, last, keys * m, slot=slot, fused=fused).realize()
 
-  def _decode(self, keys: Any, *pos: Any) -> Tensor:
-    n = keys * PREFILL_MULTIPLE
+  def _decode(self, keys: Any, *pos_tok: Any) -> Tensor:
+    n, B = keys * PREFILL_MULTIPLE, self.slots
+    pos, toks = pos_tok[:B], pos_tok[B:]
+    self.model.write_embeddings(self.inp_b.reshape(B, -1), toks)
     return self.model.forward_slots(self.inp_b, list(pos), (self.cos_b, self.sin_b, self.cos_lb, self.sin_lb), n,
                                     (self.mask_b[:, :, :, :, 0:n], self.mask_lb[:, :, :, :, 0:n])).realize()
 
-  def _decode1(self, start: Any, keys: Any, slot: Any) -> Tensor:
+  def _decode1(self, start: Any, keys: Any, slot: Any, tok: Any) -> Tensor:
+    self.model.write_embeddings(self.inp1[0], [tok])
     return self.model.forward(self.inp1, start, keys_len=keys * PREFILL_MULTIPLE, slot=slot).realize()
 
   def prefill(self, slot: int, tokens: Sequence[int], start: int) -> np.ndarray:
@@ -420,18 +426,16 @@ class BatchGenerator:
     for b, (_, p) in steps.items():
       if not 0 <= b < B: raise IndexError(f"slot {b} out of range [0, {B})")
       if not 0 <= p < self.max_context: raise ContextLengthExceeded(f"position {p} doesn't fit in max_context={self.max_context}")
+    self.model.check_ids(np.asarray([tok for tok, _ in steps.values()]))
     if len(steps) == 1 and B > 1 and not batched:
       (b, (tok, p)), = steps.items()
-      Generator._write(self.inp1, self.model.embed([tok]))
-      return {b: self.decode1_jit(self.v_start.bind(p), self.v_keys.bind(-(-(p + 1) // m)), self.v_slot.bind(b)).numpy()[0]}
-    pos = [self.scratch] * B
-    emb = np.zeros((B, self.model.cfg.dim), np.float32)
-    rows = self.model.embed([tok for tok, _ in steps.values()])   # one gather for all rows
-    for (b, (_, p)), e in zip(steps.items(), rows): pos[b], emb[b] = p, e
+      out = self.decode1_jit(self.v_start.bind(p), self.v_keys.bind(-(-(p + 1) // m)), self.v_slot.bind(b), self.v_tok[0].bind(int(tok)))
+      return {b: out.numpy()[0]}
+    pos, toks = [self.scratch] * B, [0] * B   # idle rows embed token 0 at the scratch position
+    for b, (tok, p) in steps.items(): pos[b], toks[b] = p, int(tok)
     keys = -(-(max(p for _, p in steps.values()) + 1) // m)
     mask = np.full((B, self.mask_b.shape[-1]), -np.inf, np.float32)
     for b in range(B): mask[b, :pos[b] + 1 if b in steps else 1] = 0.0   # idle rows: one (garbage) key keeps them finite
-    Generator._write(self.inp_b, emb)
     Generator._write(self.cos_b, self.cos_np[pos])
     Generator._write(self.sin_b, self.sin_np[pos])
     Generator._write(self.mask_b, mask)
@@ -441,5 +445,6 @@ class BatchGenerator:
     if self.window:   # the sliding-window layers see only the last `window` positions of each row
       for b in steps: mask[b, :max(0, pos[b] + 1 - self.window)] = -np.inf
       Generator._write(self.mask_lb, mask)
-    out = self.decode_jit(self.v_keys.bind(keys), *[v.bind(p) for v, p in zip(self.v_pos, pos)]).numpy()
+    binds = [v.bind(p) for v, p in zip(self.v_pos, pos)] + [v.bind(t) for v, t in zip(self.v_tok, toks)]
+    out = self.decode_jit(self.v_keys.bind(keys), *binds).numpy()
     return {b: out[b] for b in steps}

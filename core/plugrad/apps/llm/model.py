@@ -6,8 +6,9 @@ The KV cache of each block is two preallocated buffers written in place by a sli
 position: keys and values both (B, kv_heads, positions, head_dim), so writing a token's key is one contiguous row
 (the score matmul reads the keys through a transposed view, like x @ W.T); CACHE_PAD spare positions
 take a padded prefill's tail and its padded key range; attention reads the slice [0, start + T). `Transformer.forward` takes
-token embeddings (the embedding rows are gathered on the host from a dequantized table) and returns the logits of
-the last position, so one graph serves every prompt length when T and start are bound Variables.
+token embeddings (`write_embeddings` gathers their rows from the quantized table, inside the decode steps' JITs or for
+the host) and returns the logits of the last position, so one graph serves every prompt length when T and start are
+bound Variables.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import gc
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -565,25 +566,35 @@ class Transformer:
     devs = self.devices if self.devices is not None else (canonicalize(Device.DEFAULT),)
     return bool(getenv("PACK", 1)) and all(vector_lanes(d) >= 2 for d in devs)
 
-  def _gather_rows(self, *ids: Any) -> Tensor:
-    # one small kernel per row, each writing its row of the buffer in place: a cat of the rows would be one kernel
-    # whose every element evaluates all EMBED_ROWS gated pieces (360 us a call for SmolLM2, against ~10 us)
+  def check_ids(self, ids: np.ndarray) -> None:
+    """IndexError naming the token ids outside the vocabulary."""
+    if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+      raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
+
+  def write_embeddings(self, dst: Tensor, ids: Sequence[sint]) -> None:
+    """Write the embedding rows of token `ids` (ints or bound Variables) into rows [0, len(ids)) of dst (n, dim), in
+    place, scaled by embed_scale: each row dequantized from the (quantized) table by a small kernel of its own that
+    reads only that row. (A cat of the rows would be one kernel whose every element evaluates all the gated pieces:
+    360 us a call for 8 SmolLM2 rows, against ~10 us.) The decode steps call it inside their TinyJit with their
+    tokens' Variables, so a step gathers its own rows."""
     table = Tensor(self.tok_embd)
-    Tensor.realize_all(*[self._rows[j:j + 1].assign(table[i:i + 1]) for j, i in enumerate(ids)])
+    rows = [table[i:i + 1].cast(dtypes.float32) for i in ids]
+    if self.cfg.embed_scale != 1.0: rows = [r * self.cfg.embed_scale for r in rows]
+    Tensor.realize_all(*[dst[j:j + 1].assign(r) for j, r in enumerate(rows)])
+
+  def _gather_rows(self, *ids: Any) -> Tensor:
+    self.write_embeddings(self._rows, ids)
     return self._rows
 
   def embed(self, tokens: Iterable[int]) -> np.ndarray:
-    """The embeddings (n, dim) of token ids, float32 on the host. The rows are dequantized from the (quantized) table
-    by a kernel that reads only them, EMBED_ROWS at a time (one TinyJit, the row indices bound Variables), so no
-    dequantized copy of the table is kept."""
+    """The embeddings (n, dim) of token ids, float32 on the host (`write_embeddings`, EMBED_ROWS rows per call of one
+    TinyJit whose row indices are bound Variables), so no dequantized copy of the table is kept."""
     ids = np.asarray(list(tokens), dtype=np.int64)
-    if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
-      raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
+    self.check_ids(ids)
     k = EMBED_ROWS
     padded = np.concatenate([ids, np.zeros(-len(ids) % k, np.int64)])
     rows = [self._rows_jit(*[v.bind(int(i)) for v, i in zip(self._row_vars, padded[j:j + k])]).numpy() for j in range(0, len(padded), k)]
-    out = np.concatenate(rows)[:len(ids)] if rows else np.zeros((0, self.cfg.dim), np.float32)
-    return out * np.float32(self.cfg.embed_scale) if self.cfg.embed_scale != 1.0 else out
+    return np.concatenate(rows)[:len(ids)] if rows else np.zeros((0, self.cfg.dim), np.float32)
 
   def forward(self, x: Tensor, start: sint, last: sint | None = None, keys_len: sint | None = None, slot: sint | None = None,
               fused: bool = False) -> Tensor:
