@@ -25,6 +25,7 @@ import argparse
 import gc
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -236,6 +237,16 @@ def bench_model(name: str, path: str, args: argparse.Namespace, bw: float) -> No
   gc.collect()
 
 
+def without_model(argv: list[str]) -> list[str]:
+  """The command line less its --model option."""
+  out, skip = [], False
+  for a in argv:
+    if skip: skip = False
+    elif a == "--model": skip = True
+    elif not a.startswith("--model="): out.append(a)
+  return out
+
+
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--model", default="both", help="comma-separated: smollm2, qwen2, gemma3 (both: smollm2,qwen2)")
@@ -249,13 +260,17 @@ def main() -> None:
   ap.add_argument("--profile", action="store_true", help="per-kernel times of one decode step")
   ap.add_argument("--prefill-ab", action="store_true", help="old long-prefill graph vs the default, alternately")
   args = ap.parse_args()
+  names = ["smollm2", "qwen2"] if args.model == "both" else args.model.split(",")
+  if (bad := [n for n in names if n not in ("smollm2", "qwen2", "gemma3")]):
+    raise SystemExit(f"unknown model {bad}: choose from smollm2, qwen2, gemma3 or both")
+  if len(names) > 1:   # a process each: a model benchmarked after another would count the first one's freed heap as its resident memory
+    for n in names: subprocess.run([sys.executable, os.path.abspath(__file__), *without_model(sys.argv[1:]), "--model", n], check=True)
+    return
   from plugrad.apps.llm.registry import resolve_model
   np_bw, pg_bw = read_bandwidth()
   print(f"load {load_avg()}; read bandwidth: numpy 1 thread {np_bw:.1f} GB/s, plugrad sum {pg_bw:.1f} GB/s")
   models = {"smollm2": ("smollm2-135m", lambda: resolve_model("smollm2-135m")[1]),
             "qwen2": ("qwen2-0.5b-shaped", lambda: str(synthetic_qwen2())), "gemma3": ("gemma-3-270m", real_gemma3)}
-  names = ["smollm2", "qwen2"] if args.model == "both" else args.model.split(",")
-  if (bad := [n for n in names if n not in models]): raise SystemExit(f"unknown model {bad}: choose from {', '.join(models)} or both")
   for n in names: bench_model(models[n][0], models[n][1](), args, max(np_bw, pg_bw))
 
 
