@@ -155,6 +155,9 @@ _CODES = {"Q4_0": (0, 15), "Q4_1": (0, 15), "Q5_0": (0, 31), "Q5_1": (0, 31), "Q
 
 
 _ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# the codes the output-rows-in-lanes layout stores with their offset included: Q6_K's q - 32 (int8), Q5_0's q - 16
+# (its fifth bits inverted: low nibble - 16 * (1 - fifth bit), a subtraction where an OR and the offset's add were)
+_ROW_LANE_CODES = {"Q6_K": (-32, 31), "Q5_0": (-16, 15)}
 REPACK_CHUNK_BYTES = 4 << 20   # raw bytes of a weight repacked at a time (the load's transient memory is a few times this)
 
 
@@ -252,7 +255,8 @@ def _k_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
 def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.ndarray]:
   """The blocks `raw` (uint8 (out*blocks a row, block bytes)) of `out` rows stored output rows in lanes (`RowLanes`),
   on the host: per group of L rows and sub-block, the S/2 code pairs of L rows; 4-bit codes: pair j in the low nibbles
-  of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes; Q8_0 and
+  of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes (Q5_0's
+  inverted, see _ROW_LANE_CODES); Q8_0 and
   Q6_K: one int8 a code. Q4_0-Q8_0's float16 scales and mins as the file's float16 (out/L, sub-blocks, L): 2 bytes a
   block less than float32, and as fast where L of them convert at once (F16C); the K types' byte sub-block scales (and
   mins) as bytes (out/L, sub-blocks, L) and their super-block scales as float32 (out/L, super-blocks, L): their float16
@@ -271,7 +275,7 @@ def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.nd
   else: scales = [f16(0)] + ([f16(2)] if qtype in ("Q4_1", "Q5_1") else [])
   if qtype == "Q8_0": return [np.ascontiguousarray(pairs), *scales]
   out_ = [((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1)]
-  if qtype in ("Q5_0", "Q5_1", "Q5_K"): out_.append(_pack_bits((pairs >> 4).reshape(G * B, 8, 4 * L)))
+  if qtype in ("Q5_0", "Q5_1", "Q5_K"): out_.append(_pack_bits(((pairs >> 4) ^ (qtype == "Q5_0")).reshape(G * B, 8, 4 * L)))
   return out_ + scales
 
 
@@ -285,7 +289,8 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> 
   if qtype in ("Q8_0", "Q6_K"): q = t[0]
   else:
     q = _fields(t[0], 1, 4, 2)
-    if five: q = q | (_fields(t[1], 1, 1, 8) << 4)
+    if qtype == "Q5_0": q = q - (_fields(t[1], 1, 1, 8) << 4)   # the fifth bits stored inverted: the code q - 16, offset included
+    elif five: q = q | (_fields(t[1], 1, 1, 8) << 4)
   scales = t[1 + five:]
   if k > 1:   # the byte sub-block scales (and mins) times their super-block's float32 scale (and -dmin)
     def sub(sup: Tensor, byte: Tensor) -> Tensor: return (sup.reshape(G, B // k, 1, L).expand(G, B // k, k, L).reshape(G, B, L) *
@@ -295,7 +300,8 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> 
   rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, d.uop, None if m is None else m.uop)
   std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n * k, S)
   def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n * k, 1)
-  return Blockwise(std_q.uop, std(rl.d).uop, _CODE_OFF.get(qtype, 0.0), None if rl.m is None else std(rl.m).uop, rows=rl)
+  off = 0.0 if qtype == "Q5_0" else _CODE_OFF.get(qtype, 0.0)
+  return Blockwise(std_q.uop, std(rl.d).uop, off, None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
 def _repack_blocks(raw: np.ndarray, qtype: str, out: int = 0, lanes: int = 0) -> Blockwise:
@@ -327,7 +333,7 @@ def repack_blocks(read: Callable[[int, int], np.ndarray], n: int, tsize: int, qt
         bufs[k].view(a.size, bufs[k].dtype, at[k]).copyin(a)
         at[k] += a.nbytes
   bw = _device_row_lanes(ts, qtype, n, out, L) if L else _device_parts(ts, qtype, n)
-  return dataclasses.replace(bw, codes=(-32, 31) if L and qtype == "Q6_K" else _CODES[qtype])   # (stored as q - 32)
+  return dataclasses.replace(bw, codes=_ROW_LANE_CODES.get(qtype, _CODES[qtype]) if L else _CODES[qtype])
 
 
 _DTYPES = {np.dtype(np.uint8): dtypes.uint8, np.dtype(np.int8): dtypes.int8, np.dtype(np.float16): dtypes.float16,
