@@ -136,7 +136,7 @@ class Generator:
       done = (n - 1) // PREFILL_CHUNK * PREFILL_CHUNK
       return self.forward(tokens[done:], start + done)
     if n == 1:
-      self.model.check_ids(np.asarray(tokens))
+      self.model.check_ids(tokens)
       out = self.decode_jit(self.v_start.bind(start), self.v_keys.bind(-(-(start + 1) // PREFILL_MULTIPLE)), self.v_tok.bind(int(tokens[0])))
     else:
       emb = self.model.embed(tokens)
@@ -426,7 +426,7 @@ class BatchGenerator:
     for b, (_, p) in steps.items():
       if not 0 <= b < B: raise IndexError(f"slot {b} out of range [0, {B})")
       if not 0 <= p < self.max_context: raise ContextLengthExceeded(f"position {p} doesn't fit in max_context={self.max_context}")
-    self.model.check_ids(np.asarray([tok for tok, _ in steps.values()]))
+    self.model.check_ids([tok for tok, _ in steps.values()])
     if len(steps) == 1 and B > 1 and not batched:
       (b, (tok, p)), = steps.items()
       out = self.decode1_jit(self.v_start.bind(p), self.v_keys.bind(-(-(p + 1) // m)), self.v_slot.bind(b), self.v_tok[0].bind(int(tok)))

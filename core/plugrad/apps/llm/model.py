@@ -566,8 +566,9 @@ class Transformer:
     devs = self.devices if self.devices is not None else (canonicalize(Device.DEFAULT),)
     return bool(getenv("PACK", 1)) and all(vector_lanes(d) >= 2 for d in devs)
 
-  def check_ids(self, ids: np.ndarray) -> None:
+  def check_ids(self, ids: Iterable[int] | np.ndarray) -> None:
     """IndexError naming the token ids outside the vocabulary."""
+    ids = np.asarray(ids, dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
       raise IndexError(f"token id out of range [0, {self.cfg.vocab_size}): {ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()}")
 

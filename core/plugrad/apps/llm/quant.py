@@ -254,13 +254,13 @@ def _k_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
 
 def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.ndarray]:
   """The blocks `raw` (uint8 (out*blocks a row, block bytes)) of `out` rows stored output rows in lanes (`RowLanes`),
-  on the host: per group of L rows and sub-block, the S/2 code pairs of L rows; 4-bit codes: pair j in the low nibbles
-  of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes (Q5_0's
-  inverted, see _ROW_LANE_CODES); Q8_0 and
-  Q6_K: one int8 a code. Q4_0-Q8_0's float16 scales and mins as the file's float16 (out/L, sub-blocks, L): 2 bytes a
-  block less than float32, and as fast where L of them convert at once (F16C); the K types' byte sub-block scales (and
-  mins) as bytes (out/L, sub-blocks, L) and their super-block scales as float32 (out/L, super-blocks, L): their float16
-  made Q4_K's product 1.4x slower on AVX2 code (1536x2048: 59 -> 82 us) for 1/64 bit a weight."""
+  on the host: per group of L rows and sub-block, the S/2 code pairs of L rows; 4-bit codes: pair j in the low
+  nibbles of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes
+  (Q5_0's inverted, see _ROW_LANE_CODES); Q8_0 and Q6_K: one int8 a code. Q4_0-Q8_0's float16 scales and mins as the
+  file's float16 (out/L, sub-blocks, L): 2 bytes a block less than float32, and as fast where L of them convert at
+  once (F16C); the K types' byte sub-block scales (and mins) as bytes (out/L, sub-blocks, L) and their super-block
+  scales as float32 (out/L, super-blocks, L): their float16 made Q4_K's product 1.4x slower on AVX2 code (1536x2048:
+  59 -> 82 us) for 1/64 bit a weight."""
   k, S = _K_SUBS.get(qtype, (1, 32))
   NB = raw.shape[0] // out
   B, G = NB * k, out // L
