@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 from llm_helpers import np_forward, tiny_model
 
-from plugrad.apps.llm.generate import ContextLengthExceeded, Generator, SamplingParams, StopMatcher, sample
+from plugrad.apps.llm.generate import BatchGenerator, ContextLengthExceeded, Generator, SamplingParams, StopMatcher, sample
+from plugrad.apps.llm.model import Transformer
+from plugrad.tensor import Tensor
 
 TOKS = [3, 7, 1, 60, 22, 9, 41, 5, 17, 33, 2, 8]
 
@@ -178,9 +180,6 @@ def test_decode_steps_embed_their_tokens_inside_the_jit(arch, monkeypatch):
   """The decode steps (batch-1, batched, and the batched engine's single-slot one) gather their tokens' embedding rows
   inside their JIT, the token ids bound Variables, scaled in the graph (gemma3's sqrt(dim)): no host round trip
   through the embedding JIT and a copy in (0.4-0.6 ms of a 5 ms SmolLM2 step). Out-of-vocabulary ids still raise."""
-  from plugrad.apps.llm.generate import BatchGenerator
-  from plugrad.apps.llm.model import Transformer
-  from plugrad.tensor import Tensor
   m, w = tiny_model(arch, max_context=48, seed=5)
   mb = Transformer(m.cfg, {k: Tensor(v) for k, v in w.items()}, max_context=48, batch=2)
   g, b = Generator(m), BatchGenerator(mb)
