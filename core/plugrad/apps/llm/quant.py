@@ -300,7 +300,7 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> 
   rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, d.uop, None if m is None else m.uop)
   std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n * k, S)
   def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n * k, 1)
-  off = 0.0 if qtype == "Q5_0" else _CODE_OFF.get(qtype, 0.0)
+  off = 0.0 if qtype in _ROW_LANE_CODES else _CODE_OFF.get(qtype, 0.0)   # stored with the offset included
   return Blockwise(std_q.uop, std(rl.d).uop, off, None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
