@@ -11,6 +11,7 @@ import pytest
 from codegen_helpers import with_caps
 
 from plugrad.codegen import get_program
+from plugrad.codegen.expand import expand
 from plugrad.codegen.heuristic import choose_opts, optimize
 from plugrad.codegen.optops import Opt, apply_opt
 from plugrad.device import Device
@@ -219,7 +220,7 @@ def test_interleaved_phases_are_unrolled_to_one_load_each():
   interleave = [it.ast for it in xx.grad.schedule(optimize=False) if not any(n.op is Ops.REDUCE for n in it.ast.toposort())
                 and sum(1 for n in it.ast.toposort() if n.op is Ops.DEFINE_GLOBAL) == 5]
   assert len(interleave) == 1
-  ast = optimize(interleave[0], Device["CPU"].renderer.caps)
+  ast = expand(optimize(interleave[0], Device["CPU"].renderer.caps))
   topo = ast.toposort()
   assert not any(n.op is Ops.MOD for n in topo)
   assert sum(1 for n in topo if n.op is Ops.LOAD) == sum(1 for n in topo if n.op is Ops.STORE) == 4

@@ -15,7 +15,7 @@ from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad.viz import capture
 
-NAMES = ["merge ranges", "optimize", "vectorize", "gpudims", "decompositions", "reduce ranges", "linearize", "param slots", "render"]
+NAMES = ["merge ranges", "optimize", "expand", "vectorize", "gpudims", "decompositions", "reduce ranges", "linearize", "param slots", "render"]
 
 
 def _ast(dev: str = "PYTHON") -> UOp:

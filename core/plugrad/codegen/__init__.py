@@ -9,9 +9,12 @@ does. As built:
                   ranges). A graph_rewrite per merged pair.
   optimize        the caller's Opts (the scheduler's choice: schedule/optimize.py) or else the heuristic's
                   (codegen/heuristic.py, from `renderer.caps`), applied one by one
-                  (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt
-                  splits and retypes ranges; UPCAST/SPLIT/UNROLL also expand their copies right there (substitutions
-                  and graph_rewrites), so there is no separate expand pass. A step: choosing the Opts is not a rewrite.
+                  (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt splits and retypes ranges:
+                  UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL mark a range of copies; VECTOR a range of vector lanes. The GPU
+                  kinds that lower themselves into threads and shared memory (LOCAL, GROUP*, TC) expand the pending
+                  marks first. A step: choosing the Opts is not a rewrite.
+  expand          the marked copies made, in the order the Opts marked them: stores replicated for an "upcast" range,
+                  REDUCEs split into k for an "unroll" one, each followed by the simplifier (codegen/expand.py).
   vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`).
                   A step: an expander object walks the lanes, then one graph_rewrite (dot accumulators).
   gpudims         global/local ranges become SPECIAL hardware ids (codegen/gpudims.py; GPU renderers): a substitution.
@@ -32,6 +35,7 @@ from typing import Callable
 
 from plugrad.codegen.gpudims import LaunchDims, gpudims, uses_gpudims
 from plugrad.codegen import gpuopt, opt  # noqa: F401  (the rewrites register their optimization kinds on import)
+from plugrad.codegen.expand import expand
 from plugrad.codegen.facts import Dots
 from plugrad.codegen.heuristic import optimize, optimize_gpu
 from plugrad.codegen.linearize import linearize_program, unshare_ranges
@@ -130,6 +134,9 @@ def _optimize(k: KernelState) -> None:
   else: k.ast = optimize_gpu(k.ast, caps) if uses_gpudims(caps) else optimize(k.ast, caps)
 
 
+def _expand(k: KernelState) -> None: k.ast = expand(k.ast)
+
+
 def _vectorize(k: KernelState) -> None:
   if (caps := k.renderer.caps).vector_lanes: k.ast = vectorize(k.ast, caps.vector_ops, Dots.of(caps), caps.f16_vectors)
 
@@ -162,6 +169,7 @@ def _render(k: KernelState) -> None: k.src = k.renderer.render(kernel_name(k.sou
 PIPELINE: tuple[Pass, ...] = (
   Pass("merge ranges", _merge_ranges, True, "reduce ranges read as one contiguous run become one range (opt.py; loop targets, heuristic only)"),
   Pass("optimize", _optimize, False, "apply the heuristic's or the caller's Opts: each splits/retypes ranges (heuristic.py; opt.py, gpuopt.py)"),
+  Pass("expand", _expand, True, "ranges the Opts marked as copies (UPCAST, SPLIT, UNROLL) become the copies (expand.py)"),
   Pass("vectorize", _vectorize, False, "vector lane ranges become vector values (vectorize.py; renderers with vector_lanes)"),
   Pass("gpudims", _gpudims, True, "global/local ranges become SPECIAL hardware ids under the launch limits (gpudims.py)"),
   Pass("decompositions", _decompositions, True, "the renderer's extra_matcher: ops the target lacks rewritten into ones it has"),

@@ -18,6 +18,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from plugrad.codegen.expand import is_copy_range
 from plugrad.codegen.optops import Opt, is_vector_range
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import dtypes
@@ -32,8 +33,9 @@ def ranges_of(ast: UOp) -> dict[int, UOp]:
 
 
 def global_ranges(ast: UOp, lanes: bool = True) -> list[UOp]:
-  """The kernel's global (output) ranges in id order (outermost first), without vector lane ranges unless `lanes`."""
-  rngs = (n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global" and (lanes or not is_vector_range(n)))
+  """The kernel's global (output) ranges in id order (outermost first), without vector lane ranges unless `lanes`, and
+  never an UPCAST's copies (a range marked for the expand pass, codegen/expand.py: not a loop)."""
+  rngs = (n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global" and (lanes or not is_vector_range(n)) and not is_copy_range(n))
   return sorted(rngs, key=lambda r: r.arg[0])
 
 

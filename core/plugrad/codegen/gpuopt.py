@@ -26,7 +26,7 @@ from typing import Callable
 
 from plugrad.codegen.facts import contiguous, div_end, in_loop, ranges_of, tc_match
 from plugrad.codegen.linearize import reduce_identity
-from plugrad.codegen.opt import pm_opt_symbolic
+from plugrad.codegen.expand import expand, pm_opt_symbolic, simplify
 from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, register, thread_amounts
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
@@ -304,14 +304,16 @@ def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> U
   """TC: the amount is the index of the tensor core in `caps.tensor_cores`, `arg` the tile."""
   tcs = caps.tensor_cores if caps is not None else ()
   if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
-  return graph_rewrite(_tc(ast, tcs[opt.amount], max(ranges_of(ast)) + 1, opt.arg), pm_opt_symbolic, name="simplify after TC")
+  ast = expand(ast)   # it lowers itself into threads and shared memory: the earlier copies are made first
+  return simplify(_tc(ast, tcs[opt.amount], max(ranges_of(ast)) + 1, opt.arg), "simplify after TC")
 
 
 def _threads(split: Callable[[UOp, UOp, int, int], UOp]) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
   """The registered form of a thread split (LOCAL, GROUP, GROUPTOP, GROUPOUT): new ranges get ids past the kernel's."""
   def apply(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
     assert rng is not None
-    return graph_rewrite(split(ast, rng, opt.amount, max(ranges_of(ast)) + 1), pm_opt_symbolic, name=f"simplify after {opt.kind}")
+    ast = expand(ast)   # it lowers itself into threads and shared memory: the earlier copies are made first
+    return simplify(split(ast, rng, opt.amount, max(ranges_of(ast)) + 1), f"simplify after {opt.kind}")
   return apply
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 
+from plugrad.codegen.expand import expand
 from plugrad.codegen.facts import (NO_DOTS, UNROLL_BUDGET, Dots, const_end, contiguous, divides, global_loads, global_ranges, group_dot_range,
                                    group_lane, in_loop, lane_pattern, outer_range, range_size, ranges_of, reduce_loads, row_blocks, tc_match,
                                    unrollable)
@@ -248,7 +249,7 @@ def _shared_split(ast: UOp, a: UOp, cs: list[UOp], lanes: int) -> UOp | None:
   if (n := weights(a)) == 0: return None
   for r in sorted((r for r in ranges_of(a).values() if r.arg[1] == "reduce" and not is_vector_range(r)), key=lambda r: -r.arg[0]):
     if unrollable(r) or not divides(r, 2): continue
-    try: b = apply_opt(a, Opt("SPLIT", r.arg[0], 2))
+    try: b = expand(apply_opt(a, Opt("SPLIT", r.arg[0], 2)))
     except ValueError: continue
     if weights(b) == n: return ranges_of(ast).get(r.arg[0])
   return None

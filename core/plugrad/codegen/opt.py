@@ -3,12 +3,14 @@
 Every optimization splits one loop, `RANGE r` of size N (a constant, or a symbolic size that k divides for every value
 of its variables, such as `8*T`), into an outer loop `r'` of size N/k and an inner part `r = r'*k + i`:
 
-- UPCAST a global range: the kernel's STOREs are replicated k times (k outputs per loop iteration). Loads that
-  don't depend on the range are shared by hash-consing, so upcasting two output axes of a matmul gives a
-  register-blocked kernel (a 4x16 tile of accumulators with the reduce loop inside).
-- SPLIT a reduce range: REDUCE(x, r) becomes op(REDUCE(x[i=0], r'), ..., REDUCE(x[i=k-1], r')): k accumulators
-  that break the add dependency chain (the linearizer runs REDUCEs over the same ranges in one loop).
-- UNROLL a small reduce range (k = N): the REDUCE disappears into an op chain.
+- UPCAST a global range: k outputs per loop iteration. The inner part becomes a new range of size k marked "upcast"
+  (arg `(id, "global", "upcast")`), and the expand pass (codegen/expand.py) replicates the kernel's STOREs k times,
+  one per value of it. Loads that don't depend on the range are shared by hash-consing, so upcasting two output axes
+  of a matmul gives a register-blocked kernel (a 4x16 tile of accumulators with the reduce loop inside).
+- SPLIT a reduce range: REDUCE(x, r) becomes REDUCE(x, r', i) with i marked "unroll"; the expand pass makes it
+  op(REDUCE(x[i=0], r'), ..., REDUCE(x[i=k-1], r')): k accumulators that break the add dependency chain (the
+  linearizer runs REDUCEs over the same ranges in one loop).
+- UNROLL a small reduce range (k = N): the range is marked "unroll" whole, and the REDUCE becomes an op chain.
 - VECTOR a global or reduce range: the inner part becomes a new RANGE `i` of size k marked as a vector lane
   (arg `(id, kind, "vector")`). The AST stays scalar and valid for every renderer (a lane range is an ordinary
   loop); renderers with vector types (`vector_lanes` > 0) turn it into SIMD values with codegen/vectorize.py.
@@ -17,42 +19,41 @@ of its variables, such as `8*T`), into an outer loop `r'` of size N/k and an inn
 - UPCAST_OVERLAP: UPCAST by a k that doesn't divide a constant N; the last block of copies starts at N-k and overlaps the
   one before (a 6-row tile on 1024 rows).
 
-UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL produce plain scalar code that any renderer (and the PYTHON device) runs unchanged. OUTER and BLOCK
+So UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL only split and retype ranges; once expanded they are plain scalar code that any
+renderer (and the PYTHON device) runs unchanged. OUTER and BLOCK
 reorder and block the global loops (cache blocking on CPU targets). Every kind is registered in codegen/optops.py, whose
 `apply_opt` applies any of them; which ones a kernel gets is decided by codegen/heuristic.py (from the renderer's
 capability record) or BEAM; what they read off the kernel (range sizes, splits) comes from codegen/facts.py.
 """
 from __future__ import annotations
 
-import functools
-import math
-
+from plugrad.codegen.expand import copy_range, pm_opt_symbolic, simplify
 from plugrad.codegen.facts import const_end, div_end, global_ranges, outer_range, ranges_of, unrollable
 from plugrad.codegen.optops import ANY_RANGE, GLOBAL, REDUCE, Opt, OptKind, apply_opt, is_vector_range, register, split_amounts
 from plugrad.dtype import dtypes
 from plugrad.runtime.renderer import Capabilities
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
-from plugrad.uop.symbolic import _collect, _sum, pm_symbolic
 from plugrad.uop.upat import PatternMatcher, UPat
 
 # names other code imports from here (tests, vectorize, gpuopt)
 __all__ = ["Opt", "apply_opt", "div_end", "is_vector_range", "pm_opt_symbolic", "ranges_of"]
 
-def _copies(rng: UOp, k: int) -> tuple[UOp | None, list[dict[UOp, UOp]]]:
-  """The outer range (None when fully unrolled) and the k substitutions r -> r'*k + i."""
-  if k == const_end(rng): return None, [{rng: UOp.const(dtypes.index, i)} for i in range(k)]
+def _marked_split(ast: UOp, rng: UOp, k: int, mark: str) -> tuple[UOp | None, UOp, UOp]:
+  """Range `rng` split by k for copies: (the outer range, None when k covers it; the new range of the k copies, marked
+  `mark` for the expand pass; what `rng` becomes: outer*k + copy, or the copy range alone)."""
+  copy = copy_range(ast, rng, k, mark)
+  if k == const_end(rng): return None, copy, copy
   outer = outer_range(rng, k)
-  return outer, [{rng: outer * k + i} if i else {rng: outer * k} for i in range(k)]
+  return outer, copy, outer * k + copy
 
 
-def _split_reduce(ctx: tuple[UOp, UOp | None, list[dict[UOp, UOp]]], red: UOp) -> UOp | None:
-  rng, outer, subs = ctx
+def _split_reduce(ctx: tuple[UOp, UOp | None, UOp, UOp], red: UOp) -> UOp | None:
+  """A REDUCE over `rng` reduces over (outer, copy) instead, outer first (the order the copies' REDUCEs keep)."""
+  rng, outer, copy, sub = ctx
   if rng not in red.src[1:]: return None
-  rngs = tuple(outer for r in red.src[1:] if r is rng and outer is not None) + tuple(r for r in red.src[1:] if r is not rng)
-  parts = [red.src[0].substitute(m, walk=True) for m in subs]
-  parts = [UOp(Ops.REDUCE, red.dtype, (p, *rngs), red.arg) for p in parts] if rngs else parts
-  return functools.reduce(lambda a, b: UOp(red.arg, red.dtype, (a, b)), parts)
+  rngs = ((outer,) if outer is not None else ()) + (copy,) + tuple(r for r in red.src[1:] if r is not rng)
+  return UOp(Ops.REDUCE, red.dtype, (red.src[0].substitute({rng: sub}, walk=True), *rngs), red.arg)
 
 
 def _vector_reduce(ctx: tuple[UOp, UOp, UOp], red: UOp) -> UOp | None:
@@ -62,25 +63,6 @@ def _vector_reduce(ctx: tuple[UOp, UOp, UOp], red: UOp) -> UOp | None:
   return UOp(Ops.REDUCE, red.dtype, (red.src[0].substitute({rng: outer * lane.src[0].arg + lane}, walk=True), *rngs), red.arg)
 
 
-def _divmod_low_terms(x: UOp, d: UOp, op: Ops) -> UOp | None:
-  """(a*g + b) // (g*m) -> a // m and (a*g + b) % (g*m) -> (a % m)*g + b when 0 <= b < g and a >= 0: the low terms
-  an optimization splits off (`16*r + lane`, `32*r + 17`) fall out of block indices, so lanes and copies see that
-  they read the same block (pm_symbolic only folds remainders that stay below the divisor)."""
-  c = d.arg
-  if x.dtype != dtypes.index or c <= 1 or x.vmin < 0: return None
-  parts, const = _collect(x)
-  for g in sorted({math.gcd(c, f) for f in parts.values()} - {1, c}, reverse=True):
-    hi = {b: f // g for b, f in parts.items() if f % g == 0}
-    lo = _sum(x.dtype, {b: f for b, f in parts.items() if f % g}, const)
-    if not hi or lo.vmin < 0 or lo.vmax >= g or _sum(x.dtype, hi, 0).vmin < 0: continue
-    a = _sum(x.dtype, hi, 0)
-    return a // (c // g) if op is Ops.IDIV else (a % (c // g)) * g + lo
-  return None
-
-
-pm_low_terms = PatternMatcher([(UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"),
-                                lambda x, d, n: _divmod_low_terms(x, d, n.op))])
-pm_opt_symbolic = pm_symbolic + pm_low_terms  # the simplifier used on optimized kernels
 pm_split_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _split_reduce)])
 pm_vector_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _vector_reduce)])
 
@@ -113,7 +95,7 @@ def _block(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
   order = [outer] + [r for r in glbl if r is not outer]
   ids = sorted(r.arg[0] for r in glbl)
   ast = ast.substitute({r: r.replace(arg=(i, *r.arg[1:])) for r, i in zip(order, ids) if r.arg[0] != i}, walk=True)
-  return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
+  return simplify(ast)
 
 
 def _outer_loop(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
@@ -132,14 +114,14 @@ def _vector(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
   lane = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, opt.amount),), (max(rngs) + 1, rng.arg[1], "vector"))
   if rng.arg[1] == "global": ast = ast.substitute({rng: outer * opt.amount + lane}, walk=True)
   else: ast = graph_rewrite(ast, pm_vector_reduce, ctx=(rng, outer, lane), name="vector reduce")
-  return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
+  return simplify(ast)
 
 
 def _upcast(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
-  _, subs = _copies(rng, opt.amount)
-  stores = [st.substitute(m, walk=True) for st in ast.src for m in subs] if all(rng in st.toposort() for st in ast.src) else None
-  if stores is None: raise ValueError(f"{opt}: a store of the kernel doesn't use range {opt.rid}")
-  return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), pm_opt_symbolic, name="simplify after opt")
+  """k outputs a loop iteration: the range's inner part is marked "upcast", and the expand pass copies the stores."""
+  if not all(rng in st.toposort() for st in ast.src): raise ValueError(f"{opt}: a store of the kernel doesn't use range {opt.rid}")
+  _, _, sub = _marked_split(ast, rng, opt.amount, "upcast")
+  return simplify(ast.substitute({rng: sub}, walk=True))
 
 
 def _upcast_overlap(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
@@ -150,8 +132,7 @@ def _upcast_overlap(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> 
     raise ValueError(f"{opt}: UPCAST_OVERLAP needs a constant range size that {k} doesn't divide, over {k} (else UPCAST)")
   outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, -(-n // k)),), rng.arg)
   start = _overlap_start(ast, rng, opt, outer)
-  stores = [st.substitute({rng: start + i}, walk=True) for st in ast.src for i in range(k)]
-  return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), pm_opt_symbolic, name="simplify after opt")
+  return simplify(ast.substitute({rng: start + copy_range(ast, rng, k, "upcast")}, walk=True))
 
 
 def _overlap_amounts(n: int) -> tuple[int, ...]:
@@ -160,11 +141,11 @@ def _overlap_amounts(n: int) -> tuple[int, ...]:
 
 
 def _split(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
-  """SPLIT (k accumulators) and UNROLL (k = the whole range)."""
+  """SPLIT (k accumulators) and UNROLL (k = the whole range): the inner part is marked "unroll", and the expand pass
+  makes each REDUCE over it k REDUCEs (or, unrolled, the op chain)."""
   if opt.kind == "UNROLL" and opt.amount != const_end(rng): raise ValueError(f"{opt}: UNROLL must cover the whole range")
-  outer, subs = _copies(rng, opt.amount)
-  ast = graph_rewrite(ast, pm_split_reduce, ctx=(rng, outer, subs), name=f"{opt.kind.lower()} reduce")
-  return graph_rewrite(ast, pm_opt_symbolic, name="simplify after opt")
+  ctx = (rng, *_marked_split(ast, rng, opt.amount, "unroll"))
+  return simplify(graph_rewrite(ast, pm_split_reduce, ctx=ctx, name=f"{opt.kind.lower()} reduce"))
 
 
 register(OptKind("UPCAST", _upcast, GLOBAL, beam=split_amounts))
@@ -196,7 +177,7 @@ def merge_reduce_ranges(ast: UOp) -> UOp:
       merged = ast.substitute({a: hi, b: lo}, walk=True)   # then each REDUCE over (hi, lo) reduces over r
       merged = merged.substitute({n: UOp(Ops.REDUCE, n.dtype, (n.src[0], *(r if x is hi else x for x in n.src[1:] if x is not lo)), n.arg)
                                   for n in merged.toposort() if n.op is Ops.REDUCE and hi in n.src[1:]}, walk=True)
-      merged = graph_rewrite(merged, pm_opt_symbolic, name="merge reduce ranges")
+      merged = simplify(merged, "merge reduce ranges")
       if not any(n.op in (Ops.IDIV, Ops.MOD) and r in n.toposort() for n in merged.toposort()):
         ast = merged
         break

@@ -75,7 +75,8 @@ def apply_opt(ast: UOp, opt: Opt, caps: Capabilities | None = None) -> UOp:
     if rng is None: raise ValueError(f"{opt}: the kernel has no range {opt.rid}")
     if rng.arg[1] not in kind.targets:
       raise ValueError(f"{opt}: range {opt.rid} is a {rng.arg[1]} range, {opt.kind} needs a {' or '.join(sorted(kind.targets))} range")
-    if is_vector_range(rng): raise ValueError(f"{opt}: range {opt.rid} is a vector lane range")
+    if len(rng.arg) > 2:   # a range an earlier optimization made (vector lanes, copies: codegen/expand.py)
+      raise ValueError(f"{opt}: range {opt.rid} is {'a vector lane' if rng.arg[2] == 'vector' else f'an {rng.arg[2]} copy'} range")
   if opt.amount < kind.min_amount: raise ValueError(f"{opt}: {opt.kind} needs an amount of at least {kind.min_amount}")
   return kind.apply(ast, rng, opt, caps)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 
 from plugrad.codegen.facts import NO_DOTS, Dots, dot4_factors, fits, fits16, group_dot_range, group_lane, lane_pattern
-from plugrad.codegen.opt import pm_opt_symbolic
+from plugrad.codegen.expand import pm_opt_symbolic
 from plugrad.dtype import DType, dtypes
 from plugrad.runtime.renderer import DEFAULT_VECTOR_OPS
 from plugrad.uop.ops import GroupOp, Ops, UOp

@@ -1,0 +1,93 @@
+"""The expand pass: ranges an optimization marked as copies become the copies, after every optimization is applied.
+
+UPCAST, UPCAST_OVERLAP, SPLIT and UNROLL (codegen/opt.py) only split a range and retype its inner part, a new RANGE of
+size k whose arg is `(id, kind, mark)`:
+
+  (id, "global", "upcast")   the kernel's STOREs are replicated k times, the range replaced by 0..k-1 in each copy
+                             (k outputs a loop iteration: a register tile's rows or columns);
+  (id, "reduce", "unroll")   each REDUCE over it becomes op(REDUCE(x[0]), ..., REDUCE(x[k-1])) over its other ranges,
+                             or the op chain itself when none is left (SPLIT: k accumulators; UNROLL: no loop).
+
+`expand` turns the marks into copies in the order they were made (copy ranges are numbered -1, -2, ...), then
+simplifies, so the kernel is what applying the same Opts one by one with their copies made at once gave (byte for byte
+in bench/codegen_corpus.py, every renderer). A kind that lowers itself into hardware threads and shared memory
+(codegen/gpuopt.py) expands the pending marks first. `pm_opt_symbolic`, the simplifier used on optimized kernels,
+lives here because both the marking and the expanding use it.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from plugrad.dtype import dtypes
+from plugrad.uop.ops import Ops, UOp
+from plugrad.uop.rewrite import graph_rewrite
+from plugrad.uop.symbolic import _collect, _sum, pm_symbolic
+from plugrad.uop.upat import PatternMatcher, UPat
+
+COPY_MARKS = ("upcast", "unroll")   # range marks the expand pass replaces by copies ("vector" lanes: codegen/vectorize.py)
+
+
+def is_copy_range(r: UOp) -> bool: return r.op is Ops.RANGE and len(r.arg) > 2 and r.arg[2] in COPY_MARKS
+
+
+def copy_range(ast: UOp, rng: UOp, k: int, mark: str) -> UOp:
+  """A new range of size k marked `mark`. Copy ranges are numbered -1, -2, ... in the order they are marked, apart from
+  the loops' ids, so marking one doesn't renumber the ranges later optimizations make (Opts and BEAM's cache name them)."""
+  nid = min([0] + [n.arg[0] for n in ast.toposort() if is_copy_range(n)]) - 1
+  return UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, k),), (nid, rng.arg[1], mark))
+
+
+def _divmod_low_terms(x: UOp, d: UOp, op: Ops) -> UOp | None:
+  """(a*g + b) // (g*m) -> a // m and (a*g + b) % (g*m) -> (a % m)*g + b when 0 <= b < g and a >= 0: the low terms
+  an optimization splits off (`16*r + lane`, `32*r + 17`) fall out of block indices, so lanes and copies see that
+  they read the same block (pm_symbolic only folds remainders that stay below the divisor)."""
+  c = d.arg
+  if x.dtype != dtypes.index or c <= 1 or x.vmin < 0: return None
+  parts, const = _collect(x)
+  for g in sorted({math.gcd(c, f) for f in parts.values()} - {1, c}, reverse=True):
+    hi = {b: f // g for b, f in parts.items() if f % g == 0}
+    lo = _sum(x.dtype, {b: f for b, f in parts.items() if f % g}, const)
+    if not hi or lo.vmin < 0 or lo.vmax >= g or _sum(x.dtype, hi, 0).vmin < 0: continue
+    a = _sum(x.dtype, hi, 0)
+    return a // (c // g) if op is Ops.IDIV else (a % (c // g)) * g + lo
+  return None
+
+
+pm_low_terms = PatternMatcher([(UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"),
+                                lambda x, d, n: _divmod_low_terms(x, d, n.op))])
+pm_opt_symbolic = pm_symbolic + pm_low_terms  # the simplifier used on optimized kernels
+
+
+def simplify(ast: UOp, name: str = "simplify after opt") -> UOp: return graph_rewrite(ast, pm_opt_symbolic, name=name)
+
+
+def _unroll_reduce(ctx: UOp, red: UOp) -> UOp | None:
+  """A REDUCE over the marked range `ctx` as the op of its k copies (REDUCEs over its other ranges, if any)."""
+  m = ctx
+  if m not in red.src[1:]: return None
+  rest = tuple(r for r in red.src[1:] if r is not m)
+  parts = [red.src[0].substitute({m: UOp.const(dtypes.index, i)}, walk=True) for i in range(m.src[0].arg)]
+  parts = [UOp(Ops.REDUCE, red.dtype, (p, *rest), red.arg) for p in parts] if rest else parts
+  return functools.reduce(lambda a, b: UOp(red.arg, red.dtype, (a, b)), parts)
+
+
+pm_unroll_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _unroll_reduce)])  # ctx: the marked range
+
+
+def _expand_one(ast: UOp, m: UOp) -> UOp:
+  """`ast` with the marked range `m` replaced by its copies (see the module docstring)."""
+  if m.arg[2] == "unroll": return graph_rewrite(ast, pm_unroll_reduce, ctx=m, name="unroll reduce")
+  stores: list[UOp] = []
+  for st in ast.src:   # (UPCAST marks a range every store uses; a store that doesn't is written once)
+    stores += [st.substitute({m: UOp.const(dtypes.index, i)}, walk=True) for i in range(m.src[0].arg)] if m in st.toposort() else [st]
+  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+
+def expand(ast: UOp) -> UOp:
+  """`ast` with every copy mark (UPCAST, UPCAST_OVERLAP, SPLIT, UNROLL) made into copies, in the order they were made,
+  then simplified (once: the same kernel as simplifying after each, in the codegen corpus)."""
+  if not any(is_copy_range(n) for n in ast.toposort()): return ast
+  while (marks := [n for n in ast.toposort() if is_copy_range(n)]):
+    ast = _expand_one(ast, max(marks, key=lambda r: r.arg[0]))   # -1 first: the first marked
+  return simplify(ast, "simplify after expand")

@@ -1,0 +1,126 @@
+"""The expand pass (codegen/expand.py): UPCAST, UPCAST_OVERLAP, SPLIT and UNROLL only split and retype a range (a new
+range marked "upcast" or "unroll"); the pass makes the copies, in the order the optimizations marked them, also for a
+kind registered from this file alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrad.codegen import get_program
+from plugrad.codegen.expand import copy_range, expand, is_copy_range, simplify
+from plugrad.codegen.optops import GLOBAL, OPT_KINDS, Opt, OptKind, apply_opt, register
+from plugrad.device import Device
+from plugrad.dtype import dtypes
+from plugrad.engine.realize import buffer_for
+from plugrad.plugins.python import PythonDevice, PythonProgram
+from plugrad.tensor import Tensor
+from plugrad.uop.ops import Ops, UOp
+
+RNG = np.random.default_rng(0)
+
+
+def _kernel(t: Tensor):
+  (it,) = [it for it in t.schedule(optimize=False) if it.ast.op is Ops.SINK]
+  return it
+
+
+def _ranges(ast: UOp, kind: str) -> list[UOp]: return [n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == kind]
+def _count(ast: UOp, op: Ops) -> int: return sum(n.op is op for n in ast.toposort())
+
+
+def _run_cpu(it, opts: list[Opt]) -> np.ndarray:
+  dev = Device["CPU"]
+  spec = get_program(it.ast, dev.renderer, opts)
+  bufs = [buffer_for(u).ensure_allocated()._buf for u in it.bufs]
+  dev.load(spec.name, dev.compiler.compile_cached(spec.src))(*bufs)
+  return bufs[0].view(np.float32)
+
+
+def test_upcast_marks_a_range_and_expand_copies_the_stores():
+  a, b = RNG.standard_normal((8, 16)).astype(np.float32), RNG.standard_normal((16, 12)).astype(np.float32)
+  it = _kernel(Tensor(a).realize() @ Tensor(b).realize())
+  g = _ranges(it.ast, "global")[0]
+  marked = apply_opt(it.ast, Opt("UPCAST", g.arg[0], 4))
+  (copy,) = [r for r in marked.toposort() if is_copy_range(r)]
+  assert copy.arg[1:] == ("global", "upcast") and copy.src[0].arg == 4 and _count(marked, Ops.STORE) == 1
+  done = expand(marked)
+  assert _count(done, Ops.STORE) == 4 and not any(is_copy_range(r) for r in done.toposort())
+  np.testing.assert_allclose(_run_cpu(it, [Opt("UPCAST", g.arg[0], 4)]).reshape(8, 12), a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,amount,reduces", [("SPLIT", 4, 4), ("UNROLL", 16, 0)])
+def test_split_and_unroll_mark_a_reduce_range(kind, amount, reduces):
+  a = RNG.standard_normal((8, 16)).astype(np.float32)
+  it = _kernel(Tensor(a).realize().sum(axis=1))
+  (r,) = _ranges(it.ast, "reduce")
+  marked = apply_opt(it.ast, Opt(kind, r.arg[0], amount))
+  (red,) = [n for n in marked.toposort() if n.op is Ops.REDUCE]
+  assert [x.arg[2:] for x in red.src[1:]] == ([(), ("unroll",)] if kind == "SPLIT" else [("unroll",)])
+  done = expand(marked)
+  assert _count(done, Ops.REDUCE) == reduces and not any(is_copy_range(n) for n in done.toposort())
+  np.testing.assert_allclose(_run_cpu(it, [Opt(kind, r.arg[0], amount)]), a.sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def _store_offsets(ast: UOp) -> list[int]:
+  """Each store's flat output index with every loop at 0."""
+  zero = {n: UOp.const(dtypes.index, 0) for n in ast.toposort() if n.op is Ops.RANGE}
+  return [simplify(st.src[0].src[1].substitute(zero, walk=True)).arg for st in ast.src]
+
+
+def test_copies_are_made_in_the_order_they_were_marked():
+  it = _kernel(Tensor(RNG.standard_normal((4, 8)).astype(np.float32)).realize() * 2)
+  i, j = sorted(_ranges(it.ast, "global"), key=lambda r: r.arg[0])
+  ij = expand(apply_opt(apply_opt(it.ast, Opt("UPCAST", i.arg[0], 2)), Opt("UPCAST", j.arg[0], 2)))
+  ji = expand(apply_opt(apply_opt(it.ast, Opt("UPCAST", j.arg[0], 2)), Opt("UPCAST", i.arg[0], 2)))
+  assert _store_offsets(ij) == [0, 1, 8, 9] and _store_offsets(ji) == [0, 8, 1, 9]
+
+
+def test_an_optimization_of_a_copy_range_is_refused():
+  it = _kernel(Tensor(RNG.standard_normal((8, 16)).astype(np.float32)).realize().sum(axis=1))
+  (r,) = _ranges(it.ast, "reduce")
+  marked = apply_opt(it.ast, Opt("SPLIT", r.arg[0], 4))
+  copy = next(n for n in marked.toposort() if is_copy_range(n))
+  with pytest.raises(ValueError, match=f"range {copy.arg[0]} is an unroll copy range"): apply_opt(marked, Opt("SPLIT", copy.arg[0], 2))
+
+
+def test_gpu_thread_kinds_make_the_pending_copies_first(monkeypatch):
+  """LOCAL lowers itself into hardware threads: an UPCAST before it is expanded first, and the kernel stays right."""
+  monkeypatch.setenv("EMULATE", "CUDA")
+  dev = PythonDevice("PYTHON")
+  monkeypatch.delenv("EMULATE")
+  a, b = RNG.standard_normal((16, 8)).astype(np.float32), RNG.standard_normal((8, 32)).astype(np.float32)
+  it = _kernel(Tensor(a, device="PYTHON").realize() @ Tensor(b, device="PYTHON").realize())
+  gi, gj = sorted(_ranges(it.ast, "global"), key=lambda r: r.arg[0])
+  opts = [Opt("UPCAST", gi.arg[0], 2), Opt("LOCAL", gj.arg[0], 8)]
+  ast = apply_opt(apply_opt(it.ast, opts[0], dev.renderer.caps), opts[1], dev.renderer.caps)
+  assert not any(is_copy_range(n) for n in ast.toposort()) and _count(ast, Ops.STORE) == 2
+  spec = get_program(it.ast, dev.renderer, opts)
+  bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
+  glb, lcl = spec.launch_dims()
+  PythonProgram(dev, spec.name, dev.compiler.compile(spec.src))(*[x._buf for x in bufs], global_size=glb, local_size=lcl, vals=())
+  np.testing.assert_allclose(bufs[0].numpy().reshape(16, 32), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def _interleave(ast: UOp, rng: UOp | None, opt: Opt, caps) -> UOp:
+  """A kind written only here: k outputs a loop iteration N/k apart (r -> copy*(N/k) + r'), its copies made by the
+  shared expand pass (it only splits and marks the range)."""
+  assert rng is not None
+  if rng.src[0].op is not Ops.CONST or rng.src[0].arg % opt.amount: raise ValueError(f"{opt}: needs a constant size {opt.amount} divides")
+  step = rng.src[0].arg // opt.amount
+  outer = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.index, step),), rng.arg)
+  return simplify(ast.substitute({rng: copy_range(ast, rng, opt.amount, "upcast") * step + outer}, walk=True))
+
+
+@pytest.fixture
+def interleave_kind():
+  yield register(OptKind("INTERLEAVE", _interleave, GLOBAL))
+  del OPT_KINDS["INTERLEAVE"]
+
+
+def test_a_new_copy_kind_needs_no_expansion_code(interleave_kind):
+  a = RNG.standard_normal((8, 12)).astype(np.float32)
+  it = _kernel(Tensor(a).realize() * 3)
+  i, j = sorted(_ranges(it.ast, "global"), key=lambda r: r.arg[0])
+  done = expand(apply_opt(it.ast, Opt("INTERLEAVE", i.arg[0], 4)))
+  assert _store_offsets(done) == [0, 24, 48, 72]   # rows 0, 2, 4, 6 of 12 columns
+  np.testing.assert_allclose(_run_cpu(it, [Opt("INTERLEAVE", i.arg[0], 4)]).reshape(8, 12), a * 3, rtol=1e-6)
