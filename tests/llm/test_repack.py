@@ -36,6 +36,13 @@ QTYPES = list(GEOMETRY)
 SHAPES = [(q, 4) for q in QTYPES] + [("Q5_0", 3), ("Q5_1", 5), ("Q4_0", 3), ("Q4_1", 5)]
 
 
+@pytest.fixture(autouse=True)
+def default_products(monkeypatch):
+  """These tests are of the default layout and products: a shell's ACT_BITS=8, DOT2=0 or ROW_LANES=0 (which change
+  both) doesn't apply to them; a test of another setting sets it itself."""
+  for key in ("ACT_BITS", "DOT2", "ROW_LANES"): monkeypatch.delenv(key, raising=False)
+
+
 def bits(a: np.ndarray) -> np.ndarray:
   """float32 bit patterns, every NaN as one pattern (payloads aren't part of the contract)."""
   return np.where(np.isnan(a), np.float32(np.nan), a).astype(np.float32).view(np.uint32)
