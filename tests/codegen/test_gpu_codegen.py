@@ -13,6 +13,7 @@ import pytest
 from plugrad import Tensor, Variable
 from plugrad.codegen import get_program
 from plugrad.codegen.heuristic import choose_gpu_opts
+from plugrad.codegen.expand import expand, is_copy_range
 from plugrad.codegen.optops import apply_opt
 from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.codegen.targets import TARGETS
@@ -573,3 +574,21 @@ def test_groupout_errors(monkeypatch):
   with pytest.raises(ValueError, match="global range"): apply_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer.caps)
   grouped = apply_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer.caps)
   with pytest.raises(ValueError, match="before GROUP"): apply_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer.caps)
+
+
+def test_groupout_marks_its_copies_and_gates_only_the_last(monkeypatch):
+  """GROUPOUT only splits the row into the group's threads and a range of copies that the expand pass makes (100
+  columns over 64 threads: 2 copies); only the copy past N keeps a gate (the first one's folds to true and is
+  dropped), and the row is right on the emulator."""
+  gpu_scheduler(monkeypatch)
+  x = RNG.standard_normal((5, 100)).astype(np.float32)
+  dev = emu_device(monkeypatch)
+  ast = kernels(t_(x).softmax(-1))[-1].ast
+  col = sorted(ranges_of(ast).values(), key=lambda r: r.arg[0])[1]
+  marked = apply_opt(ast, Opt("GROUPOUT", col.arg[0], 64), dev.renderer.caps)
+  (copy,) = [n for n in marked.toposort() if is_copy_range(n)]
+  assert copy.arg[1:] == ("global", "upcast") and copy.src[0].arg == 2 and len(marked.src) == 1
+  done = expand(marked)
+  assert [len(st.src[0].src) for st in done.src] == [2, 3]   # (buffer, index) for the first copy, + the gate for the second
+  out, _ = run_emulated(t_(x).softmax(-1), dev, [Opt("GROUPOUT", col.arg[0], 64)])
+  np.testing.assert_allclose(out.reshape(5, 100), _softmax(x.astype(np.float64)), rtol=1e-5, atol=1e-6)

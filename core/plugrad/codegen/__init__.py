@@ -10,9 +10,9 @@ does. As built:
   optimize        the caller's Opts (the scheduler's choice: schedule/optimize.py) or else the heuristic's
                   (codegen/heuristic.py, from `renderer.caps`), applied one by one
                   (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt splits and retypes ranges:
-                  UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL mark a range of copies; VECTOR a range of vector lanes. The GPU
-                  kinds that lower themselves into threads and shared memory (LOCAL, GROUP*, TC) expand the pending
-                  marks first. A step: choosing the Opts is not a rewrite.
+                  UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL/GROUPOUT mark a range of copies; VECTOR a range of vector lanes.
+                  The GPU kinds that lower themselves into threads and shared memory (LOCAL, GROUP, GROUPTOP, TC)
+                  expand the pending marks first. A step: choosing the Opts is not a rewrite.
   expand          the marked copies made, in the order the Opts marked them: stores replicated for an "upcast" range,
                   REDUCEs split into k for an "unroll" one, each followed by the simplifier (codegen/expand.py).
   vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`).

@@ -1,7 +1,7 @@
 """The expand pass: ranges an optimization marked as copies become the copies, after every optimization is applied.
 
-UPCAST, UPCAST_OVERLAP, SPLIT and UNROLL (codegen/opt.py) only split a range and retype its inner part, a new RANGE of
-size k whose arg is `(id, kind, mark)`:
+UPCAST, UPCAST_OVERLAP, SPLIT and UNROLL (codegen/opt.py) and GROUPOUT (codegen/gpuopt.py) only split a range and
+retype its inner part, a new RANGE of size k whose arg is `(id, kind, mark)`:
 
   (id, "global", "upcast")   the kernel's STOREs are replicated k times, the range replaced by 0..k-1 in each copy
                              (k outputs a loop iteration: a register tile's rows or columns);
@@ -54,8 +54,12 @@ def _divmod_low_terms(x: UOp, d: UOp, op: Ops) -> UOp | None:
   return None
 
 
-pm_low_terms = PatternMatcher([(UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"),
-                                lambda x, d, n: _divmod_low_terms(x, d, n.op))])
+pm_low_terms = PatternMatcher([
+  (UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"), lambda x, d, n: _divmod_low_terms(x, d, n.op)),
+  # a gate that folded to true (GROUPOUT's copies short of the last) is no gate
+  (UPat(Ops.INDEX, src=(UPat.var("b"), UPat.var("i"), UPat.cvar("g", vec=False)), name="x"),
+   lambda x, b, i, g: x.replace(src=(b, i)) if g.dtype == dtypes.bool and g.arg else None),
+])
 pm_opt_symbolic = pm_symbolic + pm_low_terms  # the simplifier used on optimized kernels
 
 
@@ -85,7 +89,7 @@ def _expand_one(ast: UOp, m: UOp) -> UOp:
 
 
 def expand(ast: UOp) -> UOp:
-  """`ast` with every copy mark (UPCAST, UPCAST_OVERLAP, SPLIT, UNROLL) made into copies, in the order they were made,
+  """`ast` with every copy mark (UPCAST, UPCAST_OVERLAP, SPLIT, UNROLL, GROUPOUT) made into copies, in the order made,
   then simplified (once: the same kernel as simplifying after each, in the codegen corpus)."""
   if not any(is_copy_range(n) for n in ast.toposort()): return ast
   while (marks := [n for n in ast.toposort() if is_copy_range(n)]):

@@ -15,7 +15,8 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
   that runs in no other reduce's loop (a barrier inside a loop would need a second one), after all LOCALs; a second
   GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
-  as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it).
+  as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
+  (a range of copies for the expand pass, codegen/expand.py); the others lower themselves, so they expand first.
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
   memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md).
 """
@@ -26,7 +27,7 @@ from typing import Callable
 
 from plugrad.codegen.facts import contiguous, div_end, in_loop, ranges_of, tc_match
 from plugrad.codegen.linearize import reduce_identity
-from plugrad.codegen.expand import expand, pm_opt_symbolic, simplify
+from plugrad.codegen.expand import copy_range, expand, pm_opt_symbolic, simplify
 from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, register, thread_amounts
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
@@ -64,24 +65,21 @@ def _local(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
 
 def _group_out(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
   """GROUPOUT: global range `rng` (size N) computed by the k threads of the workgroup's group instead of by more
-  workgroups: every store using it becomes ceil(N/k) stores at `j*k + l` (j = 0, 1, ...; l the group thread, shared
-  with later GROUPs), those past N gated off. A row kernel (softmax: reduce the row, then write it) then has one
+  workgroups: `rng` becomes `l + j*k` (l the group thread, shared with later GROUPs; j a range of ceil(N/k) copies the
+  expand pass makes of every store using it), the accesses past N gated off. A row kernel (softmax: reduce the row, then write it) then has one
   workgroup per row whose threads write the row from the values they reduced."""
   if rng.arg[1] != "global" or len(rng.arg) > 2 or rng.src[0].op is not Ops.CONST:
     raise ValueError(f"GROUPOUT needs a global range of constant size, range {rng.arg} isn't one")
   if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("GROUPOUT must come before GROUP")
   lcl = [r for r in ranges_of(ast).values() if r.arg[1] == "local"]
   if lcl: raise ValueError(f"GROUPOUT of range {rng.arg}: the kernel already has thread ranges {[r.arg for r in lcl]}")
-  n = rng.src[0].arg
+  n, copies = rng.src[0].arg, -(-rng.src[0].arg // k)
   lane = UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local", "group"))
-  stores = []
-  for st in ast.src:
-    if rng not in st.toposort(): stores.append(st); continue
-    for j in range(-(-n // k)):
-      at = lane + j * k if j else lane
-      # past N: this copy's own accesses gated (not the reductions' loads it reads, which don't use the thread id yet)
-      stores.append(st.substitute({rng: at}, walk=True) if (j + 1) * k <= n else gate_globals(st.substitute({rng: at}, walk=True), at < n, lane))
-  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+  at = lane + copy_range(ast, rng, copies, "upcast") * k if copies > 1 else lane   # the expand pass makes the copies
+  ast = ast.substitute({rng: at}, walk=True)
+  # past N: each copy's own accesses gated (not the reductions' loads it reads, which don't use the thread id yet); the
+  # simplifier folds the gate of every copy but the last to true
+  return ast if n % k == 0 else UOp(Ops.SINK, dtypes.void, tuple(gate_globals(st, at < n, lane) if lane in st.toposort() else st for st in ast.src))
 
 
 def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
