@@ -83,22 +83,27 @@ def test_an_optimization_of_a_copy_range_is_refused():
   with pytest.raises(ValueError, match=f"range {copy.arg[0]} is an unroll copy range"): apply_opt(marked, Opt("SPLIT", copy.arg[0], 2))
 
 
-def test_gpu_thread_kinds_make_the_pending_copies_first(monkeypatch):
-  """LOCAL lowers itself into hardware threads: an UPCAST before it is expanded first, and the kernel stays right."""
+def test_thread_kinds_make_the_pending_copies_first(monkeypatch):
+  """GROUP lowers its reduce into shared memory and barriers: an UPCAST before it is expanded first, so each copy's
+  reduce gets its own local buffer (LOCAL too, which gates a partial workgroup). Right on the emulator."""
   monkeypatch.setenv("EMULATE", "CUDA")
   dev = PythonDevice("PYTHON")
   monkeypatch.delenv("EMULATE")
-  a, b = RNG.standard_normal((16, 8)).astype(np.float32), RNG.standard_normal((8, 32)).astype(np.float32)
+  a, b = RNG.standard_normal((16, 64)).astype(np.float32), RNG.standard_normal((64, 32)).astype(np.float32)
   it = _kernel(Tensor(a, device="PYTHON").realize() @ Tensor(b, device="PYTHON").realize())
   gi, gj = sorted(_ranges(it.ast, "global"), key=lambda r: r.arg[0])
-  opts = [Opt("UPCAST", gi.arg[0], 2), Opt("LOCAL", gj.arg[0], 8)]
-  ast = apply_opt(apply_opt(it.ast, opts[0], dev.renderer.caps), opts[1], dev.renderer.caps)
-  assert not any(is_copy_range(n) for n in ast.toposort()) and _count(ast, Ops.STORE) == 2
-  spec = get_program(it.ast, dev.renderer, opts)
-  bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
-  glb, lcl = spec.launch_dims()
-  PythonProgram(dev, spec.name, dev.compiler.compile(spec.src))(*[x._buf for x in bufs], global_size=glb, local_size=lcl, vals=())
-  np.testing.assert_allclose(bufs[0].numpy().reshape(16, 32), a @ b, rtol=1e-5, atol=1e-5)
+  (r,) = _ranges(it.ast, "reduce")
+  caps = dev.renderer.caps
+  up = apply_opt(it.ast, Opt("UPCAST", gi.arg[0], 2), caps)
+  grouped = apply_opt(up, Opt("GROUP", r.arg[0], 16), caps)
+  assert not any(is_copy_range(n) for n in grouped.toposort()) and _count(grouped, Ops.DEFINE_LOCAL) == 2
+  assert not any(is_copy_range(n) for n in apply_opt(up, Opt("LOCAL", gj.arg[0], 8), caps).toposort())
+  for opts in ([Opt("UPCAST", gi.arg[0], 2), Opt("LOCAL", gj.arg[0], 8)], [Opt("UPCAST", gi.arg[0], 2), Opt("GROUP", r.arg[0], 16)]):
+    spec = get_program(it.ast, dev.renderer, opts)
+    bufs = [buffer_for(u).ensure_allocated() for u in it.bufs]
+    glb, lcl = spec.launch_dims()
+    PythonProgram(dev, spec.name, dev.compiler.compile(spec.src))(*[x._buf for x in bufs], global_size=glb, local_size=lcl, vals=())
+    np.testing.assert_allclose(bufs[0].numpy().reshape(16, 32), a @ b, rtol=1e-5, atol=1e-5, err_msg=str(opts))
 
 
 def _interleave(ast: UOp, rng: UOp | None, opt: Opt, caps) -> UOp:

@@ -16,7 +16,8 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
   GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
-  (a range of copies for the expand pass, codegen/expand.py); the others lower themselves, so they expand first.
+  (a range of copies for the expand pass, codegen/expand.py); LOCAL, GROUP, GROUPTOP and TC lower themselves (gates,
+  shared memory, barriers), so they make the earlier copies first.
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
   memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md).
 """
@@ -306,18 +307,22 @@ def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> U
   return simplify(_tc(ast, tcs[opt.amount], max(ranges_of(ast)) + 1, opt.arg), "simplify after TC")
 
 
-def _threads(split: Callable[[UOp, UOp, int, int], UOp]) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
-  """The registered form of a thread split (LOCAL, GROUP, GROUPTOP, GROUPOUT): new ranges get ids past the kernel's."""
+def _threads(split: Callable[[UOp, UOp, int, int], UOp], lowers: bool = False) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
+  """The registered form of a thread split (LOCAL, GROUP, GROUPTOP, GROUPOUT): new ranges get ids past the kernel's.
+  One that `lowers` itself (GROUP, GROUPTOP: reduces into shared memory and barriers, each copy's reduce with its own
+  buffer; LOCAL: a partial last workgroup's accesses gated) makes the earlier copies first; GROUPOUT only splits."""
   def apply(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
     assert rng is not None
-    ast = expand(ast)   # it lowers itself into threads and shared memory: the earlier copies are made first
+    if lowers: ast = expand(ast)
     return simplify(split(ast, rng, opt.amount, max(ranges_of(ast)) + 1), f"simplify after {opt.kind}")
   return apply
 
 
-register(OptKind("LOCAL", _threads(_local), GLOBAL, device="gpu", min_amount=2, beam=thread_amounts))
-register(OptKind("GROUP", _threads(lambda a, r, k, nid: _group(a, r, k, False, nid)), REDUCE, device="gpu", min_amount=2, beam=thread_amounts))
-register(OptKind("GROUPTOP", _threads(lambda a, r, k, nid: _group(a, r, k, True, nid)), REDUCE, device="gpu", min_amount=2, beam=thread_amounts))
+register(OptKind("LOCAL", _threads(_local, lowers=True), GLOBAL, device="gpu", min_amount=2, beam=thread_amounts))
+register(OptKind("GROUP", _threads(lambda a, r, k, nid: _group(a, r, k, False, nid), lowers=True), REDUCE, device="gpu", min_amount=2,
+                 beam=thread_amounts))
+register(OptKind("GROUPTOP", _threads(lambda a, r, k, nid: _group(a, r, k, True, nid), lowers=True), REDUCE, device="gpu", min_amount=2,
+                 beam=thread_amounts))
 register(OptKind("GROUPOUT", _threads(_group_out), GLOBAL, device="gpu", min_amount=2))
 register(OptKind("TC", _tc_opt, KERNEL, device="gpu"))
 
