@@ -3,8 +3,12 @@ range marked "upcast" or "unroll"); the pass makes the copies, in the order the 
 kind registered from this file alone."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from plugrad.codegen import get_program
 from plugrad.codegen.expand import copy_range, expand, is_copy_range, simplify
@@ -129,3 +133,25 @@ def test_a_new_copy_kind_needs_no_expansion_code(interleave_kind):
   done = expand(apply_opt(it.ast, Opt("INTERLEAVE", i.arg[0], 4)))
   assert _store_offsets(done) == [0, 24, 48, 72]   # rows 0, 2, 4, 6 of 12 columns
   np.testing.assert_allclose(_run_cpu(it, [Opt("INTERLEAVE", i.arg[0], 4)]).reshape(8, 12), a * 3, rtol=1e-6)
+
+
+_OPT_CHOICES = st.sampled_from([("UPCAST", 0, 2), ("UPCAST", 0, 4), ("UPCAST", 1, 2), ("UPCAST", 1, 4), ("UPCAST_OVERLAP", 0, 3),
+                                ("SPLIT", 2, 2), ("SPLIT", 2, 4), ("UNROLL", 2, 8), ("VECTOR", 1, 4)])
+
+
+@settings(max_examples=max(25, int(os.environ.get("PLUGRAD_FUZZ_EXAMPLES", "200")) // 8), deadline=None)   # 25 in make test
+@given(m=st.sampled_from([4, 8, 12]), n=st.sampled_from([4, 8, 16]), k=st.sampled_from([8, 16]), picks=st.lists(_OPT_CHOICES, min_size=1, max_size=4))
+def test_any_sequence_of_copy_marks_computes_the_product(m, n, k, picks):
+  """Any order of copy-marking Opts (as BEAM may choose them: an UPCAST after a SPLIT, two SPLITs of one range, a VECTOR
+  between them) expands to a kernel that computes x @ y on the CPU; an Opt that doesn't fit the kernel is refused."""
+  x, y = RNG.standard_normal((m, k)).astype(np.float32), RNG.standard_normal((k, n)).astype(np.float32)
+  it = _kernel(Tensor(x).realize() @ Tensor(y).realize())
+  ids = {0: _ranges(it.ast, "global")[0].arg[0], 1: _ranges(it.ast, "global")[1].arg[0], 2: _ranges(it.ast, "reduce")[0].arg[0]}
+  opts, ast = [], it.ast
+  for kind, which, amount in picks:
+    try: ast = apply_opt(ast, o := Opt(kind, ids[which], amount))
+    except ValueError: continue
+    opts.append(o)
+  assume(opts)
+  assert not any(is_copy_range(r) for r in expand(ast).toposort())
+  np.testing.assert_allclose(_run_cpu(it, opts).reshape(m, n), x @ y, rtol=1e-4, atol=1e-4, err_msg=str(opts))
