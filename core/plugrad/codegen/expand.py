@@ -54,13 +54,12 @@ def _divmod_low_terms(x: UOp, d: UOp, op: Ops) -> UOp | None:
   return None
 
 
-pm_low_terms = PatternMatcher([
-  (UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"), lambda x, d, n: _divmod_low_terms(x, d, n.op)),
-  # a gate that folded to true (GROUPOUT's copies short of the last) is no gate
-  (UPat(Ops.INDEX, src=(UPat.var("b"), UPat.var("i"), UPat.cvar("g", vec=False)), name="x"),
-   lambda x, b, i, g: x.replace(src=(b, i)) if g.dtype == dtypes.bool and g.arg else None),
-])
-pm_opt_symbolic = pm_symbolic + pm_low_terms  # the simplifier used on optimized kernels
+pm_low_terms = PatternMatcher([(UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"),
+                                lambda x, d, n: _divmod_low_terms(x, d, n.op))])
+# a gate that folded to true (GROUPOUT's copies short of the last) is no gate
+pm_true_gate = PatternMatcher([(UPat(Ops.INDEX, src=(UPat.var("b"), UPat.var("i"), UPat.cvar("g", vec=False)), name="x"),
+                                lambda x, b, i, g: x.replace(src=(b, i)) if g.dtype == dtypes.bool and g.arg else None)])
+pm_opt_symbolic = pm_symbolic + pm_low_terms + pm_true_gate  # the simplifier used on optimized kernels
 
 
 def simplify(ast: UOp, name: str = "simplify after opt") -> UOp: return graph_rewrite(ast, pm_opt_symbolic, name=name)
@@ -91,7 +90,8 @@ def _expand_one(ast: UOp, m: UOp) -> UOp:
 def expand(ast: UOp) -> UOp:
   """`ast` with every copy mark (UPCAST, UPCAST_OVERLAP, SPLIT, UNROLL, GROUPOUT) made into copies, in the order made,
   then simplified (once: the same kernel as simplifying after each, in the codegen corpus)."""
-  if not any(is_copy_range(n) for n in ast.toposort()): return ast
-  while (marks := [n for n in ast.toposort() if is_copy_range(n)]):
+  if not (marks := [n for n in ast.toposort() if is_copy_range(n)]): return ast
+  while marks:
     ast = _expand_one(ast, max(marks, key=lambda r: r.arg[0]))   # -1 first: the first marked
+    marks = [n for n in ast.toposort() if is_copy_range(n)]
   return simplify(ast, "simplify after expand")

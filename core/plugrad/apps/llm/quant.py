@@ -156,7 +156,8 @@ _CODES = {"Q4_0": (0, 15), "Q4_1": (0, 15), "Q5_0": (0, 31), "Q5_1": (0, 31), "Q
 
 _ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 # the codes the output-rows-in-lanes layout stores with their offset included: Q6_K's q - 32 (int8), Q5_0's q - 16
-# (its fifth bits inverted: low nibble - 16 * (1 - fifth bit), a subtraction where an OR and the offset's add were)
+# (a 5-bit type here has its fifth bits stored inverted: low nibble - 16 * (1 - fifth bit), a subtraction where an OR
+# and the offset's add were)
 _ROW_LANE_CODES = {"Q6_K": (-32, 31), "Q5_0": (-16, 15)}
 REPACK_CHUNK_BYTES = 4 << 20   # raw bytes of a weight repacked at a time (the load's transient memory is a few times this)
 
@@ -275,7 +276,7 @@ def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.nd
   else: scales = [f16(0)] + ([f16(2)] if qtype in ("Q4_1", "Q5_1") else [])
   if qtype == "Q8_0": return [np.ascontiguousarray(pairs), *scales]
   out_ = [((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1)]
-  if qtype in ("Q5_0", "Q5_1", "Q5_K"): out_.append(_pack_bits(((pairs >> 4) ^ (qtype == "Q5_0")).reshape(G * B, 8, 4 * L)))
+  if qtype in ("Q5_0", "Q5_1", "Q5_K"): out_.append(_pack_bits(((pairs >> 4) ^ (qtype in _ROW_LANE_CODES)).reshape(G * B, 8, 4 * L)))
   return out_ + scales
 
 
@@ -289,7 +290,7 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> 
   if qtype in ("Q8_0", "Q6_K"): q = t[0]
   else:
     q = _fields(t[0], 1, 4, 2)
-    if qtype == "Q5_0": q = q - (_fields(t[1], 1, 1, 8) << 4)   # the fifth bits stored inverted: the code q - 16, offset included
+    if five and qtype in _ROW_LANE_CODES: q = q - (_fields(t[1], 1, 1, 8) << 4)   # fifth bits stored inverted: q - 16, offset included
     elif five: q = q | (_fields(t[1], 1, 1, 8) << 4)
   scales = t[1 + five:]
   if k > 1:   # the byte sub-block scales (and mins) times their super-block's float32 scale (and -dmin)
