@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from plugrad.codegen import get_program
 from plugrad.codegen.expand import copy_range, expand, is_copy_range, simplify
+from plugrad.codegen.group import is_grouped
 from plugrad.codegen.optops import GLOBAL, OPT_KINDS, Opt, OptKind, apply_opt, register
 from plugrad.device import Device
 from plugrad.dtype import dtypes
@@ -88,8 +89,9 @@ def test_an_optimization_of_a_copy_range_is_refused():
 
 
 def test_thread_kinds_make_the_pending_copies_first(monkeypatch):
-  """GROUP lowers its reduce into shared memory and barriers: an UPCAST before it is expanded first, so each copy's
-  reduce gets its own local buffer (LOCAL too, which gates a partial workgroup). Right on the emulator."""
+  """GROUP's reduce is lowered into shared memory and barriers (codegen/group.py): an UPCAST before it is expanded
+  first, so each copy's reduce is grouped and gets its own local buffer (LOCAL too, which gates a partial workgroup).
+  Right on the emulator."""
   monkeypatch.setenv("EMULATE", "CUDA")
   dev = PythonDevice("PYTHON")
   monkeypatch.delenv("EMULATE")
@@ -100,7 +102,8 @@ def test_thread_kinds_make_the_pending_copies_first(monkeypatch):
   caps = dev.renderer.caps
   up = apply_opt(it.ast, Opt("UPCAST", gi.arg[0], 2), caps)
   grouped = apply_opt(up, Opt("GROUP", r.arg[0], 16), caps)
-  assert not any(is_copy_range(n) for n in grouped.toposort()) and _count(grouped, Ops.DEFINE_LOCAL) == 2
+  assert not any(is_copy_range(n) for n in grouped.toposort()) and sum(map(is_grouped, grouped.toposort())) == 2
+  assert _count(expand(grouped), Ops.DEFINE_LOCAL) == 2
   assert not any(is_copy_range(n) for n in apply_opt(up, Opt("LOCAL", gj.arg[0], 8), caps).toposort())
   for opts in ([Opt("UPCAST", gi.arg[0], 2), Opt("LOCAL", gj.arg[0], 8)], [Opt("UPCAST", gi.arg[0], 2), Opt("GROUP", r.arg[0], 16)]):
     spec = get_program(it.ast, dev.renderer, opts)

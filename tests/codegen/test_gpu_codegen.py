@@ -4,6 +4,7 @@ and the tensor-core lane layouts."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from plugrad import Tensor, Variable
 from plugrad.codegen import get_program
 from plugrad.codegen.heuristic import choose_gpu_opts
 from plugrad.codegen.expand import expand, is_copy_range
+from plugrad.codegen.group import is_grouped
 from plugrad.codegen.optops import apply_opt
 from plugrad.codegen.opt import Opt, ranges_of
 from plugrad.codegen.targets import TARGETS
@@ -574,6 +576,31 @@ def test_groupout_errors(monkeypatch):
   with pytest.raises(ValueError, match="global range"): apply_opt(ast, Opt("GROUPOUT", red.arg[0], 64), dev.renderer.caps)
   grouped = apply_opt(ast, Opt("GROUP", red.arg[0], 64), dev.renderer.caps)
   with pytest.raises(ValueError, match="before GROUP"): apply_opt(grouped, Opt("GROUPOUT", rngs[1].arg[0], 64), dev.renderer.caps)
+
+
+def test_group_only_marks_and_the_expand_pass_lowers_it(monkeypatch):
+  """GROUP splits a reduce range into a thread's partial loop and the group's thread range, nothing more: the
+  one-kernel softmax's max and sum (200 columns over 64 threads: gated partials) become REDUCE(REDUCE(x, inner),
+  lane), with no local memory or barrier yet (before, GROUP wrote those itself). codegen/group.py lowers them: the
+  max's when the sum's GROUP applies (a kind that lowers itself makes what is pending first), the sum's in the expand
+  pass; one local buffer each, and the rows are right on the emulator."""
+  gpu_scheduler(monkeypatch)
+  x = RNG.standard_normal((4, 200)).astype(np.float32)
+  dev = emu_device(monkeypatch)
+  ast = kernels(t_(x).softmax(-1))[-1].ast
+  reds = sorted({r for n in ast.toposort() if n.op is Ops.REDUCE for r in n.src[1:]}, key=lambda r: r.arg[0])
+  assert len([n for n in ast.toposort() if n.op is Ops.REDUCE]) == 2
+  opts = [Opt("GROUP", r.arg[0], 64) for r in reds]
+  first = apply_opt(ast, opts[0], dev.renderer.caps)
+  (grouped,) = [n for n in first.toposort() if is_grouped(n)]
+  assert grouped.src[0].op is Ops.REDUCE and not any(n.op in (Ops.DEFINE_LOCAL, Ops.BARRIER) for n in first.toposort())
+  # the second GROUP lowers the pending first (a kind that lowers itself makes what is pending first), then marks
+  marked = functools.reduce(lambda a, o: apply_opt(a, o, dev.renderer.caps), opts, ast)
+  assert sum(map(is_grouped, marked.toposort())) == 1 and sum(n.op is Ops.DEFINE_LOCAL for n in marked.toposort()) == 1
+  low = expand(marked)
+  assert not any(map(is_grouped, low.toposort())) and sum(n.op is Ops.DEFINE_LOCAL for n in low.toposort()) == 2
+  out, _ = run_emulated(t_(x).softmax(-1), dev, opts)
+  np.testing.assert_allclose(out.reshape(4, 200), _softmax(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
 
 
 def test_groupout_marks_its_copies_and_gates_only_the_last(monkeypatch):

@@ -6,29 +6,28 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
   id inside the workgroup once codegen/gpudims.py runs). When k doesn't divide N, r' has ceil(N/k) iterations and every
   global memory access of the kernel is gated by `r'*k + l < N`.
 - `GROUP` a reduce range R by k (`GROUPTOP`: the same, each thread taking a contiguous chunk): every REDUCE over R
-  becomes a per-thread partial over `R = r'*k + l` (GROUPTOP: `R = l*ceil(N/k) + r'`), stored to workgroup memory
-  (`DEFINE_LOCAL`), a `BARRIER`, then the k partials are combined: a tree when k is a power of two (step s: threads
-  l < s store `op(local[l], local[l+s])` into `local[l]`, then a BARRIER; every thread reads `local[0]` at the end),
-  else every thread loops over them: `REDUCE(LOAD(INDEX(local, base*k + j), BARRIER), j)`. Only thread `l == 0`
-  stores the kernel's outputs. Elements
-  past N (k not dividing N) contribute the reduce identity and are never loaded. GROUP applies to every REDUCE
-  that runs in no other reduce's loop (a barrier inside a loop would need a second one), after all LOCALs; a second
-  GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
+  becomes a per-thread partial over `R = r'*k + l` (GROUPTOP: `R = l*ceil(N/k) + r'`) reduced across the group's
+  thread range l: `REDUCE(REDUCE(x, r'), l)`. It only splits the range; codegen/group.py lowers that (local memory,
+  barriers, a tree or serial combine, outputs stored by thread 0) in the expand pass, or when a later kind that lowers
+  itself applies. Elements past N (k not dividing N) contribute the reduce identity and are never loaded. GROUP
+  applies to every REDUCE that runs in no other reduce's loop (a barrier inside a loop would need a second one), after
+  all LOCALs; a second GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
-  (a range of copies for the expand pass, codegen/expand.py); LOCAL, GROUP, GROUPTOP and TC lower themselves (gates,
-  shared memory, barriers), so they make the earlier copies first.
+  (a range of copies for the expand pass, codegen/expand.py). LOCAL and TC still lower themselves (a partial
+  workgroup's gates; shared memory and barriers), and GROUP/GROUPTOP need the copies marked before them made first
+  (each copy's reduce gets its own local buffer), so these kinds run the expand pass on what is pending first.
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
   memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 from plugrad.codegen.facts import contiguous, div_end, in_loop, ranges_of, tc_match
 from plugrad.codegen.linearize import reduce_identity
 from plugrad.codegen.expand import copy_range, expand, pm_opt_symbolic, simplify
+from plugrad.codegen.group import is_group_lane
 from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, register, thread_amounts
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
@@ -71,7 +70,7 @@ def _group_out(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
   workgroup per row whose threads write the row from the values they reduced."""
   if rng.arg[1] != "global" or len(rng.arg) > 2 or rng.src[0].op is not Ops.CONST:
     raise ValueError(f"GROUPOUT needs a global range of constant size, range {rng.arg} isn't one")
-  if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("GROUPOUT must come before GROUP")
+  if any(n.op is Ops.DEFINE_LOCAL or is_group_lane(n) for n in ast.toposort()): raise ValueError("GROUPOUT must come before GROUP")
   lcl = [r for r in ranges_of(ast).values() if r.arg[1] == "local"]
   if lcl: raise ValueError(f"GROUPOUT of range {rng.arg}: the kernel already has thread ranges {[r.arg for r in lcl]}")
   n, copies = rng.src[0].arg, -(-rng.src[0].arg // k)
@@ -84,57 +83,31 @@ def _group_out(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
 
 
 def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
+  """GROUP (GROUPTOP: `top`) of reduce range `rng` by k: every REDUCE over it becomes a per-thread partial over
+  `rng = inner*k + lane` (GROUPTOP: `lane*ceil(N/k) + inner`) reduced across the group's threads,
+  `REDUCE(REDUCE(x, inner, ...), lane)`; codegen/group.py lowers that into local memory and barriers."""
   reds = [n for n in ast.toposort() if n.op is Ops.REDUCE and rng in n.src[1:]]
   if not reds: raise ValueError(f"no REDUCE uses range {rng.arg}")
   if any(r in in_loop(ast) for r in reds): raise ValueError(f"GROUP of range {rng.arg}: its REDUCE runs inside another reduce's loop")
-  lcl = sorted((r for r in ranges_of(ast).values() if r.arg[1] == "local"), key=lambda r: r.arg[0])
-  grp = [r for r in lcl if r.arg[2:] == ("group",)]  # a second GROUP reuses the workgroup's reduce threads
+  grp = [r for r in ranges_of(ast).values() if is_group_lane(r)]  # a second GROUP reuses the workgroup's reduce threads
   if grp and grp[0].src[0].arg != k: raise ValueError(f"GROUP by {k}: the kernel already reduces across {grp[0].src[0].arg} threads")
-  lcl = [r for r in lcl if r not in grp]
-  base: UOp = _c(0)
-  for r in lcl: base = base * r.src[0] + r  # this thread's slot among the workgroup's other threads
-  nthreads = math.prod(r.src[0].arg for r in lcl) * k
   lane = grp[0] if grp else UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local", "group"))
-  n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL])
   n = rng.src[0]
   exact = (q := div_end(n, k)) is not None
   chunk = q if q is not None else graph_rewrite((n + (k - 1)) // k, pm_symbolic, name="chunk")
   subs, fresh = {}, nid + 1
-  for i, red in enumerate(sorted(reds, key=lambda r: len(r.toposort()))):
+  for red in sorted(reds, key=lambda r: len(r.toposort())):
     inner = UOp(Ops.RANGE, dtypes.index, (chunk,), (fresh, "reduce"))
-    j = UOp(Ops.RANGE, dtypes.index, (_c(k),), (fresh + 1, "reduce"))
-    fresh += 2
+    fresh += 2   # (and an id for the combine's loop, made when lowered)
     idx = lane * chunk + inner if top else inner * k + lane
     body = red.src[0].substitute({**subs, rng: idx}, walk=True)
     if not exact:
       valid = idx < n
       # only this reduce's own loads: a GROUPed reduce used inside this one (softmax's max in its sum) keeps its gates
       body = valid.where(gate_globals(body, valid, inner), UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
-    others = tuple(r for r in red.src[1:] if r is not rng)
-    partial = UOp(Ops.REDUCE, red.dtype, (body, inner, *others), red.arg)
-    buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(nthreads, AddrSpace.LOCAL), arg=(f"temp{n_bufs + i}", nthreads))
-    subs[red] = _combine(red, buf, base * k, lane, k, partial, j)
-  ast = ast.substitute(subs, walk=True)
-  # only thread 0 of the group stores (every thread holds the same combined value)
-  first = lane.eq(0)
-  stores = [st.replace(src=(st.src[0].replace(src=(*st.src[0].src[:2], first if len(st.src[0].src) < 3 else st.src[0].src[2] & first)), *st.src[1:]))
-            if lane not in st.src[0].toposort() else st for st in ast.src]
-  return UOp(Ops.SINK, dtypes.void, tuple(stores))
-
-
-def _combine(red: UOp, buf: UOp, base: UOp, lane: UOp, k: int, partial: UOp, j: UOp) -> UOp:
-  """The k partials of a workgroup combined through local memory: a tree of log2(k) halving steps (thread l < s adds
-  slot l+s into slot l, a BARRIER after each) when k is a power of two, else a serial loop over the k slots."""
-  def ix(i: UOp, gate: UOp | None = None) -> UOp: return UOp(Ops.INDEX, buf.dtype, (buf, base + i) if gate is None else (buf, base + i, gate))
-  bar = UOp(Ops.BARRIER, dtypes.void, (UOp(Ops.STORE, dtypes.void, (ix(lane), partial)),))
-  if k & (k - 1): return UOp(Ops.REDUCE, red.dtype, (UOp(Ops.LOAD, red.dtype, (ix(j), bar)), j), red.arg)
-  s = k // 2
-  while s >= 1:
-    act = lane < s
-    a, b = UOp(Ops.LOAD, red.dtype, (ix(lane, act), bar)), UOp(Ops.LOAD, red.dtype, (ix(lane + s, act), bar))
-    bar = UOp(Ops.BARRIER, dtypes.void, (UOp(Ops.STORE, dtypes.void, (ix(lane, act), UOp(red.arg, red.dtype, (a, b)))),))
-    s //= 2
-  return UOp(Ops.LOAD, red.dtype, (ix(_c(0)), bar))
+    partial = UOp(Ops.REDUCE, red.dtype, (body, inner, *(r for r in red.src[1:] if r is not rng)), red.arg)
+    subs[red] = UOp(Ops.REDUCE, red.dtype, (partial, lane), red.arg)
+  return ast.substitute(subs, walk=True)
 
 
 def _coord(lay, lane: UOp, e: int, which: int) -> UOp:
@@ -309,8 +282,8 @@ def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> U
 
 def _threads(split: Callable[[UOp, UOp, int, int], UOp], lowers: bool = False) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
   """The registered form of a thread split (LOCAL, GROUP, GROUPTOP, GROUPOUT): new ranges get ids past the kernel's.
-  One that `lowers` itself (GROUP, GROUPTOP: reduces into shared memory and barriers, each copy's reduce with its own
-  buffer; LOCAL: a partial last workgroup's accesses gated) makes the earlier copies first; GROUPOUT only splits."""
+  With `lowers` (LOCAL: a partial last workgroup's accesses gated; GROUP, GROUPTOP: each copy's reduce grouped on its
+  own) the pending marks are expanded first (a pending GROUP lowered); GROUPOUT only splits."""
   def apply(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
     assert rng is not None
     if lowers: ast = expand(ast)
