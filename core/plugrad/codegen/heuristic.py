@@ -633,7 +633,8 @@ def _row_opts(ast: UOp, glbl: list[UOp], reds: list[UOp], k: int, groups: list[O
   opts = [Opt("GROUPOUT", free[0].arg[0], k)] + groups
   try: cur = functools.reduce(lambda a, o: apply_opt(a, o, caps), opts, ast)
   except ValueError: return groups
-  loops = {r for n in cur.toposort() if n.op is Ops.REDUCE for r in n.src[1:] if unrollable(r, UNROLL_BUDGET) and r.src[0].arg > 1}
+  loops = {r for n in cur.toposort() if n.op is Ops.REDUCE for r in n.src[1:]
+           if r.arg[1] == "reduce" and unrollable(r, UNROLL_BUDGET) and r.src[0].arg > 1}   # (not a group's thread range)
   # (not the serial combine's loop over the k slots in local memory)
   loops = {r for r in loops if not any(r in x.src[1].toposort() for x in cur.toposort() if x.op is Ops.INDEX and x.src[0].op is Ops.DEFINE_LOCAL)}
   return opts + [Opt("UNROLL", r.arg[0], r.src[0].arg) for r in sorted(loops, key=lambda r: r.arg[0])]

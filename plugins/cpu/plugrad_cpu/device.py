@@ -419,9 +419,10 @@ class ClangRenderer(CStyleRenderer):
     """Innermost reduce loops of at least SLIDE_MIN_TRIPS trips that update at least `min_accs` vector accumulators
     (a register tile) and read some element again a few trips later through another load of the tile (a weight
     gradient's window x[ow + kw] with the taps kw as the tile's rows: x[ow + 1] is read again at the next ow). clang 19
-    unrolls such a loop by 2-4 and keeps those values in registers across the unrolled trips; with the tile's
-    accumulators live that spills and rotates registers every trip (the 128x128 3x3 weight gradient at 28x28: 3.5 ms
-    a core unrolled, 2.3 ms not, clang 14 2.4 ms). The renderer keeps these loops rolled (UNROLL_SLIDING=1: not)."""
+    tuning for Zen 3 (-march=znver3; the other x86 targets leave the loop rolled) unrolls such a loop by 2 and keeps
+    those values in registers across the unrolled trips; with the tile's accumulators live that spills and rotates
+    registers every trip (the 128x128 3x3 weight gradient at 28x28: 3.5 ms a core unrolled, 2.3 ms not, clang 14 2.4
+    ms). The renderer keeps these loops rolled everywhere (UNROLL_SLIDING=1: not)."""
     out, stack = set(), []   # per open loop: [range, innermost, loads of buffers, vector accumulator updates]
     for u in uops:
       if u.op is Ops.RANGE: stack.append([u, True, [], 0])
