@@ -98,7 +98,7 @@ def _group(ast: UOp, rng: UOp, k: int, top: bool, nid: int) -> UOp:
   subs, fresh = {}, nid + 1
   for red in sorted(reds, key=lambda r: len(r.toposort())):
     inner = UOp(Ops.RANGE, dtypes.index, (chunk,), (fresh, "reduce"))
-    fresh += 2   # (and an id for the combine's loop, made when lowered)
+    fresh += 2   # the ids as before, when the combine loop took the second: later ranges keep theirs
     idx = lane * chunk + inner if top else inner * k + lane
     body = red.src[0].substitute({**subs, rng: idx}, walk=True)
     if not exact:
