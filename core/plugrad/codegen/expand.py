@@ -62,23 +62,23 @@ pm_low_terms = PatternMatcher([(UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UP
 # a gate that folded to true (GROUPOUT's copies short of the last) is no gate
 pm_true_gate = PatternMatcher([(UPat(Ops.INDEX, src=(UPat.var("b"), UPat.var("i"), UPat.cvar("g", vec=False)), name="x"),
                                 lambda x, b, i, g: x.replace(src=(b, i)) if g.dtype == dtypes.bool and g.arg else None)])
+
+
 def _conjuncts(x: UOp) -> list[UOp]: return _conjuncts(x.src[0]) + _conjuncts(x.src[1]) if x.op is Ops.AND else [x]
 
 
 def _and_bounds(x: UOp) -> UOp | None:
   """A chain of ANDs with repeated terms dropped and the upper bounds of one integer merged (`i < 28 & i < 29` ->
   `i < 28`): a partial workgroup's gate (LOCAL) meeting the padding gates of unrolled taps. None when nothing goes."""
-  terms, kept, bound = _conjuncts(x), [], {}
-  for t in terms:
-    if t.op is Ops.CMPLT and t.src[1].op is Ops.CONST and t.src[0].dtype in (dtypes.index, dtypes.int32):
-      if t.src[0] in bound:
-        bound[t.src[0]] = min(bound[t.src[0]], t.src[1].arg)
-        continue
-      bound[t.src[0]] = t.src[1].arg
-    if t not in kept: kept.append(t)
-  if len(kept) == len(terms) and all(t.src[1].arg == bound[t.src[0]] for t in kept if t.op is Ops.CMPLT and t.src[0] in bound): return None
-  out = [t.src[0] < bound[t.src[0]] if t.op is Ops.CMPLT and t.src[0] in bound and t.src[1].op is Ops.CONST else t for t in kept]
-  return functools.reduce(lambda a, b: a & b, out)
+  terms = _conjuncts(x)
+  def upper(t: UOp) -> bool: return t.op is Ops.CMPLT and t.src[1].op is Ops.CONST and t.src[0].dtype in (dtypes.index, dtypes.int32)
+  bound: dict[UOp, int] = {}
+  for t in filter(upper, terms): bound[t.src[0]] = min(bound.get(t.src[0], t.src[1].arg), t.src[1].arg)
+  out: list[UOp] = []
+  for t in terms:   # each bound at its first place, tightened; a term met again (a looser bound, once tightened) dropped
+    if upper(t): t = t.src[0] < bound[t.src[0]]
+    if t not in out: out.append(t)
+  return None if len(out) == len(terms) else functools.reduce(lambda a, b: a & b, out)
 
 
 pm_and_bounds = PatternMatcher([(UPat(Ops.AND, dtypes.bool, name="x"), _and_bounds)])

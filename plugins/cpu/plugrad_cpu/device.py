@@ -295,9 +295,9 @@ def _slides(r: UOp, n: int, loads: list[UOp]) -> bool:
   seen: dict[tuple[UOp, int], list[int]] = {}
   for ld in loads:
     idx = ld.src[0].src[1]
-    try: base, step = eval_index(idx, {}), eval_index(idx, {r: 1}) - eval_index(idx, {})
+    try: base = eval_index(idx, {})
     except (ValueError, ZeroDivisionError): continue   # an address loaded from memory
-    if step: seen.setdefault((ld.src[0].src[0], step), []).append(base)
+    if step := eval_index(idx, {r: 1}) - base: seen.setdefault((ld.src[0].src[0], step), []).append(base)
   return any((d := abs(a - b)) % step == 0 and 1 <= d // step <= min(SLIDE_SHARE_TRIPS, n - 1)
              for (_, step), bases in seen.items() for i, a in enumerate(bases) for b in bases[i + 1:])
 
