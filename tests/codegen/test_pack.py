@@ -378,3 +378,88 @@ def test_expression_weight_not_packed_for_few_rows_when_its_columns_are_split(la
   t = (Tensor(x, device="CPU").realize().reshape(4, 1, 1, 96) * w.reshape(1, 9, 64, 96)).sum(-1)
   assert not any(o.kind == "PACK" for o in heuristic_opts(unoptimized_kernel(t), host_caps(lanes=lanes, regs=regs)))
   np.testing.assert_allclose(t.numpy(), (x @ (codes.astype(np.float32) * scale).T).reshape(4, 9, 64), rtol=1e-5, atol=1e-4)
+
+
+# ---- a packed operand over half of L3: packed and summed in chunks of the reduce axis (heuristic.pack_chunks) ----
+
+@pytest.fixture
+def small_l3(cpu_host):
+  """The CPU device as an AVX2, then an AVX-512 host (`cpu_host`) with a 256 KiB L3, so small matmuls take the
+  chunked path (the fixture restores the record and forgets the schedules made with it)."""
+  import dataclasses
+  ren = Device["CPU"].renderer
+  ren.caps = dataclasses.replace(ren.caps, cache_bytes=(32 << 10, 128 << 10, 256 << 10))
+  yield
+
+
+def chunk_arg(m: int, k: int, n: int, caps) -> tuple:
+  ast = unoptimized_kernel(Tensor.empty(m, k, device="CPU") @ Tensor.empty(k, n, device="CPU"))
+  return next(o.arg for o in heuristic_opts(ast, caps) if o.kind == "PACK")
+
+
+def test_skinny_matmul_packs_in_chunks_of_the_reduce_axis_on_both_hosts(cpu_host):
+  """16 x 4096 x 4096 with a 32 MiB L3: the 64 MiB packed B is packed and used in 8 chunks of 512 rows (8 MiB, a
+  quarter of L3) on AVX2 and AVX-512 records; a square 4096 product isn't chunked (its output's extra round trips
+  would cost more), nor is a product whose packed operand fits in half of L3."""
+  import dataclasses
+  caps = dataclasses.replace(Device["CPU"].renderer.caps, cache_bytes=(32 << 10, 512 << 10, 32 << 20))
+  assert chunk_arg(32, 4096, 4096, caps) == (8,)
+  assert chunk_arg(4096, 4096, 4096, caps) == ()
+  assert chunk_arg(32, 1024, 4096, caps) == ()
+  assert chunk_arg(32, 4096, 4096, dataclasses.replace(caps, cache_bytes=(32 << 10, 512 << 10, 0))) == ()  # unknown L3
+
+
+@pytest.mark.parametrize("m,k,n", [(32, 512, 256), (48, 1024, 256), (48, 768, 512)])
+def test_chunked_pack_matches_numpy(small_l3, m: int, k: int, n: int):
+  a, b = rand(m, k), rand(k, n)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  arg = chunk_arg(m, k, n, Device["CPU"].renderer.caps)
+  assert arg and arg[0] > 1
+  kernels = [it for it in t.schedule() if it.ast.op is Ops.SINK]
+  assert len(kernels) == 2 * arg[0]   # a pack and a sum per chunk
+  assert all(any(b.op is Ops.BUFFER_VIEW for b in it.bufs) for it in kernels[2:])  # later chunks read views of A and B
+  np.testing.assert_allclose(t.numpy(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_chunked_pack_of_an_intermediate(small_l3):
+  """A chunked product's output is an intermediate (its buffer placed through the chunks' views) read by a second
+  product (x @ W.T), right again after a re-run."""
+  a, b, w = rand(32, 512), rand(512, 256), rand(64, 256)
+  ta, tb, tw = (Tensor(x, device="CPU").realize() for x in (a, b, w))
+  for _ in range(2):
+    out = ((ta @ tb) @ tw.T).numpy()
+    np.testing.assert_allclose(out, (a.astype(np.float64) @ b) @ w.T, rtol=1e-4, atol=1e-3)
+  assert chunk_arg(32, 512, 256, Device["CPU"].renderer.caps) == (8,)
+
+
+def test_chunked_pack_refused_with_an_epilogue_or_overlapping_tiles(small_l3):
+  """Chunks add to the output in place: an epilogue (relu of the sum) must see the whole sum, and a tile that
+  computes some rows twice would add them twice; both keep the whole pack, and stay right."""
+  from plugrad.codegen.pack import chunk_reduce
+  a, b = rand(16, 512), rand(512, 256)
+  ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
+  assert chunk_reduce(unoptimized_kernel((ta @ tb).relu()), 4) is None
+  assert chunk_reduce(unoptimized_kernel(ta @ tb), 4) is not None
+  np.testing.assert_allclose((ta @ tb).relu().numpy(), np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+  a2 = rand(22, 512)  # 22 rows: the AVX2 tile of 6 rows overlaps its last block
+  ast = unoptimized_kernel(Tensor(a2, device="CPU") @ tb)
+  opts = heuristic_opts(ast, Device["CPU"].renderer.caps)
+  if any(o.kind == "UPCAST_OVERLAP" for o in opts): assert all(o.arg == () for o in opts if o.kind == "PACK")
+  np.testing.assert_allclose((Tensor(a2, device="CPU") @ tb).numpy(), a2 @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_jit_replays_a_chunked_pack_with_new_inputs(small_l3):
+  @TinyJit
+  def f(x: Tensor, y: Tensor) -> Tensor: return (x @ y).realize()
+  for _ in range(4):
+    a, b = rand(32, 512), rand(512, 256)
+    np.testing.assert_allclose(f(Tensor(a, device="CPU"), Tensor(b, device="CPU")).numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  assert sum(ei.runner is not None and ei.runner.spec.name.startswith("r_") for ei in f.captured) > 1
+
+
+def test_beam_times_every_chunk(small_l3):
+  ast = unoptimized_kernel(Tensor.empty(32, 512, device="CPU") @ Tensor.empty(512, 256, device="CPU"))
+  opts = heuristic_opts(ast, Device["CPU"].renderer.caps)
+  bufs = search.scratch_buffers(ast, "CPU")
+  one = [o if o.kind != "PACK" else Opt("PACK", o.rid, o.amount) for o in opts]
+  assert any(o.arg for o in opts) and search._time(ast, opts, "CPU", bufs) < float("inf") > search._time(ast, one, "CPU", bufs)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 from plugrad.codegen.expand import expand
 from plugrad.codegen.facts import (NO_DOTS, UNROLL_BUDGET, Dots, const_end, contiguous, divides, global_loads, global_ranges, group_dot_range,
@@ -27,7 +28,7 @@ from plugrad.codegen.facts import (NO_DOTS, UNROLL_BUDGET, Dots, const_end, cont
                                    unrollable)
 from plugrad.codegen.gpudims import uses_gpudims
 from plugrad.codegen.optops import UPCASTS, Opt, apply_opt, is_vector_range
-from plugrad.codegen.pack import _mul_operands, pack_candidate, split_packs
+from plugrad.codegen.pack import _mul_operands, chunk_reduce, pack_candidate, split_packs
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
@@ -44,6 +45,8 @@ PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
 PACK_MIN_EXPR_BLOCKS = 8  # an expression operand (a dequantized weight) is packed when this many row blocks reuse it
 LONG_FMA_CHAIN = 16384  # a streaming sum of products this long is vectorized by the heuristic, not left to the compiler
 TILE_OVERLAP_WASTE = 16  # a tile's rows may overlap the block before when at most this part of the rows is computed twice
+PACK_CHUNK_L3_PART = 4  # a packed column operand over L3/2 is packed and used in chunks of at most this part of L3
+PACK_CHUNK_MIN_REDUCE = 64  # and of at least this many reduce steps (each chunk is two launches)
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)
 
 
@@ -374,7 +377,32 @@ def heuristic_opts(ast: UOp, caps: Capabilities) -> list[Opt]:
   opts = choose_opts(ast, upcast_max, split, lanes, regs, Dots.of(caps))
   if lanes >= 2 and (po := _operand_pack_opts(ast, upcast_max, split, lanes, regs, opts)): opts = po
   if (blk := row_block_opt(ast, opts, caps.cache_bytes[2])) is not None: opts = opts + [blk]
-  return opts
+  return pack_chunks(ast, opts, caps.cache_bytes[2])
+
+
+def pack_chunks(ast: UOp, opts: list[Opt], l3: int) -> list[Opt]:
+  """`opts` with the column operand's PACK done in chunks of the reduce axis (`Opt.arg = (chunks,)`, codegen/pack.py
+  `chunk_reduce`) when its packed copy is over half of L3: written whole, it goes to DRAM and the matmul reads it back
+  from there (a 16 x 4096 x 4096 product spent 6.1 ms packing and 5.5 ms computing). In chunks of at most
+  L3/PACK_CHUNK_L3_PART bytes, each chunk is packed and then summed while it is in cache, and the operand crosses DRAM
+  once. The chunks after the first add to the output in place: row tiles that overlap (UPCAST_OVERLAP computes some
+  rows twice) rule it out, and an output whose extra round trips (read and written again by every later chunk) move
+  more bytes than the packed copy's round trip saves (a big square product) too. PACK_CHUNKS=n forces n chunks,
+  PACK_CHUNKS=0 none."""
+  packs = [o for o in opts if o.kind == "PACK"]
+  if len(packs) != 1 or not any(o.kind == "OUTER" and o.rid == packs[0].rid for o in opts) or (force := getenv("PACK_CHUNKS", -1)) == 0 or \
+     any(o.kind == "UPCAST_OVERLAP" for o in opts): return opts
+  try: plan = split_packs(ast, packs)
+  except ValueError: return opts
+  nbytes, chunks = plan.packs[0].size * plan.packs[0].dtype.itemsize, 1
+  if force > 0: chunks = force
+  elif l3 and nbytes * 2 > l3:
+    red = const_end(next(x for x in ast.toposort() if x.op is Ops.REDUCE).src[1]) or 0
+    while nbytes * PACK_CHUNK_L3_PART > l3 * chunks and red // (chunks * 2) >= PACK_CHUNK_MIN_REDUCE and chunk_reduce(ast, chunks * 2): chunks *= 2
+    out = next(x for x in ast.toposort() if x.op is Ops.DEFINE_GLOBAL and x.arg == 0)
+    if nbytes <= (chunks - 1) * out.dtype.size * out.dtype.base.itemsize: chunks = 1  # the output's round trips would cost more
+  if chunks < 2 or chunk_reduce(ast, chunks) is None: return opts
+  return [replace(o, arg=(chunks,)) if o is packs[0] else o for o in opts]
 
 
 def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:

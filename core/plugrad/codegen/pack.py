@@ -22,7 +22,7 @@ schedule item of its own before the main one, its scratch an intermediate buffer
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from plugrad.codegen.facts import const_end, contiguous
 from plugrad.codegen.optops import UPCASTS
@@ -46,11 +46,18 @@ class PackKernel:
 class PackPlan:
   """The main kernel after packing: `ast`, its remaining `opts`, the packing kernels, and for each parameter of `ast`
   where its buffer comes from: `slots[i] >= 0` is the schedule item's buffer of that slot, `-1 - j` the scratch of
-  `packs[j]`."""
+  `packs[j]`. With `chunks` > 1 the packing kernels and `ast` cover one chunk of the reduce range and run `chunks`
+  times in turn (pack, compute), the schedule item's buffer of slot s viewed `steps[s]` elements further each time, at
+  most `sizes[s]` elements; `ast` stores the first chunk's sum, `rest` adds each later one (see `chunk_reduce`). The
+  scratch is one chunk's, written again by each."""
   ast: UOp
   opts: list
   packs: list[PackKernel]
   slots: list[int]
+  chunks: int = 1
+  steps: dict[int, int] = field(default_factory=dict)
+  sizes: dict[int, int] = field(default_factory=dict)
+  rest: UOp | None = None
 
 
 
@@ -142,11 +149,64 @@ def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UO
   return new_ast, PackKernel(pack_ast, tuple(t.arg for t in srcs), total, val.dtype)
 
 
+def _affine_step(idx: UOp, n: UOp) -> int | None:
+  """`c` when index `idx` is `n * c` plus terms that don't read `n` (None otherwise: `n` divided, taken modulo,
+  compared, or in a gather's index)."""
+  if idx is n: return 1
+  if idx.op is Ops.MUL and n in idx.src and (c := next((s for s in idx.src if s is not n), None)) is not None and c.op is Ops.CONST:
+    return int(c.arg)
+  if idx.op is Ops.ADD:
+    moving = [s for s in idx.src if n in s.toposort()]
+    return _affine_step(moving[0], n) if len(moving) == 1 else None
+  return None
+
+
+def chunk_reduce(ast: UOp, chunks: int) -> tuple[UOp, UOp, dict[int, int], dict[int, int]] | None:
+  """`ast`, a sum over one reduce range stored as it is, split into `chunks` equal chunks of that range run one after
+  another: `(first, rest, steps, sizes)`. `first` stores the first chunk's sum, `rest` adds a chunk's sum to what is
+  stored; every chunk runs the same kernel with each parameter that moves with the range viewed `steps[p]` elements
+  further a chunk (`sizes[p]` elements long). None when that isn't so: more than one reduce range, a store of anything
+  but the sum (an epilogue must see the whole sum), or a use of the range other than a load index moving `c` elements
+  per step (a gate, a division, a value computed from the position)."""
+  stores = [x for x in ast.src if x.op is Ops.STORE]
+  if not stores or len(stores) != len(ast.src) or any(st.src[1].op is not Ops.REDUCE or st.src[1].arg is not Ops.ADD for st in stores): return None
+  rngs = {r for st in stores for r in st.src[1].src[1:]}
+  if len(rngs) != 1 or (size := const_end(rng := rngs.pop())) is None or size % chunks: return None
+  steps: dict[int, int] = {}
+  zeroed: dict[UOp, UOp] = {}   # each index moving with it, with the range taken as 0: nothing else may read it
+  indexes = [x for x in ast.toposort() if x.op is Ops.INDEX and x.src[0].op is Ops.DEFINE_GLOBAL]
+  for x in indexes:
+    if rng not in x.toposort(): continue
+    if len(x.src) != 2 or (c := _affine_step(x.src[1], rng)) is None or steps.setdefault(x.src[0].arg, c) != c: return None
+    zeroed[x] = x.replace(src=(x.src[0], x.src[1].substitute({rng: UOp.const(dtypes.index, 0)})))
+  if not steps or any(rng in x.src[1].src[0].toposort() for x in ast.substitute(zeroed).src): return None
+  if any(x.src[0].arg in steps and x not in zeroed for x in indexes): return None  # a viewed buffer also read in place
+  kc = size // chunks
+  first = ast.substitute({rng: rng.replace(src=(UOp.const(dtypes.index, kc),))}, walk=True)
+  globs = {g.arg: g for g in first.toposort() if g.op is Ops.DEFINE_GLOBAL}
+  steps = {a: c * kc for a, c in steps.items()}
+  sizes = {a: globs[a].dtype.size - s * (chunks - 1) for a, s in steps.items()}
+  if any(v <= 0 for v in sizes.values()): return None
+  first = first.substitute({globs[a]: globs[a].replace(dtype=globs[a].dtype.base.ptr(size=sizes[a])) for a in steps}, walk=True)
+  def acc(st: UOp) -> UOp:
+    return st.replace(src=(st.src[0], UOp(Ops.ADD, st.src[1].dtype, (UOp(Ops.LOAD, st.src[1].dtype, (st.src[0],)), st.src[1]))))
+  rest = first.replace(src=tuple(acc(st) for st in first.src))
+  return first, rest, steps, sizes
+
+
 def split_packs(ast: UOp, opts: list) -> PackPlan:
-  """Apply the PACK opts of `opts` (see the module docstring); the other opts are returned unchanged."""
+  """Apply the PACK opts of `opts` (see the module docstring); the other opts are returned unchanged. A PACK with
+  `arg=(chunks,)` splits the reduce range into that many chunks first (`chunk_reduce`): packed and summed chunk by
+  chunk, each chunk's packed operand stays in cache for the kernel that reads it instead of a round trip through DRAM,
+  and it is read from consecutive rows of the operand (whole rows of a row-major B)."""
   packs = [o for o in opts if o.kind == "PACK"]
   rest = [o for o in opts if o.kind != "PACK"]
   if not packs: return PackPlan(ast, rest, [], [g.arg for g in _globals(ast)])
+  if (chunked := [o for o in packs if o.arg and o.arg[0] > 1]):
+    if len(packs) != 1 or (cc := chunk_reduce(ast, chunked[0].arg[0])) is None:
+      raise ValueError(f"{chunked[0]}: the kernel can't sum its reduce range chunk by chunk")
+    plan, rest_plan = (split_packs(a, [replace(chunked[0], arg=())] + rest) for a in cc[:2])
+    return replace(plan, chunks=chunked[0].arg[0], steps=cc[2], sizes=cc[3], rest=rest_plan.ast)
   nslots = max(g.arg for g in _globals(ast)) + 1
   kernels: list[PackKernel] = []
   for o in packs:

@@ -66,25 +66,29 @@ def scratch_buffers(ast: UOp, device: str) -> list[Buffer]:
 
 
 def _time(ast: UOp, opts: list[Opt], device: str, bufs: list[Buffer]) -> float:
-  """Seconds of the best of 3 launches of `ast` compiled with `opts`, packing kernels included (inf when the opts
-  don't fit or fail)."""
+  """Seconds of the best of 3 launches of `ast` compiled with `opts`, packing kernels included, every chunk of a
+  chunked PACK (each on the first chunk's buffers: the same work) (inf when the opts don't fit or fail)."""
   dev = Device[device]
+  def load(a: UOp, o: list[Opt] | None = None) -> tuple:
+    spec = get_program(a, dev.renderer, o)
+    kw = {} if spec.local_size is None else dict(zip(("global_size", "local_size"), spec.launch_dims({})))
+    return dev.load(spec.name, dev.compiler.compile_cached(spec.src)), kw
   try:
     pre: list[tuple] = []
+    chunks, rest = 1, None
     if any(o.kind == "PACK" for o in opts):
       plan = split_packs(ast, opts)
       for pk in plan.packs:
-        ps = get_program(pk.ast, dev.renderer)
-        pre.append((dev.load(ps.name, dev.compiler.compile_cached(ps.src)), Buffer(device, pk.size, pk.dtype).ensure_allocated(),
-                    [bufs[i] for i in pk.srcs]))
-      spec = get_program(plan.ast, dev.renderer, plan.opts)
-      main = [bufs[s] if s >= 0 else pre[-1 - s][1] for s in plan.slots]
-    else: spec, main = get_program(ast, dev.renderer, opts), bufs
-    prg = dev.load(spec.name, dev.compiler.compile_cached(spec.src))
-    kw = {} if spec.local_size is None else dict(zip(("global_size", "local_size"), spec.launch_dims({})))
+        pre.append((load(pk.ast)[0], Buffer(device, pk.size, pk.dtype).ensure_allocated(), [bufs[i] for i in pk.srcs]))
+      (prg, kw), main = load(plan.ast, plan.opts), [bufs[s] if s >= 0 else pre[-1 - s][1] for s in plan.slots]
+      if plan.rest is not None: chunks, rest = plan.chunks, load(plan.rest, plan.opts)[0]
+    else: (prg, kw), main = load(ast, opts), bufs
     def once() -> float:
-      t = sum(p(sc._buf, *[b._buf for b in srcs], wait=True) or 0.0 for p, sc, srcs in pre)
-      return t + (prg(*[b._buf for b in main], wait=True, **kw) or float("inf"))
+      t = 0.0
+      for c in range(chunks):
+        t += sum(p(sc._buf, *[b._buf for b in srcs], wait=True) or 0.0 for p, sc, srcs in pre)
+        t += ((rest if c else prg)(*[b._buf for b in main], wait=True, **kw) or float("inf"))
+      return t
     return min(once() for _ in range(3))
   except (ValueError, AssertionError, RuntimeError, NotImplementedError): return float("inf")
 

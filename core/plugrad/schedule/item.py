@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plugrad.codegen.optops import Opt
-from plugrad.uop.ops import UOp
+from plugrad.uop.ops import Ops, UOp
 
 
 @dataclass
@@ -16,3 +16,15 @@ class ScheduleItem:
   bufs: list[UOp]
   var_vals: dict[UOp, int] = field(default_factory=dict)
   opts: tuple[Opt, ...] | None = None
+
+
+def _base_size(b: UOp) -> int: return b.arg if b.op is Ops.BUFFER else b.arg[0] if b.op is Ops.BUFFER_VIEW else b.arg[2]
+
+
+def range_view(base: UOp, off: int, n: int, dtype=None) -> UOp:
+  """`n` elements of `dtype` (default base's) starting `off` base elements into buffer `base`, as a BUFFER_VIEW (or base)."""
+  dtype = dtype or base.dtype
+  if off == 0 and dtype == base.dtype and n == _base_size(base): return base
+  boff = off * base.dtype.itemsize
+  if base.op is Ops.BUFFER_VIEW: base, boff = base.src[0], boff + base.arg[1]
+  return UOp(Ops.BUFFER_VIEW, dtype, (base,), (n, boff))

@@ -16,7 +16,7 @@ from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.errors import TensorError
 from plugrad.schedule.indexing import TRUE, KernelContext, pm_index, same_size
-from plugrad.schedule.item import ScheduleItem
+from plugrad.schedule.item import ScheduleItem, range_view
 from plugrad.schedule.optimize import optimize_items
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
@@ -45,9 +45,6 @@ def buffer_of(u: UOp) -> UOp:
   return u
 
 
-def _base_size(b: UOp) -> int: return b.arg if b.op is Ops.BUFFER else b.arg[0] if b.op is Ops.BUFFER_VIEW else b.arg[2]
-
-
 def contiguous_range(u: UOp) -> tuple[UOp, int, UOp]:
   """(base, element offset, top) for a buffer view `u`: `top` is the outermost node of u's movement chain whose elements
   are base[offset : offset+top.numel()] in row-major order (reshapes, shrinks that keep a row-major range, and
@@ -68,15 +65,6 @@ def contiguous_range(u: UOp) -> tuple[UOp, int, UOp]:
     elif m.op is not Ops.RESHAPE: break
     top = m
   return base, off, top
-
-
-def range_view(base: UOp, off: int, n: int, dtype=None) -> UOp:
-  """`n` elements of `dtype` (default base's) starting `off` base elements into buffer `base`, as a BUFFER_VIEW (or base)."""
-  dtype = dtype or base.dtype
-  if off == 0 and dtype == base.dtype and n == _base_size(base): return base
-  boff = off * base.dtype.itemsize
-  if base.op is Ops.BUFFER_VIEW: base, boff = base.src[0], boff + base.arg[1]
-  return UOp(Ops.BUFFER_VIEW, dtype, (base,), (n, boff))
 
 
 def is_storage(device: str) -> bool:
@@ -520,14 +508,15 @@ def plan_buffers(items: list[ScheduleItem], kept: set[UOp]) -> dict[UOp, UOp]:
   free: dict[tuple, list[UOp]] = {}
   outs: dict[UOp, UOp] = {}
   for i, it in enumerate(items):
-    for p in it.bufs:
-      if p.op is not Ops.PARAM or p.arg[0] != "out" or p in outs: continue
+    params = [p for b in it.bufs for p in b.toposort() if p.op is Ops.PARAM and p.arg[0] == "out"]  # views' bases too
+    for p in params:
+      if p in outs: continue
       key = (p.arg[3], p.dtype, p.arg[2])
       if p in kept: outs[p] = new_buffer(p.arg[3], p.arg[2], p.dtype)
       elif free.get(key): outs[p] = free[key].pop()
       else: outs[p] = mark_internal(new_buffer(p.arg[3], p.arg[2], p.dtype))
-    for p in it.bufs:
-      if p.op is Ops.PARAM and p.arg[0] == "out" and last_use[p] == i and p not in kept:
+    for p in dict.fromkeys(params):
+      if last_use[p] == i and p not in kept:
         free.setdefault((p.arg[3], p.dtype, p.arg[2]), []).append(outs[p])
   return outs
 

@@ -14,7 +14,7 @@ from typing import Callable
 from plugrad.codegen.pack import split_packs
 from plugrad.codegen.search import kernel_opts
 from plugrad.dtype import DType
-from plugrad.schedule.item import ScheduleItem
+from plugrad.schedule.item import ScheduleItem, range_view
 from plugrad.uop.ops import Ops, UOp
 
 
@@ -38,8 +38,12 @@ def optimize_items(items: list[ScheduleItem], new_out: Callable[[str, int, DType
       continue
     plan = split_packs(ast, list(opts))
     scratch = [new_out(dev, pk.size, pk.dtype) for pk in plan.packs]
-    for pk, buf in zip(plan.packs, scratch):
-      pk_ast, pk_opts = kernel_opts(pk.ast, dev)
-      out.append(ScheduleItem(pk_ast, [buf, *[it.bufs[s] for s in pk.srcs]], {}, pk_opts))
-    out.append(ScheduleItem(plan.ast, [it.bufs[s] if s >= 0 else scratch[-1 - s] for s in plan.slots], it.var_vals, tuple(plan.opts)))
+    pks = [(pk, *kernel_opts(pk.ast, dev)) for pk in plan.packs]
+    for c in range(plan.chunks):
+      def buf(s: int) -> UOp:   # the item's buffer of slot s, as chunk c's kernels see it
+        if s not in plan.steps: return it.bufs[s]
+        return range_view(it.bufs[s], c * plan.steps[s], plan.sizes[s])
+      for (pk, pk_ast, pk_opts), sc in zip(pks, scratch): out.append(ScheduleItem(pk_ast, [sc, *[buf(s) for s in pk.srcs]], {}, pk_opts))
+      main = plan.ast if c == 0 else plan.rest
+      out.append(ScheduleItem(main, [buf(s) if s >= 0 else scratch[-1 - s] for s in plan.slots], it.var_vals, tuple(plan.opts)))
   return out
