@@ -398,12 +398,12 @@ def chunk_arg(m: int, k: int, n: int, caps) -> tuple:
 
 
 def test_skinny_matmul_packs_in_chunks_of_the_reduce_axis_on_both_hosts(cpu_host):
-  """16 x 4096 x 4096 with a 32 MiB L3: the 64 MiB packed B is packed and used in 8 chunks of 512 rows (8 MiB, a
-  quarter of L3) on AVX2 and AVX-512 records; a square 4096 product isn't chunked (its output's extra round trips
-  would cost more), nor is a product whose packed operand fits in half of L3."""
+  """32 x 4096 x 4096 with a 32 MiB L3: the 64 MiB packed B is packed and summed in 16 chunks of 256 rows (4 MiB, an
+  eighth of L3) on AVX2 and AVX-512 records; a square 4096 product isn't chunked (its output's extra round trips
+  would cost more), nor is a product whose packed operand fits in half of L3, nor one on a host of unknown L3."""
   import dataclasses
   caps = dataclasses.replace(Device["CPU"].renderer.caps, cache_bytes=(32 << 10, 512 << 10, 32 << 20))
-  assert chunk_arg(32, 4096, 4096, caps) == (8,)
+  assert chunk_arg(32, 4096, 4096, caps) == (16,)
   assert chunk_arg(4096, 4096, 4096, caps) == ()
   assert chunk_arg(32, 1024, 4096, caps) == ()
   assert chunk_arg(32, 4096, 4096, dataclasses.replace(caps, cache_bytes=(32 << 10, 512 << 10, 0))) == ()  # unknown L3
@@ -432,20 +432,39 @@ def test_chunked_pack_of_an_intermediate(small_l3):
   assert chunk_arg(32, 512, 256, Device["CPU"].renderer.caps) == (8,)
 
 
-def test_chunked_pack_refused_with_an_epilogue_or_overlapping_tiles(small_l3):
-  """Chunks add to the output in place: an epilogue (relu of the sum) must see the whole sum, and a tile that
-  computes some rows twice would add them twice; both keep the whole pack, and stay right."""
+def test_chunked_pack_refused_with_an_epilogue(small_l3):
+  """An epilogue (relu of the sum) must see the whole sum: such a kernel keeps the whole pack, and stays right."""
   from plugrad.codegen.pack import chunk_reduce
-  a, b = rand(16, 512), rand(512, 256)
+  a, b = rand(32, 512), rand(512, 256)
   ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
   assert chunk_reduce(unoptimized_kernel((ta @ tb).relu()), 4) is None
   assert chunk_reduce(unoptimized_kernel(ta @ tb), 4) is not None
   np.testing.assert_allclose((ta @ tb).relu().numpy(), np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
-  a2 = rand(22, 512)  # 22 rows: the AVX2 tile of 6 rows overlaps its last block
-  ast = unoptimized_kernel(Tensor(a2, device="CPU") @ tb)
-  opts = heuristic_opts(ast, Device["CPU"].renderer.caps)
-  if any(o.kind == "UPCAST_OVERLAP" for o in opts): assert all(o.arg == () for o in opts if o.kind == "PACK")
-  np.testing.assert_allclose((Tensor(a2, device="CPU") @ tb).numpy(), a2 @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_chunked_pack_with_overlapping_row_tiles(small_l3, cpu_host):
+  """64 rows: the AVX2 tile of 6 rows overlaps its last block (UPCAST_OVERLAP computes 2 rows twice). Each later chunk
+  reads the sum so far from the buffer the chunk before wrote and stores into the other one, so a row computed twice
+  is stored twice with the same value, not added twice."""
+  a, b = rand(64, 512), rand(512, 256)
+  opts = heuristic_opts(unoptimized_kernel(Tensor.empty(64, 512, device="CPU") @ Tensor.empty(512, 256, device="CPU")), Device["CPU"].renderer.caps)
+  assert next(o.arg for o in opts if o.kind == "PACK")[0] > 1
+  assert any(o.kind == "UPCAST_OVERLAP" for o in opts) == (cpu_host == "avx2")
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  np.testing.assert_allclose(t.numpy(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_repeated_chunked_product_runs_from_a_plan(small_l3):
+  """The chunks read views of the inputs; the realize plan (engine/plan.py) holds those as ranges of its leaves, so
+  a repeated product skips scheduling, with new values each time."""
+  from plugrad.engine.plan import PLAN_STATS
+  b = rand(512, 256)
+  tb = Tensor(b, device="CPU").realize()
+  hits = PLAN_STATS["hits"]
+  for _ in range(4):
+    a = rand(32, 512)
+    np.testing.assert_allclose((Tensor(a, device="CPU").realize() @ tb).numpy(), a @ b, rtol=1e-5, atol=1e-4)
+  assert PLAN_STATS["hits"] - hits >= 2
 
 
 def test_jit_replays_a_chunked_pack_with_new_inputs(small_l3):

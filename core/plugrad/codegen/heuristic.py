@@ -45,7 +45,7 @@ PACK_MIN_REDUCE = 16  # and be at least this long along the reduce axis
 PACK_MIN_EXPR_BLOCKS = 8  # an expression operand (a dequantized weight) is packed when this many row blocks reuse it
 LONG_FMA_CHAIN = 16384  # a streaming sum of products this long is vectorized by the heuristic, not left to the compiler
 TILE_OVERLAP_WASTE = 16  # a tile's rows may overlap the block before when at most this part of the rows is computed twice
-PACK_CHUNK_L3_PART = 4  # a packed column operand over L3/2 is packed and used in chunks of at most this part of L3
+PACK_CHUNK_L3_PART = 8  # a packed column operand over L3/2 is packed and used in chunks of at most this part of L3 (as ROW_CHUNK_L3_PART)
 PACK_CHUNK_MIN_REDUCE = 64  # and of at least this many reduce steps (each chunk is two launches)
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)
 
@@ -385,13 +385,12 @@ def pack_chunks(ast: UOp, opts: list[Opt], l3: int) -> list[Opt]:
   `chunk_reduce`) when its packed copy is over half of L3: written whole, it goes to DRAM and the matmul reads it back
   from there (a 16 x 4096 x 4096 product spent 6.1 ms packing and 5.5 ms computing). In chunks of at most
   L3/PACK_CHUNK_L3_PART bytes, each chunk is packed and then summed while it is in cache, and the operand crosses DRAM
-  once. The chunks after the first add to the output in place: row tiles that overlap (UPCAST_OVERLAP computes some
-  rows twice) rule it out, and an output whose extra round trips (read and written again by every later chunk) move
-  more bytes than the packed copy's round trip saves (a big square product) too. PACK_CHUNKS=n forces n chunks,
+  once. Not when the output's extra round trips (each later chunk reads the sum so far and writes the new one) move
+  more bytes than the packed copy's round trip saves (a big square product). PACK_CHUNKS=n forces n chunks,
   PACK_CHUNKS=0 none."""
   packs = [o for o in opts if o.kind == "PACK"]
-  if len(packs) != 1 or not any(o.kind == "OUTER" and o.rid == packs[0].rid for o in opts) or (force := getenv("PACK_CHUNKS", -1)) == 0 or \
-     any(o.kind == "UPCAST_OVERLAP" for o in opts): return opts
+  if len(packs) != 1 or not any(o.kind == "OUTER" and o.rid == packs[0].rid for o in opts) or (force := getenv("PACK_CHUNKS", -1)) == 0:
+    return opts
   try: plan = split_packs(ast, packs)
   except ValueError: return opts
   nbytes, chunks = plan.packs[0].size * plan.packs[0].dtype.itemsize, 1

@@ -48,8 +48,9 @@ class PackPlan:
   where its buffer comes from: `slots[i] >= 0` is the schedule item's buffer of that slot, `-1 - j` the scratch of
   `packs[j]`. With `chunks` > 1 the packing kernels and `ast` cover one chunk of the reduce range and run `chunks`
   times in turn (pack, compute), the schedule item's buffer of slot s viewed `steps[s]` elements further each time, at
-  most `sizes[s]` elements; `ast` stores the first chunk's sum, `rest` adds each later one (see `chunk_reduce`). The
-  scratch is one chunk's, written again by each."""
+  most `sizes[s]` elements. `ast` stores the first chunk's sum; each later chunk runs `rest`, a plan of its own whose
+  extra slot `len(item buffers)` is the sum so far, stored by the chunk before into another buffer (see
+  `chunk_reduce`). The scratch is one chunk's, written again by each."""
   ast: UOp
   opts: list
   packs: list[PackKernel]
@@ -57,7 +58,7 @@ class PackPlan:
   chunks: int = 1
   steps: dict[int, int] = field(default_factory=dict)
   sizes: dict[int, int] = field(default_factory=dict)
-  rest: UOp | None = None
+  rest: PackPlan | None = None
 
 
 
@@ -163,11 +164,12 @@ def _affine_step(idx: UOp, n: UOp) -> int | None:
 
 def chunk_reduce(ast: UOp, chunks: int) -> tuple[UOp, UOp, dict[int, int], dict[int, int]] | None:
   """`ast`, a sum over one reduce range stored as it is, split into `chunks` equal chunks of that range run one after
-  another: `(first, rest, steps, sizes)`. `first` stores the first chunk's sum, `rest` adds a chunk's sum to what is
-  stored; every chunk runs the same kernel with each parameter that moves with the range viewed `steps[p]` elements
-  further a chunk (`sizes[p]` elements long). None when that isn't so: more than one reduce range, a store of anything
-  but the sum (an epilogue must see the whole sum), or a use of the range other than a load index moving `c` elements
-  per step (a gate, a division, a value computed from the position)."""
+  another: `(first, rest, steps, sizes)`. `first` stores the first chunk's sum; `rest` stores a chunk's sum plus the
+  sum so far, read from a parameter of its own (numbered after the others: a buffer other than the output, so a row
+  tile that computes some outputs twice stays right). Every chunk runs the same kernel with each parameter that moves
+  with the range viewed `steps[p]` elements further a chunk (`sizes[p]` elements long). None when that isn't so: more
+  than one reduce range, a store of anything but the sum (an epilogue must see the whole sum), or a use of the range
+  other than a load index moving `c` elements per step (a gate, a division, a value computed from the position)."""
   stores = [x for x in ast.src if x.op is Ops.STORE]
   if not stores or len(stores) != len(ast.src) or any(st.src[1].op is not Ops.REDUCE or st.src[1].arg is not Ops.ADD for st in stores): return None
   rngs = {r for st in stores for r in st.src[1].src[1:]}
@@ -188,8 +190,10 @@ def chunk_reduce(ast: UOp, chunks: int) -> tuple[UOp, UOp, dict[int, int], dict[
   sizes = {a: globs[a].dtype.size - s * (chunks - 1) for a, s in steps.items()}
   if any(v <= 0 for v in sizes.values()): return None
   first = first.substitute({globs[a]: globs[a].replace(dtype=globs[a].dtype.base.ptr(size=sizes[a])) for a in steps}, walk=True)
+  prev = UOp(Ops.DEFINE_GLOBAL, globs[0].dtype, (), max(globs) + 1)
   def acc(st: UOp) -> UOp:
-    return st.replace(src=(st.src[0], UOp(Ops.ADD, st.src[1].dtype, (UOp(Ops.LOAD, st.src[1].dtype, (st.src[0],)), st.src[1]))))
+    sofar = UOp(Ops.LOAD, st.src[1].dtype, (st.src[0].replace(src=(prev, *st.src[0].src[1:])),))
+    return st.replace(src=(st.src[0], UOp(Ops.ADD, st.src[1].dtype, (sofar, st.src[1]))))
   rest = first.replace(src=tuple(acc(st) for st in first.src))
   return first, rest, steps, sizes
 
@@ -206,7 +210,7 @@ def split_packs(ast: UOp, opts: list) -> PackPlan:
     if len(packs) != 1 or (cc := chunk_reduce(ast, chunked[0].arg[0])) is None:
       raise ValueError(f"{chunked[0]}: the kernel can't sum its reduce range chunk by chunk")
     plan, rest_plan = (split_packs(a, [replace(chunked[0], arg=())] + rest) for a in cc[:2])
-    return replace(plan, chunks=chunked[0].arg[0], steps=cc[2], sizes=cc[3], rest=rest_plan.ast)
+    return replace(plan, chunks=chunked[0].arg[0], steps=cc[2], sizes=cc[3], rest=rest_plan)
   nslots = max(g.arg for g in _globals(ast)) + 1
   kernels: list[PackKernel] = []
   for o in packs:

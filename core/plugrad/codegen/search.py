@@ -81,13 +81,16 @@ def _time(ast: UOp, opts: list[Opt], device: str, bufs: list[Buffer]) -> float:
       for pk in plan.packs:
         pre.append((load(pk.ast)[0], Buffer(device, pk.size, pk.dtype).ensure_allocated(), [bufs[i] for i in pk.srcs]))
       (prg, kw), main = load(plan.ast, plan.opts), [bufs[s] if s >= 0 else pre[-1 - s][1] for s in plan.slots]
-      if plan.rest is not None: chunks, rest = plan.chunks, load(plan.rest, plan.opts)[0]
+      if plan.rest is not None:   # the sum so far: the output's scratch twin
+        sofar = Buffer(device, bufs[0].size, bufs[0].dtype).ensure_allocated()
+        chunks, rest = plan.chunks, load(plan.rest.ast, plan.rest.opts)[0]
+        rest_bufs = [sofar if s == len(bufs) else bufs[s] if s >= 0 else pre[-1 - s][1] for s in plan.rest.slots]
     else: (prg, kw), main = load(ast, opts), bufs
     def once() -> float:
       t = 0.0
       for c in range(chunks):
         t += sum(p(sc._buf, *[b._buf for b in srcs], wait=True) or 0.0 for p, sc, srcs in pre)
-        t += ((rest if c else prg)(*[b._buf for b in main], wait=True, **kw) or float("inf"))
+        t += ((rest if c else prg)(*[b._buf for b in (rest_bufs if c else main)], wait=True, **kw) or float("inf"))
       return t
     return min(once() for _ in range(3))
   except (ValueError, AssertionError, RuntimeError, NotImplementedError): return float("inf")

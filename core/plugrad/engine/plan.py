@@ -215,7 +215,7 @@ class _PlanItem:
   opts: tuple | None              # the optimizations the scheduler chose (the runner's key with device and ast)
   runner: CompiledRunner | None   # None: a COPY
   device: str                     # the device of slot 0 (the runner's key in the compiled-kernel cache)
-  slots: tuple[tuple[bool, int], ...]  # per buffer slot: (True, output index) or (False, leaf index)
+  slots: tuple[tuple, ...]        # per buffer slot: (True, output index), (False, leaf index) or (False, leaf index, view args)
   var_names: tuple[tuple[str, int], ...]  # (variable name, leaf index of its BIND)
 
 
@@ -263,9 +263,12 @@ def _make(leaves: tuple[UOp, ...], targets: list[UOp], info: dict, items: list[S
   out_specs: list[tuple[str, int, Any]] = []
   pitems = []
   for it_t, it in zip(items_t, items):
-    if it_t.ast.op not in (Ops.SINK, Ops.COPY) or any(b.op is not Ops.PARAM for b in it_t.bufs): return None
+    if it_t.ast.op not in (Ops.SINK, Ops.COPY) or any(b.op is not Ops.PARAM and not _input_view(b) for b in it_t.bufs): return None
     slots = []
     for j, b in enumerate(it_t.bufs):
+      if b.op is Ops.BUFFER_VIEW:  # a range of an input (a chunked PACK's chunk): (False, leaf, (elements, dtype, byte offset))
+        slots.append((False, in_leaf[b.src[0].arg[1]], (b.arg[0], b.dtype, b.arg[1])))
+        continue
       kind, idx = b.arg[0], b.arg[1]
       if kind == "in": slots.append((False, in_leaf[idx]))
       elif kind == "out":
@@ -292,6 +295,18 @@ def _make(leaves: tuple[UOp, ...], targets: list[UOp], info: dict, items: list[S
   internal = frozenset(range(len(out_specs))) - {oi for oi, _ in views}
   return Plan(nsink, entry, pitems, out_specs, internal, views, tuple(i for i, x in enumerate(leaves) if x.op is Ops.BIND), allocators,
               direct, [None] * len(out_specs))
+
+
+def _input_view(b: UOp) -> bool:
+  """Whether item buffer `b` is a view of an input placeholder (which plans hold as a leaf and a range of it)."""
+  return b.op is Ops.BUFFER_VIEW and b.src[0].op is Ops.PARAM and b.src[0].arg[0] == "in"
+
+
+def _slot_buffer(slot: tuple, out_bufs: list[Buffer], leaves: tuple[UOp, ...]) -> Buffer:
+  """The Buffer of a plan item's slot: an output, a leaf's, or a view of a leaf's."""
+  if slot[0]: return out_bufs[slot[1]]
+  b = buffer_for(leaves[slot[1]]).ensure_allocated()
+  return b if len(slot) == 2 else b.view(*slot[2]).ensure_allocated()
 
 
 def _unreachable(u: UOp) -> bool:
@@ -349,14 +364,16 @@ def run(p: Plan, leaves: tuple[UOp, ...]) -> list[UOp] | None:
   for it in p.items:
     if direct:  # (what ExecItem.run does for loop-mapped kernels without variables)
       raw = []  # the allocator handles: a leaf's Buffer read from its uop's cache (buffer_for), allocated if it isn't
-      for is_out, i in it.slots:
+      for slot in it.slots:
+        is_out, i = slot[0], slot[1]
         if is_out: raw.append(out_bufs[i]._buf)
-        elif (c := leaves[i]._cache) is not None and (b := c.get("buffer")) is not None and (h := b._buf) is not None: raw.append(h)
-        else: raw.append(buffer_for(leaves[i]).ensure_allocated()._buf)
+        elif len(slot) == 2 and (c := leaves[i]._cache) is not None and (b := c.get("buffer")) is not None and (h := b._buf) is not None:
+          raw.append(h)
+        else: raw.append(_slot_buffer(slot, out_bufs, leaves)._buf)
       realize.GlobalCounters["kernels"] += 1
       it.runner.prg.launch(*raw)
     else:
-      bufs = [out_bufs[i] if is_out else buffer_for(leaves[i]).ensure_allocated() for is_out, i in it.slots]
+      bufs = [_slot_buffer(slot, out_bufs, leaves) for slot in it.slots]
       eis.append(ExecItem(it.runner, bufs, {name: leaves[i].src[1].arg for name, i in it.var_names} if it.var_names else {}))
   if eis: run_exec_items(eis, debug)
   ret = []

@@ -39,11 +39,20 @@ def optimize_items(items: list[ScheduleItem], new_out: Callable[[str, int, DType
     plan = split_packs(ast, list(opts))
     scratch = [new_out(dev, pk.size, pk.dtype) for pk in plan.packs]
     pks = [(pk, *kernel_opts(pk.ast, dev)) for pk in plan.packs]
+    # chunked: the sums so far alternate between the output and a second buffer, so the last chunk's is the output
+    sums = [it.bufs[0], new_out(dev, *_size_and_dtype(ast))] if plan.chunks > 1 else [it.bufs[0]]
     for c in range(plan.chunks):
       def buf(s: int) -> UOp:   # the item's buffer of slot s, as chunk c's kernels see it
-        if s not in plan.steps: return it.bufs[s]
-        return range_view(it.bufs[s], c * plan.steps[s], plan.sizes[s])
+        if s == 0: return sums[(plan.chunks - 1 - c) % 2]
+        if s == len(it.bufs): return sums[(plan.chunks - c) % 2]   # the sum so far (the later chunks' extra slot)
+        return range_view(it.bufs[s], c * plan.steps[s], plan.sizes[s]) if s in plan.steps else it.bufs[s]
       for (pk, pk_ast, pk_opts), sc in zip(pks, scratch): out.append(ScheduleItem(pk_ast, [sc, *[buf(s) for s in pk.srcs]], {}, pk_opts))
-      main = plan.ast if c == 0 else plan.rest
-      out.append(ScheduleItem(main, [buf(s) if s >= 0 else scratch[-1 - s] for s in plan.slots], it.var_vals, tuple(plan.opts)))
+      main = plan if c == 0 or plan.rest is None else plan.rest
+      out.append(ScheduleItem(main.ast, [buf(s) if s >= 0 else scratch[-1 - s] for s in main.slots], it.var_vals, tuple(main.opts)))
   return out
+
+
+def _size_and_dtype(ast: UOp) -> tuple[int, DType]:
+  """The element count and dtype of kernel `ast`'s output buffer (parameter 0)."""
+  out = next(x for x in ast.toposort() if x.op is Ops.DEFINE_GLOBAL and x.arg == 0)
+  return out.dtype.size, out.dtype.base
