@@ -482,3 +482,25 @@ def test_beam_times_every_chunk(small_l3):
   bufs = search.scratch_buffers(ast, "CPU")
   one = [o if o.kind != "PACK" else Opt("PACK", o.rid, o.amount) for o in opts]
   assert any(o.arg for o in opts) and search._time(ast, opts, "CPU", bufs) < float("inf") > search._time(ast, one, "CPU", bufs)
+
+
+def pack_ids(m: int, k: int, n: int, caps) -> list[int]:
+  """The range ids the heuristic packs along for an m x k @ k x n product (1: the columns, B; 0: the rows, A)."""
+  ast = unoptimized_kernel(Tensor.empty(m, k, device="CPU") @ Tensor.empty(k, n, device="CPU"))
+  return sorted(o.rid for o in heuristic_opts(ast, caps) if o.kind == "PACK")
+
+
+def test_row_operand_with_page_aliased_rows_is_packed_too(cpu_host):
+  """A's rows 4 KiB apart (K = 1024, 2048 floats) put the tile's rows in the same cache sets: A is packed as well, on
+  AVX2 and AVX-512 records. Not for rows 2 KiB apart (K = 512), nor where L3 row blocking streams A (4096 square, A
+  over half of L3), nor for a chunked product (a pack a chunk would cost a launch a chunk); values stay right."""
+  import dataclasses
+  caps = dataclasses.replace(Device["CPU"].renderer.caps, cache_bytes=(32 << 10, 512 << 10, 32 << 20))
+  assert pack_ids(1024, 1024, 1024, caps) == [0, 1] and pack_ids(2048, 2048, 2048, caps) == [0, 1]
+  assert pack_ids(512, 512, 512, caps) == [1]
+  assert pack_ids(4096, 4096, 4096, caps) == [1]
+  assert pack_ids(64, 4096, 4096, caps) == [1]
+  a, b = rand(96, 1024), rand(1024, 256)
+  t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
+  assert packed_sizes(t) == {96 * 1024, 1024 * 256}
+  np.testing.assert_allclose(t.numpy(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)

@@ -150,7 +150,7 @@ def _pack_one(ast: UOp, val: UOp, n: UOp, P: int, scratch_slot: int) -> tuple[UO
   return new_ast, PackKernel(pack_ast, tuple(t.arg for t in srcs), total, val.dtype)
 
 
-def _affine_step(idx: UOp, n: UOp) -> int | None:
+def affine_step(idx: UOp, n: UOp) -> int | None:
   """`c` when index `idx` is `n * c` plus terms that don't read `n` (None otherwise: `n` divided, taken modulo,
   compared, or in a gather's index)."""
   if idx is n: return 1
@@ -158,7 +158,7 @@ def _affine_step(idx: UOp, n: UOp) -> int | None:
     return int(c.arg)
   if idx.op is Ops.ADD:
     moving = [s for s in idx.src if n in s.toposort()]
-    return _affine_step(moving[0], n) if len(moving) == 1 else None
+    return affine_step(moving[0], n) if len(moving) == 1 else None
   return None
 
 
@@ -179,7 +179,7 @@ def chunk_reduce(ast: UOp, chunks: int) -> tuple[UOp, UOp, dict[int, int], dict[
   indexes = [x for x in ast.toposort() if x.op is Ops.INDEX and x.src[0].op is Ops.DEFINE_GLOBAL]
   for x in indexes:
     if rng not in x.toposort(): continue
-    if len(x.src) != 2 or (c := _affine_step(x.src[1], rng)) is None or steps.setdefault(x.src[0].arg, c) != c: return None
+    if len(x.src) != 2 or (c := affine_step(x.src[1], rng)) is None or steps.setdefault(x.src[0].arg, c) != c: return None
     zeroed[x] = x.replace(src=(x.src[0], x.src[1].substitute({rng: UOp.const(dtypes.index, 0)})))
   if not steps or any(rng in x.src[1].src[0].toposort() for x in ast.substitute(zeroed).src): return None
   if any(x.src[0].arg in steps and x not in zeroed for x in indexes): return None  # a viewed buffer also read in place
@@ -207,9 +207,10 @@ def split_packs(ast: UOp, opts: list) -> PackPlan:
   rest = [o for o in opts if o.kind != "PACK"]
   if not packs: return PackPlan(ast, rest, [], [g.arg for g in _globals(ast)])
   if (chunked := [o for o in packs if o.arg and o.arg[0] > 1]):
-    if len(packs) != 1 or (cc := chunk_reduce(ast, chunked[0].arg[0])) is None:
+    if len(chunked) != 1 or (cc := chunk_reduce(ast, chunked[0].arg[0])) is None:
       raise ValueError(f"{chunked[0]}: the kernel can't sum its reduce range chunk by chunk")
-    plan, rest_plan = (split_packs(a, [replace(chunked[0], arg=())] + rest) for a in cc[:2])
+    unchunked = [replace(o, arg=()) for o in packs] + rest
+    plan, rest_plan = (split_packs(a, unchunked) for a in cc[:2])
     return replace(plan, chunks=chunked[0].arg[0], steps=cc[2], sizes=cc[3], rest=rest_plan)
   nslots = max(g.arg for g in _globals(ast)) + 1
   kernels: list[PackKernel] = []
