@@ -15,6 +15,8 @@ R broadcasts of one k step read R consecutive floats instead of R rows a whole r
 
 `Opt("PACK", rid, P)` names the global range `rid` along which the reduce-loop load to pack moves (the vector-lane
 range for B, the rows for A) and the panel width P.
+`Opt("PACK", rid, P, arg=(chunks,))` packs and sums in that many chunks of the reduce range instead (`chunk_reduce`):
+a packed copy bigger than the cache would otherwise go to DRAM and back.
 It is not an AST rewrite like the other opts (it adds a kernel and a buffer): `split_packs(ast, opts)` returns the
 main kernel reading the packed layout, the remaining opts, the packing kernels and how the main kernel's parameters map
 to the original buffers and the scratch buffers. The scheduler (schedule/optimize.py) makes each packing kernel a

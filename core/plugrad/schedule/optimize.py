@@ -4,8 +4,10 @@ For each kernel item, codegen/search.py's `kernel_opts` gives the kernel to comp
 the CPU heuristic's; None on GPU renderers, whose pipeline chooses). The item carries them (`ScheduleItem.opts`), so
 codegen applies them without choosing again. A PACK among them (codegen/pack.py) becomes what it is, more kernels: each
 packing kernel is an item of its own writing a scratch buffer, an intermediate like any other (the schedule's and
-TinyJit's memory planners place it), and the main kernel reads it. The engine runs the items in order and knows
-nothing of packing.
+TinyJit's memory planners place it), and the main kernel reads it. A PACK in chunks (codegen/pack.py `chunk_reduce`)
+becomes a pack and a main item per chunk, reading views of the item's buffers (`range_view`), the partial sums
+alternating between the output and one more intermediate. The engine runs the items in order and knows nothing of
+packing.
 """
 from __future__ import annotations
 
