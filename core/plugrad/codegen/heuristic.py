@@ -407,9 +407,7 @@ def pack_chunks(ast: UOp, opts: list[Opt], l3: int) -> list[Opt]:
   once. Not when the output's extra round trips (each later chunk reads the sum so far and writes the new one) move
   more bytes than the packed copy's round trip saves (a big square product). PACK_CHUNKS=n forces n chunks,
   PACK_CHUNKS=0 none."""
-  packs = [o for o in opts if o.kind == "PACK"]
-  col = next((o for o in packs if any(u.kind == "OUTER" and u.rid == o.rid for u in opts)), None)
-  if col is None or (force := getenv("PACK_CHUNKS", -1)) == 0: return opts
+  if (col := _column_pack(opts)) is None or (force := getenv("PACK_CHUNKS", -1)) == 0: return opts
   try: plan = split_packs(ast, [col])
   except ValueError: return opts
   nbytes, chunks = plan.packs[0].size * plan.packs[0].dtype.itemsize, 1
@@ -425,11 +423,15 @@ def pack_chunks(ast: UOp, opts: list[Opt], l3: int) -> list[Opt]:
   return [replace(o, arg=(chunks,)) if o is col else o for o in _unpack_aliased_rows(ast, opts)]
 
 
+def _column_pack(opts: list[Opt]) -> Opt | None:
+  """The PACK of a column-panel tile's panels: the one along the range OUTER makes outermost."""
+  return next((o for o in opts if o.kind == "PACK" and any(u.kind == "OUTER" and u.rid == o.rid for u in opts)), None)
+
+
 def _unpack_aliased_rows(ast: UOp, opts: list[Opt]) -> list[Opt]:
   """`opts` without the PACK of a row operand that `_pack_opt` packed only for its aliased rows (`_aliased_rows`: a
   plain load along the reduce axis), where the kernel is blocked otherwise."""
-  rngs = ranges_of(ast)
-  col = next((o for o in opts if o.kind == "PACK" and any(u.kind == "OUTER" and u.rid == o.rid for u in opts)), None)
+  rngs, col = ranges_of(ast), _column_pack(opts)
   def aliased_only(o: Opt) -> bool:
     val = pack_candidate(ast, rngs[o.rid], o.amount, [rngs[col.rid]], pad=True) if col is not None else None
     return val is not None and _plain_load_along(val, "reduce")
