@@ -15,7 +15,8 @@ from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad.viz import capture
 
-NAMES = ["merge ranges", "optimize", "expand", "vectorize", "gpudims", "decompositions", "reduce ranges", "linearize", "param slots", "render"]
+NAMES = ["merge ranges", "optimize", "expand", "vectorize", "gpudims", "decompositions", "reduce ranges",
+         "accumulators", "linearize", "param slots", "render"]
 
 
 def _ast(dev: str = "PYTHON") -> UOp:
@@ -47,7 +48,7 @@ def test_a_pass_left_out_is_not_run(monkeypatch):
   ast = _ast()
   monkeypatch.setattr(codegen, "PIPELINE", tuple(p for p in PIPELINE if p.name != "render"))
   assert get_program(ast, ren).src == ""  # nothing rendered: the list is what runs, not a fixed sequence beside it
-  k = run_pipeline(ast, ren, passes=tuple(p for p in PIPELINE if p.name in ("gpudims", "reduce ranges", "linearize")))
+  k = run_pipeline(ast, ren, passes=tuple(p for p in PIPELINE if p.name in ("gpudims", "reduce ranges", "accumulators", "linearize")))
   assert any(u.op is Ops.RANGE for u in k.uops) and k.src == ""  # unoptimized, linearized, not rendered
 
 

@@ -22,8 +22,10 @@ does. As built:
   gpudims         global/local ranges become SPECIAL hardware ids (codegen/gpudims.py; GPU renderers): a substitution.
   decompositions  the renderer's `extra_matcher` (ops the target lacks, rewritten into ones it has) as a graph_rewrite.
   reduce ranges   a REDUCE sharing a RANGE with another in a different loop nest gets fresh copies (codegen/linearize.py).
-  linearize       the flat program, REDUCEs lowered to accumulators on the way (codegen/linearize.py): a step, since
-                  the accumulator lowering is emitted while ordering, not rewritten beforehand.
+  accumulators    every REDUCE becomes a register accumulator: its reset, its update (MULACC per product of a float
+                  sum, WMMA accumulating in place) and END(update, *ranges) closing its loops (codegen/accumulate.py).
+  linearize       the flat program (codegen/linearize.py): which ENDs share a loop nest, what is computed before the
+                  loops and the statement order. A step: ordering is not a rewrite.
   param slots     every buffer slot stays a parameter, in slot order (a step).
   render          the renderer's rules (`Renderer.render`: string rules for C/CUDA/AMDGPU) turn the program into source.
 
@@ -40,6 +42,7 @@ from plugrad.codegen import gpuopt, opt  # noqa: F401  (the rewrites register th
 from plugrad.codegen.expand import expand
 from plugrad.codegen.facts import Dots
 from plugrad.codegen.heuristic import optimize, optimize_gpu
+from plugrad.codegen.accumulate import lower_reduces
 from plugrad.codegen.linearize import linearize_program, unshare_ranges
 from plugrad.codegen.opt import merge_reduce_ranges
 from plugrad.codegen.optops import Opt, apply_opt
@@ -155,6 +158,9 @@ def _decompositions(k: KernelState) -> None:
 def _reduce_ranges(k: KernelState) -> None: k.ast = unshare_ranges(k.ast)
 
 
+def _accumulators(k: KernelState) -> None: k.ast = lower_reduces(k.ast)
+
+
 def _linearize(k: KernelState) -> None: k.uops = linearize_program(k.ast)
 
 
@@ -176,7 +182,8 @@ PIPELINE: tuple[Pass, ...] = (
   Pass("gpudims", _gpudims, True, "global/local ranges become SPECIAL hardware ids under the launch limits (gpudims.py)"),
   Pass("decompositions", _decompositions, True, "the renderer's extra_matcher: ops the target lacks rewritten into ones it has"),
   Pass("reduce ranges", _reduce_ranges, True, "a REDUCE sharing a RANGE across loop nests gets fresh copies (linearize.py)"),
-  Pass("linearize", _linearize, False, "order the program, lowering REDUCEs to accumulators (linearize.py)"),
+  Pass("accumulators", _accumulators, True, "each REDUCE becomes a register accumulator: reset, update, loops' END (accumulate.py)"),
+  Pass("linearize", _linearize, False, "order the program: loop nests, what runs before them, statement order (linearize.py)"),
   Pass("param slots", _param_slots, False, "every buffer slot stays a parameter, in slot order"),
   Pass("render", _render, False, "the renderer's rules turn the linear program into source (Renderer.render)"),
 )

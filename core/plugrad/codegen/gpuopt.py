@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Callable
 
 from plugrad.codegen.facts import contiguous, div_end, in_loop, ranges_of, tc_match
-from plugrad.codegen.linearize import reduce_identity
+from plugrad.codegen.accumulate import reduce_identity
 from plugrad.codegen.expand import copy_range, expand, pm_opt_symbolic, simplify
 from plugrad.codegen.group import is_group_lane
 from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, register, thread_amounts

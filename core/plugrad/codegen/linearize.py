@@ -1,35 +1,28 @@
 """Linearize a kernel AST into the flat UOp program that renderers and the PYTHON device consume.
 
-The AST is SINK(STORE(INDEX(DEFINE_GLOBAL, idx[, gate]), value), ...) whose values use RANGE loop variables
-(arg = (id, "global" | "reduce")) and REDUCE(value, *ranges, arg=op) nodes. The output list opens every
-global range first (in id order), then emits each node after its sources. A REDUCE becomes an accumulator:
+The input is the AST after codegen's "accumulators" pass (codegen/accumulate.py): SINK(STORE(INDEX(DEFINE_GLOBAL,
+idx[, gate]), value), ...) whose values use RANGE loop variables (arg = (id, "global" | "reduce")) and whose reductions
+are accumulators closed by END(update, *ranges). The linearizer only decides where things go. It opens every global
+range first (in id order), then emits each node after its sources; an END becomes its loop nest:
 
-  DEFINE_REG acc; STORE(INDEX(acc, 0), identity); RANGE r...; <body>; STORE(INDEX(acc, 0), acc OP body);
+  DEFINE_REG acc; STORE(INDEX(acc, 0), identity); RANGE r...; <update>; STORE(INDEX(acc, 0), new);
   END r...; LOAD(INDEX(AFTER(acc, END), 0))
 
-REDUCEs over the same ranges that can run together share one loop nest (one accumulator each: this is what register
-blocking in codegen/opt.py relies on), and a float ADD of a product updates with MULACC(a, b, acc) (a sum of
-products with one MULACC per product).
-Loop-invariant parts of a reduce body are emitted before its loops, so a value is only used inside the scope
-that declared it. `dtypes.index` is lowered to int32 (int64 when some index value does not fit in int32).
-See docs/kernel_ir.md for the contract.
+ENDs over the same ranges that can run together share one loop nest (one accumulator each: this is what register
+blocking in codegen/opt.py relies on). Loop-invariant parts of an update are emitted before its loops, so a value is
+only used inside the scope that declared it. `dtypes.index` is lowered to int32 (int64 when some index value does not
+fit in int32); accumulators are numbered in the order they are emitted. See docs/kernel_ir.md for the contract.
 """
 from __future__ import annotations
 
 import sys
 from typing import Callable, TypeVar
 
-from plugrad.dtype import AddrSpace, DType, dtypes
+from plugrad.codegen.accumulate import loop_parts, lower_reduces, on_register, running_value
+from plugrad.dtype import DType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 
 T = TypeVar("T")
-
-
-def reduce_identity(op: Ops, dt: DType):
-  if op is Ops.ADD: return 0
-  if op is Ops.MUL: return 1
-  if op is Ops.MAX: return dtypes.min(dt)
-  raise ValueError(f"no identity for reduce op {op}")
 
 
 class Linearizer:
@@ -42,24 +35,20 @@ class Linearizer:
     self.done: dict[UOp, UOp] = {}
     self.rsets: dict[UOp, frozenset[UOp]] = {}
     self.open: set[UOp] = set()
-    self.reduces: dict[UOp, bool] = {}
+    self.loops: dict[UOp, bool] = {}
+    self.running: dict[UOp, bool] = {}
     self.n_acc = 0
 
   def rset(self, n: UOp) -> frozenset[UOp]:
-    """The RANGEs `n` depends on that are still open at `n` (a REDUCE closes its own)."""
+    """The RANGEs `n` depends on that are still open at `n` (a REDUCE or an END closes its own)."""
     if (r := self.rsets.get(n)) is not None: return r
     for x in n.toposort(gate=lambda y: y not in self.rsets):  # only the part not computed before (was quadratic)
       if x in self.rsets: continue
       r = frozenset().union(*(self.rsets[s] for s in x.src)) if x.src else frozenset()
       if x.op is Ops.RANGE: r = r | {x}
-      if x.op is Ops.REDUCE: r = r - set(x.src[1:])
+      if x.op in (Ops.REDUCE, Ops.END): r = r - set(x.src[1:])
       self.rsets[x] = r
     return self.rsets[n]
-
-  def identity(self, op: Ops, dt: DType) -> UOp:
-    """The reduce identity of `op` as a value of `dt` (a VECTORIZE of scalar constants for a vector accumulator)."""
-    if dt.count == 1: return UOp.const(dt, reduce_identity(op, dt))
-    return UOp(Ops.VECTORIZE, dt, (UOp.const(dt.scalar(), reduce_identity(op, dt.scalar())),) * dt.count)
 
   def dt(self, d: DType) -> DType: return self.idx_dtype if d == dtypes.index else d
 
@@ -69,82 +58,89 @@ class Linearizer:
 
   def emit(self, node: UOp) -> UOp:
     if (d := self.done.get(node)) is not None: return d
-    if node.op is Ops.REDUCE: return self.emit_reduce(node)
+    if node.op is Ops.END: return self.emit_loops(node)
+    if node.op is Ops.CONST and node.dtype == dtypes.index: return self.emit(node.replace(dtype=self.idx_dtype))
+    if node.op is Ops.AFTER:
+      for s in node.src[1:]: self.emit(s)   # what it waits for first (a loop nest before the accumulator it filled)
     new_src = self.emit_srcs(node.src) if node.op in GroupOp.ALU else tuple(self.emit(s) for s in node.src)
-    n = UOp(node.op, self.dt(node.dtype), new_src, node.arg, node.tag)
+    if (d := self.done.get(node)) is not None: return d   # emitted meanwhile: a loop nest emits its results
+    arg = node.arg
+    if node.op is Ops.DEFINE_REG: arg, self.n_acc = self.n_acc, self.n_acc + 1
+    n = UOp(node.op, self.dt(node.dtype), new_src, arg, node.tag)
     self.done[node] = self.push(n)
     return n
 
-  def has_reduce(self, n: UOp) -> bool:
-    if (r := self.reduces.get(n)) is None:
-      for x in n.toposort(gate=lambda y: y not in self.reduces):
-        if x not in self.reduces: self.reduces[x] = x.op is Ops.REDUCE or any(self.reduces[s] for s in x.src)
-      r = self.reduces[n]
+  def _flag(self, memo: dict[UOp, bool], n: UOp, leaf: Callable[[UOp], bool | None]) -> bool:
+    """`leaf(x)` where it says True/False, else whether some source of x has the flag; memoized in `memo`."""
+    if (r := memo.get(n)) is None:
+      for x in n.toposort(gate=lambda y: y not in memo):
+        if x not in memo: memo[x] = v if (v := leaf(x)) is not None else any(memo[s] for s in x.src)
+      r = memo[n]
     return r
 
+  def has_loop(self, n: UOp) -> bool:
+    """Whether `n` needs a loop nest that is not open yet (it reads an accumulator after its END)."""
+    return self._flag(self.loops, n, lambda x: True if x.op is Ops.END else None)
+
+  def reads_running(self, n: UOp) -> bool:
+    """Whether `n` is part of an accumulator's update (it reads a running value; a closed loop's result doesn't)."""
+    return self._flag(self.running, n, lambda x: True if running_value(x) else False if x.op is Ops.END else None)
+
   def emit_srcs(self, srcs: tuple[UOp, ...]) -> tuple[UOp, ...]:
-    """An ALU op's `srcs` emitted, those with a REDUCE first: the others are then computed after its loops and aren't
-    live across them (a sub-block's scale times its sum of products: the scale is read after the sum; 14 stack slots
-    used instead of 30 in an 8-lane Q5_0 product, which ran 10% slower). A STORE's address keeps its place before the
-    loops, so the matmul and convolution tiles' code stays as it was."""
+    """An ALU op's `srcs` emitted: the accumulator being updated first (the terms of a sum in their order), then those
+    needing a loop nest, then the rest, which are so computed after those loops and aren't live across them (a
+    sub-block's scale times its sum of products: the scale is read after the sum; 14 stack slots used instead of 30 in
+    an 8-lane Q5_0 product, which ran 10% slower). A STORE's address keeps its place before the loops, so the matmul
+    and convolution tiles' code stays as it was."""
     for s in srcs:
-      if self.has_reduce(s): self.emit(s)
+      if self.reads_running(s): self.emit(s)
+    for s in srcs:
+      if self.has_loop(s): self.emit(s)
     return tuple(self.emit(s) for s in srcs)
 
-  def siblings(self, red: UOp) -> list[UOp]:
-    """REDUCEs over exactly `red`'s ranges that can share its loop: computable now and independent of each other."""
-    group = [red]
+  def siblings(self, end: UOp) -> list[UOp]:
+    """ENDs over exactly `end`'s ranges that can share its loop nest: computable now and independent of each other."""
+    group = [end]
     for x in self.ast.toposort():
-      if x.op is not Ops.REDUCE or x is red or x in self.done or x.src[1:] != red.src[1:]: continue
+      if x.op is not Ops.END or x is end or x in self.done or x.src[1:] != end.src[1:]: continue
       if not self.rset(x) <= self.open or any(g in x.toposort() or x in g.toposort() for g in group): continue
       group.append(x)
     return group
 
-  def emit_reduce(self, red: UOp) -> UOp:
-    """Emit `red` and every sibling REDUCE over the same ranges in one loop nest, each with its own accumulator."""
-    ranges = red.src[1:]
-    group = self.siblings(red)
-    for r in group:
-      for n in r.src[0].toposort():  # hoist everything (also inside nested reduces) that doesn't need the new loops
-        if n not in self.done and self.rset(n) <= self.open and n.op is not Ops.RANGE: self.emit(n)
-    zero = self.emit(UOp.const(self.idx_dtype, 0))
-    accs = []
-    for r in group:
-      dt = self.dt(r.dtype)
-      acc = self.push(UOp(Ops.DEFINE_REG, dt.ptr(1, AddrSpace.REG), arg=self.n_acc))
-      self.n_acc += 1
-      slot = self.push(UOp(Ops.INDEX, acc.dtype, (acc, zero)))
-      accs.append((r, dt, acc, slot, self.push(UOp(Ops.STORE, dtypes.void, (slot, self.emit(self.identity(r.arg, dt)))))))
+  def terms(self, end: UOp) -> list[UOp]:
+    """The operands of `end`'s update other than the running value, innermost update first (a sum's terms in order)."""
+    chain, x = [], end.src[0].src[1]
+    while not running_value(x):
+      chain.append(x)
+      x = next(s for s in x.src if self.reads_running(s))
+    return [s for c in reversed(chain) for s in c.src if not self.reads_running(s)]
+
+  def hoist(self, end: UOp) -> None:
+    """Emit what `end`'s update computes that doesn't need its loops (also inside nested loop nests), before them."""
+    def enter(n: UOp) -> bool: return not (n.op is Ops.DEFINE_REG or running_value(n) or n.op is Ops.STORE and not self.reads_running(n))
+    for t in self.terms(end):
+      for n in t.toposort(gate=enter):
+        if n in self.done or n.op is Ops.RANGE or self.reads_running(n) or on_register(n): continue
+        if self.rset(n) <= self.open: self.emit(n)
+
+  def emit_loops(self, end: UOp) -> UOp:
+    """Emit `end` and every sibling END over the same ranges in one loop nest, each with its own accumulator."""
+    ranges = end.src[1:]
+    group = self.siblings(end)
+    for e in group: self.hoist(e)
+    parts = [loop_parts(e) for e in group]
+    for init, _, _ in parts: self.emit(init)
     opened = [self.emit(UOp(Ops.RANGE, r.dtype, r.src, r.arg)) for r in ranges]
     self.open.update(ranges)
-    for r, dt, acc, slot, init in accs:
-      body = r.src[0]
-      wmma = r.arg is Ops.ADD and body.op is Ops.WMMA  # acc + A@B (+0) -> WMMA(a, b, acc)
-      cur = self.push(UOp(Ops.LOAD, dt, (slot, init)))  # the init source orders this load after the reset
-      if wmma: new = self.push(UOp(Ops.WMMA, dt, (*(self.emit(s) for s in body.src[:2]), cur), body.arg))
-      elif r.arg is Ops.ADD and dtypes.is_float(dt): new = self.accumulate(body, cur, dt)
-      else: new = self.push(UOp(r.arg, dt, (cur, self.emit(body))))
-      self.push(UOp(Ops.STORE, dtypes.void, (slot, new)))
-    end = None
-    for r in reversed(opened): end = self.push(UOp(Ops.END, dtypes.void, (r,) if end is None else (r, end)))
+    for e, (_, cur, _) in zip(group, parts):
+      self.emit(cur)
+      self.emit(e.src[0])
+    closed = None
+    for r in reversed(opened): closed = self.push(UOp(Ops.END, dtypes.void, (r,) if closed is None else (r, closed)))
     self.open.difference_update(ranges)
-    for r, dt, acc, slot, init in accs:
-      after = self.push(UOp(Ops.AFTER, acc.dtype, (acc, end)))
-      self.done[r] = self.push(UOp(Ops.LOAD, dt, (self.push(UOp(Ops.INDEX, acc.dtype, (after, zero))),)))
-    return self.done[red]
-
-  def accumulate(self, body: UOp, cur: UOp, dt: DType) -> UOp:
-    """cur + body for a float sum. A sum of products (a gradient flowing back through two matmuls: acc + (a*b + c*d))
-    updates the accumulator with one MULACC per product (acc + a*b + c*d), other terms with adds: the order of a
-    reduction's additions is the kernel's to choose (vector lanes, SPLIT), so regrouping them is allowed."""
-    terms, todo = [], [body]
-    while todo:
-      if (x := todo.pop()).op is Ops.ADD and x not in self.done and x.dtype == body.dtype: todo += reversed(x.src)
-      else: terms.append(x)
-    for t in terms:
-      new = UOp(Ops.MULACC, dt, (*self.emit_srcs(t.src[:2]), cur)) if t.op is Ops.MUL else UOp(Ops.ADD, dt, (cur, self.emit(t)))
-      cur = self.push(new)
-    return cur
+    for e in group: self.done[e] = closed
+    for _, _, result in parts: self.emit(result)
+    return closed
 
   def run(self) -> list[UOp]:
     topo = self.ast.toposort()
@@ -200,5 +196,5 @@ def linearize_program(ast: UOp) -> list[UOp]:
 
 
 def linearize(ast: UOp) -> list[UOp]:
-  """The flat program for a kernel AST (see the module docstring)."""
-  return linearize_program(unshare_ranges(ast))
+  """The flat program for a kernel AST with REDUCEs (its reduce ranges unshared, its REDUCEs made accumulators first)."""
+  return linearize_program(lower_reduces(unshare_ranges(ast)))
