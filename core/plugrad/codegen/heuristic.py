@@ -414,7 +414,8 @@ def pack_chunks(ast: UOp, opts: list[Opt], l3: int) -> list[Opt]:
   if force > 0: chunks = force
   elif l3 and nbytes * 2 > l3:
     red = const_end(next(x for x in ast.toposort() if x.op is Ops.REDUCE).src[1]) or 0
-    while nbytes * PACK_CHUNK_L3_PART > l3 * chunks and red // (chunks * 2) >= PACK_CHUNK_MIN_REDUCE and chunk_reduce(ast, chunks * 2): chunks *= 2
+    if chunk_reduce(ast, 2) is None: return opts   # (it fits for any count dividing the range: checked once more below)
+    while nbytes * PACK_CHUNK_L3_PART > l3 * chunks and red // (chunks * 2) >= PACK_CHUNK_MIN_REDUCE and red % (chunks * 2) == 0: chunks *= 2
     out = next(x for x in ast.toposort() if x.op is Ops.DEFINE_GLOBAL and x.arg == 0)
     if nbytes <= (chunks - 1) * out.dtype.size * out.dtype.base.itemsize: chunks = 1  # the output's round trips would cost more
   if chunks < 2 or chunk_reduce(ast, chunks) is None: return opts

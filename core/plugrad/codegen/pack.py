@@ -25,6 +25,7 @@ schedule item of its own before the main one, its scratch an intermediate buffer
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from plugrad.codegen.facts import const_end, contiguous
 from plugrad.codegen.optops import UPCASTS
@@ -51,8 +52,8 @@ class PackPlan:
   `packs[j]`. With `chunks` > 1 the packing kernels and `ast` cover one chunk of the reduce range and run `chunks`
   times in turn (pack, compute), the schedule item's buffer of slot s viewed `steps[s]` elements further each time, at
   most `sizes[s]` elements. `ast` stores the first chunk's sum; each later chunk runs `rest`, a plan of its own whose
-  extra slot `len(item buffers)` is the sum so far, stored by the chunk before into another buffer (see
-  `chunk_reduce`). The scratch is one chunk's, written again by each."""
+  parameter of slot `sofar` (past the item's buffers) is the sum so far, stored by the chunk before into another
+  buffer (see `chunk_reduce`). The scratch is one chunk's, written again by each."""
   ast: UOp
   opts: list
   packs: list[PackKernel]
@@ -61,6 +62,17 @@ class PackPlan:
   steps: dict[int, int] = field(default_factory=dict)
   sizes: dict[int, int] = field(default_factory=dict)
   rest: PackPlan | None = None
+  sofar: int = -1
+
+
+class Chunked(NamedTuple):
+  """A sum split into chunks of its reduce range (`chunk_reduce`): the kernels of the first and the later chunks, each
+  moving parameter's step and view size, and the slot of `rest`'s sum-so-far parameter."""
+  first: UOp
+  rest: UOp
+  steps: dict[int, int]
+  sizes: dict[int, int]
+  sofar: int
 
 
 
@@ -164,11 +176,11 @@ def affine_step(idx: UOp, n: UOp) -> int | None:
   return None
 
 
-def chunk_reduce(ast: UOp, chunks: int) -> tuple[UOp, UOp, dict[int, int], dict[int, int]] | None:
+def chunk_reduce(ast: UOp, chunks: int) -> Chunked | None:
   """`ast`, a sum over one reduce range stored as it is, split into `chunks` equal chunks of that range run one after
-  another: `(first, rest, steps, sizes)`. `first` stores the first chunk's sum; `rest` stores a chunk's sum plus the
-  sum so far, read from a parameter of its own (numbered after the others: a buffer other than the output, so a row
-  tile that computes some outputs twice stays right). Every chunk runs the same kernel with each parameter that moves
+  another. `first` stores the first chunk's sum; `rest` stores a chunk's sum plus the sum so far, read from a parameter
+  of its own (slot `sofar`, numbered after the others: a buffer other than the output, so a row tile that computes
+  some outputs twice stays right). Every chunk runs the same kernel with each parameter that moves
   with the range viewed `steps[p]` elements further a chunk (`sizes[p]` elements long). None when that isn't so: more
   than one reduce range, a store of anything but the sum (an epilogue must see the whole sum), or a use of the range
   other than a load index moving `c` elements per step (a gate, a division, a value computed from the position)."""
@@ -197,7 +209,7 @@ def chunk_reduce(ast: UOp, chunks: int) -> tuple[UOp, UOp, dict[int, int], dict[
     sofar = UOp(Ops.LOAD, st.src[1].dtype, (st.src[0].replace(src=(prev, *st.src[0].src[1:])),))
     return st.replace(src=(st.src[0], UOp(Ops.ADD, st.src[1].dtype, (sofar, st.src[1]))))
   rest = first.replace(src=tuple(acc(st) for st in first.src))
-  return first, rest, steps, sizes
+  return Chunked(first, rest, steps, sizes, prev.arg)
 
 
 def split_packs(ast: UOp, opts: list) -> PackPlan:
@@ -212,8 +224,8 @@ def split_packs(ast: UOp, opts: list) -> PackPlan:
     if len(chunked) != 1 or (cc := chunk_reduce(ast, chunked[0].arg[0])) is None:
       raise ValueError(f"{chunked[0]}: the kernel can't sum its reduce range chunk by chunk")
     unchunked = [replace(o, arg=()) for o in packs] + rest
-    plan, rest_plan = (split_packs(a, unchunked) for a in cc[:2])
-    return replace(plan, chunks=chunked[0].arg[0], steps=cc[2], sizes=cc[3], rest=rest_plan)
+    plan, rest_plan = (split_packs(a, unchunked) for a in (cc.first, cc.rest))
+    return replace(plan, chunks=chunked[0].arg[0], steps=cc.steps, sizes=cc.sizes, rest=rest_plan, sofar=cc.sofar)
   nslots = max(g.arg for g in _globals(ast)) + 1
   kernels: list[PackKernel] = []
   for o in packs:

@@ -84,7 +84,7 @@ def _time(ast: UOp, opts: list[Opt], device: str, bufs: list[Buffer]) -> float:
       if plan.rest is not None:   # the sum so far: the output's scratch twin
         sofar = Buffer(device, bufs[0].size, bufs[0].dtype).ensure_allocated()
         chunks, rest = plan.chunks, load(plan.rest.ast, plan.rest.opts)[0]
-        rest_bufs = [sofar if s == len(bufs) else bufs[s] if s >= 0 else pre[-1 - s][1] for s in plan.rest.slots]
+        rest_bufs = [sofar if s == plan.sofar else bufs[s] if s >= 0 else pre[-1 - s][1] for s in plan.rest.slots]
     else: (prg, kw), main = load(ast, opts), bufs
     def once() -> float:
       t = 0.0

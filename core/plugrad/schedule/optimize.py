@@ -46,8 +46,7 @@ def optimize_items(items: list[ScheduleItem], new_out: Callable[[str, int, DType
     for c in range(plan.chunks):
       def buf(s: int) -> UOp:   # the item's buffer of slot s, as chunk c's kernels see it
         if s == 0: return sums[(plan.chunks - 1 - c) % 2]
-        if s == len(it.bufs): return sums[(plan.chunks - c) % 2]   # the sum so far (the later chunks' extra slot: the
-        #                                                             kernel's parameters are the item's buffers in order)
+        if s == plan.sofar: return sums[(plan.chunks - c) % 2]   # the sum so far (the later chunks' extra slot)
         return range_view(it.bufs[s], c * plan.steps[s], plan.sizes[s]) if s in plan.steps else it.bufs[s]
       for (pk, pk_ast, pk_opts), sc in zip(pks, scratch): out.append(ScheduleItem(pk_ast, [sc, *[buf(s) for s in pk.srcs]], {}, pk_opts))
       main = plan if c == 0 or plan.rest is None else plan.rest
