@@ -122,3 +122,16 @@ def test_a_nested_accumulator_resets_where_its_loops_are_entered(inner_varies):
   Y = X * 0.5 + 1
   want = (X * Y.sum(0)).sum(1) if inner_varies else X.sum(1) * Y[:, :3].sum(1)
   np.testing.assert_allclose(run(uops, X, Y, out_size=3), want, rtol=1e-6)
+
+
+def test_an_index_sum_accumulates_in_the_lowered_index_type():
+  """A REDUCE of index values (position arithmetic) accumulates in the type the kernel's index math is lowered to
+  (int64 here: a sum's bounds aren't tracked, so it might not fit int32), not in `dtypes.index`, which no renderer has."""
+  out = gl(0, 3, dtypes.int32)
+  i, k = rng(3, 0, "global"), rng(4, 1, "reduce")
+  uops = linearize(store(out, i, UOp(Ops.CAST, dtypes.int32, (red(i * 4 + k, k),))).sink())
+  assert all(u.dtype != dtypes.index and getattr(u.dtype, "base", None) != dtypes.index for u in uops)
+  assert [u.dtype.base for u in uops if u.op is Ops.DEFINE_REG] == [next(u.dtype for u in uops if u.op is Ops.RANGE)] == [dtypes.int64]
+  bufs = [memoryview(bytearray(12))]
+  interpret(decode(uops), bufs, ())
+  np.testing.assert_array_equal(np.frombuffer(bufs[0], np.int32), [(4 * r) * 4 + 6 for r in range(3)])

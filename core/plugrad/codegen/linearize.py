@@ -19,7 +19,7 @@ import sys
 from typing import Callable, TypeVar
 
 from plugrad.codegen.accumulate import loop_parts, lower_reduces, on_register, running_value
-from plugrad.dtype import DType, dtypes
+from plugrad.dtype import DType, PtrDType, dtypes
 from plugrad.uop.ops import GroupOp, Ops, UOp
 
 T = TypeVar("T")
@@ -50,7 +50,10 @@ class Linearizer:
       self.rsets[x] = r
     return self.rsets[n]
 
-  def dt(self, d: DType) -> DType: return self.idx_dtype if d == dtypes.index else d
+  def dt(self, d: DType) -> DType:
+    """`d` with `dtypes.index` lowered (also as an accumulator's element type)."""
+    if isinstance(d, PtrDType): return self.idx_dtype.ptr(d.size, d.addrspace) if d.base == dtypes.index else d
+    return self.idx_dtype if d == dtypes.index else d
 
   def push(self, n: UOp) -> UOp:
     self.out.append(n)
