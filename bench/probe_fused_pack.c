@@ -33,36 +33,19 @@ static void copy_panel(float *dst, int kc, int p) {  // rows kc..kc+KC of B's co
   }
 }
 
-static void tiles(const float *panel, int kc, int p) {  // the panel's four 4-row tiles, added to C (zero first)
+// the panel's four 4-row tiles, added to C (zero first). With `stash`, the first row tile reads the panel's values
+// from B and stores them into `panel` as it goes, and the later tiles read `panel`: the fused copy as plugrad's IR
+// could say it, inside the first row tile's reduce loop, without a loop nest of its own
+static void tiles(float *panel, int kc, int p, int stash) {
   for (int rb = 0; rb < M / 4; rb++) {
     __m256 acc[4][2];
     for (int r = 0; r < 4; r++)
       for (int v = 0; v < 2; v++) acc[r][v] = kc ? _mm256_loadu_ps(C + (rb * 4 + r) * N + p * PANEL + 8 * v) : _mm256_setzero_ps();
+    int from_b = stash && rb == 0;
     for (int k = 0; k < KC; k++) {
-      __m256 b0 = _mm256_loadu_ps(panel + k * PANEL), b1 = _mm256_loadu_ps(panel + k * PANEL + 8);
-      for (int r = 0; r < 4; r++) {
-        __m256 a = _mm256_broadcast_ss(A + (rb * 4 + r) * K + kc + k);
-        acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-      }
-    }
-    for (int r = 0; r < 4; r++)
-      for (int v = 0; v < 2; v++) _mm256_storeu_ps(C + (rb * 4 + r) * N + p * PANEL + 8 * v, acc[r][v]);
-  }
-}
-
-// the fused copy as plugrad's IR could say it without a loop nest of its own: inside the first row tile's reduce loop,
-// each step's B values are read from B and stashed in the panel buffer; later row tiles read the buffer
-static void tiles_stash(float *panel, int kc, int p) {
-  for (int rb = 0; rb < M / 4; rb++) {
-    __m256 acc[4][2];
-    for (int r = 0; r < 4; r++)
-      for (int v = 0; v < 2; v++) acc[r][v] = kc ? _mm256_loadu_ps(C + (rb * 4 + r) * N + p * PANEL + 8 * v) : _mm256_setzero_ps();
-    for (int k = 0; k < KC; k++) {
-      const float *src = B + (size_t)(kc + k) * N + p * PANEL;
-      __m256 b0 = rb == 0 ? _mm256_loadu_ps(src) : _mm256_loadu_ps(panel + k * PANEL);
-      __m256 b1 = rb == 0 ? _mm256_loadu_ps(src + 8) : _mm256_loadu_ps(panel + k * PANEL + 8);
-      if (rb == 0) { _mm256_storeu_ps(panel + k * PANEL, b0); _mm256_storeu_ps(panel + k * PANEL + 8, b1); }
+      const float *src = from_b ? B + (size_t)(kc + k) * N + p * PANEL : panel + k * PANEL;
+      __m256 b0 = _mm256_loadu_ps(src), b1 = _mm256_loadu_ps(src + 8);
+      if (from_b) { _mm256_storeu_ps(panel + k * PANEL, b0); _mm256_storeu_ps(panel + k * PANEL + 8, b1); }
       for (int r = 0; r < 4; r++) {
         __m256 a = _mm256_broadcast_ss(A + (rb * 4 + r) * K + kc + k);
         acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
@@ -79,13 +62,13 @@ static void *worker(void *arg) {
   static _Thread_local float panel[KC * PANEL] __attribute__((aligned(64)));
   for (int kc = 0; kc < K; kc += KC) {
     if (fused == 1) {
-      for (int p = p0; p < p1; p++) { copy_panel(panel, kc, p); tiles(panel, kc, p); }
+      for (int p = p0; p < p1; p++) { copy_panel(panel, kc, p); tiles(panel, kc, p, 0); }
     } else if (fused == 2) {
-      for (int p = p0; p < p1; p++) tiles_stash(panel, kc, p);
+      for (int p = p0; p < p1; p++) tiles(panel, kc, p, 1);
     } else {
       for (int p = p0; p < p1; p++) copy_panel(Bp + (size_t)p * KC * PANEL, kc, p);
       pthread_barrier_wait(&step);
-      for (int p = p0; p < p1; p++) tiles(Bp + (size_t)p * KC * PANEL, kc, p);
+      for (int p = p0; p < p1; p++) tiles(Bp + (size_t)p * KC * PANEL, kc, p, 0);
       pthread_barrier_wait(&step);
     }
   }
