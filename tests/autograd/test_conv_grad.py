@@ -161,3 +161,39 @@ def test_padded_windows_conv_grads_match_torch(stride, dilation, padding):
   assert any(_gates(si.ast) for si in py.schedule()[:-1]), "the padding was not written first"
   (py * Tensor(gy)).sum().backward()
   for a, b in ((py, ty), (px.grad, tx.grad), (pw.grad, tw.grad)): np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-9, atol=1e-9)
+
+
+def _copies(t: Tensor) -> int:
+  """Kernels that only copy a buffer (every store a plain load of another buffer)."""
+  return sum(1 for si in t.schedule(optimize=False) if si.ast.op is Ops.SINK and
+             all(st.src[1].op is Ops.LOAD for st in si.ast.src) and not any(n.op is Ops.REDUCE for n in si.ast.toposort()))
+
+
+@pytest.mark.parametrize("inject", ["backward", "sum"])
+def test_output_gradient_in_a_buffer_is_not_copied(inject):
+  """The convolution's gradients read an output gradient that is already a buffer (y.backward(dy), or the loss
+  (y * dy).sum(), whose gradient is dy times a broadcast 1) in place: no kernel copies it first (it did, 0.4-0.9 ms
+  of every ResNet input gradient in bench/bench_conv.py)."""
+  rng = np.random.default_rng(2)
+  x = Tensor(rng.standard_normal((2, 4, 6, 6)).astype(np.float32), requires_grad=True)
+  w = Tensor(rng.standard_normal((5, 4, 3, 3)).astype(np.float32), requires_grad=True)
+  dy_np = rng.standard_normal((2, 5, 6, 6)).astype(np.float32)
+  dy = Tensor(dy_np).realize()
+  y = x.conv2d(w, padding=1)
+  if inject == "backward": y.backward(dy)
+  else: (y * dy).sum().backward()
+  assert _copies(x.grad) == 0 and _copies(w.grad) == 0
+  tx, tw = torch.tensor(x.numpy(), requires_grad=True), torch.tensor(w.numpy(), requires_grad=True)
+  F.conv2d(tx, tw, padding=1).backward(torch.tensor(dy_np))
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_output_gradient_expression_is_computed_once():
+  """An output gradient that is an expression (a ReLU's backward, which reads the forward convolution) is still written
+  once into a buffer that both gradients read: else each would recompute the forward convolution inside its own."""
+  x = Tensor(np.ones((2, 4, 6, 6), np.float32), requires_grad=True)
+  w = Tensor(np.ones((5, 4, 3, 3), np.float32), requires_grad=True)
+  x.conv2d(w, padding=1).relu().sum().backward()
+  items = [si for si in Tensor.schedule(x.grad, w.grad, optimize=False) if si.ast.op is Ops.SINK]
+  assert [sum(n.op is Ops.REDUCE for n in si.ast.toposort()) for si in items] == [1, 1, 1]   # y and dy; dx; dw

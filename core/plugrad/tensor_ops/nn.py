@@ -15,6 +15,7 @@ import numpy as np
 
 from plugrad.errors import TensorError, TensorTypeError
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from plugrad.schedule.kernelize import is_buffer_view
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -278,6 +279,15 @@ def _conv_weight_grad(dy: Tensor, x: Tensor, groups: int, stride: Sequence[int],
   return (xv * g).sum(red, dtype=dtype).cast(out_dt).reshape(cout, cin, *ks)
 
 
+def _unscaled(g: UOp) -> UOp:
+  """`g` without a product by a broadcast 1 (the gradient of a sum: (y * dy).sum() hands y the gradient 1 * dy)."""
+  if g.op is not Ops.MUL: return g
+  for one, x in (g.src, g.src[::-1]):
+    while one.op in (Ops.RESHAPE, Ops.EXPAND): one = one.src[0]
+    if one.op is Ops.CONST and one.arg == 1: return x
+  return g
+
+
 @dataclass(frozen=True)
 class _ConvVJP:
   """The vector-Jacobian product of a convolution (the arg of its CUSTOM_GRAD node, whose sources are the value, x and
@@ -291,8 +301,8 @@ class _ConvVJP:
   def __call__(self, ctx: UOp, ret: UOp) -> tuple:
     T, (x, w) = self.cls, ret.src[1:]
     # the output gradient once into a buffer: both gradients read it as a plain operand (else each re-evaluates the
-    # fused BatchNorm/ReLU backward expression per tile row and tap)
-    dy = T(ctx).contiguous()
+    # fused BatchNorm/ReLU backward expression per tile row and tap); one that is a buffer already is read in place
+    dy = T(g) if is_buffer_view(g := _unscaled(ctx)) else T(ctx).contiguous()
     dx = _conv_input_grad(dy, T(w), self.groups, self.stride, self.dilation, self.pads, x.shape[2:], self.dtype).cast(x.dtype)
     dw = _conv_weight_grad(dy, T(x), self.groups, self.stride, self.dilation, self.pads, w.shape[2:], self.dtype).cast(w.dtype)
     return None, dx.uop, dw.uop
