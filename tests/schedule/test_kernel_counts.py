@@ -153,3 +153,56 @@ def test_wide_elementwise_shared_by_kernels_is_computed_once():
   got = build("CPU")
   Tensor.realize_all(*got)
   for g, r in zip(got, ref): assert_close(g.numpy(), r, atol=1e-4, rtol=1e-5)
+
+
+def _full_writes(items, n: int) -> int:
+  """Kernels among `items` writing an output of n elements."""
+  return sum(1 for it in items if it.ast.op is Ops.SINK and any(st.src[0].src[0].dtype.size == n for st in it.ast.src))
+
+
+def test_batchnorm_backward_recomputes_cheap_shared_values():
+  """BatchNorm + ReLU forward and backward: the normalized value, the ReLU and its mask read the input and per-channel
+  vectors (mean, scale, shift), so every kernel that needs them computes them again instead of reading them written:
+  two full-size outputs (the forward's, the input gradient), not seven (a ResNet block's training step: 77 -> 59
+  kernels). The vectors don't make such a value 'wide' (SHARED_WIDE_INPUTS counts buffers of its own size)."""
+  from plugrad import nn
+  rng = np.random.default_rng(3)
+  x_np, dy_np = rng.standard_normal((4, 8, 6, 6)).astype(np.float32), rng.standard_normal((4, 8, 6, 6)).astype(np.float32)
+  def run(dev):
+    x = Tensor(x_np, device=dev, requires_grad=True)
+    bn = nn.BatchNorm2d(8)
+    bn.track_running_stats = False
+    bn.weight = Tensor(np.linspace(0.5, 1.5, 8, dtype=np.float32), device=dev, requires_grad=True)
+    bn.bias = Tensor(np.linspace(-0.2, 0.2, 8, dtype=np.float32), device=dev, requires_grad=True)
+    with Tensor.train():
+      y = bn(x).relu()
+      y.backward(Tensor(dy_np, device=dev))
+    return y, x.grad, bn.weight.grad, bn.bias.grad
+  outs = run("NULL")
+  assert _full_writes(outs[0].schedule(*outs[1:]), x_np.size) == 2
+  torch = pytest.importorskip("torch", reason="PyTorch is not installed (the oracle of the values)")
+  tx = torch.tensor(x_np, requires_grad=True)
+  tw = torch.tensor(np.linspace(0.5, 1.5, 8, dtype=np.float32), requires_grad=True)
+  tb = torch.tensor(np.linspace(-0.2, 0.2, 8, dtype=np.float32), requires_grad=True)
+  ty = torch.relu(torch.nn.functional.batch_norm(tx, None, None, tw, tb, training=True))
+  ty.backward(torch.tensor(dy_np))
+  for g, r in zip(run("CPU"), (ty, tx.grad, tw.grad, tb.grad)): assert_close(g.numpy(), r.detach().numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_shared_value_read_through_a_broadcast_is_written_once():
+  """A rotated query (q * cos + rotate(q) * sin: one full-size input and small tables) read by a scores reduction
+  through a broadcast over the keys, and by a second kernel: written once, not recomputed once per key."""
+  q_np, k_np = rand_np((4, 8), seed=30), rand_np((16, 8), seed=31)
+  cos_np, sin_np = rand_np((8,), seed=32), rand_np((8,), seed=33)
+  def build(dev):
+    q, k, cos, sin = (Tensor(a, device=dev) for a in (q_np, k_np, cos_np, sin_np))
+    sign = Tensor(np.tile(np.array([-1, 1], np.float32), 4), device=dev)
+    rot = q * cos + q.reshape(4, 4, 2).flip(2).reshape(4, 8) * sin * sign
+    return (rot.reshape(4, 1, 8) * k.reshape(1, 16, 8)).sum(axis=2), rot.sum(axis=1)
+  scores, s = build("NULL")
+  items = scores.schedule(s)
+  assert _full_writes(items, 32) == 1, "the rotated query is recomputed inside its readers"
+  rot = q_np * cos_np + q_np.reshape(4, 4, 2)[:, :, ::-1].reshape(4, 8) * sin_np * np.tile(np.array([-1, 1], np.float32), 4)
+  got = build("CPU")
+  assert_close(got[0].numpy(), rot @ k_np.T, atol=1e-4, rtol=1e-4)
+  assert_close(got[1].numpy(), rot.sum(axis=1), atol=1e-4, rtol=1e-4)

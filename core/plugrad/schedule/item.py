@@ -18,13 +18,15 @@ class ScheduleItem:
   opts: tuple[Opt, ...] | None = None
 
 
-def _base_size(b: UOp) -> int: return b.arg if b.op is Ops.BUFFER else b.arg[0] if b.op is Ops.BUFFER_VIEW else b.arg[2]
+def base_size(b: UOp) -> int:
+  """The element count of a BUFFER, BUFFER_VIEW or PARAM placeholder."""
+  return b.arg if b.op is Ops.BUFFER else b.arg[0] if b.op is Ops.BUFFER_VIEW else b.arg[2]
 
 
 def range_view(base: UOp, off: int, n: int, dtype=None) -> UOp:
   """`n` elements of `dtype` (default base's) starting `off` base elements into buffer `base`, as a BUFFER_VIEW (or base)."""
   dtype = dtype or base.dtype
-  if off == 0 and dtype == base.dtype and n == _base_size(base): return base
+  if off == 0 and dtype == base.dtype and n == base_size(base): return base
   boff = off * base.dtype.itemsize
   if base.op is Ops.BUFFER_VIEW: base, boff = base.src[0], boff + base.arg[1]
   return UOp(Ops.BUFFER_VIEW, dtype, (base,), (n, boff))

@@ -16,14 +16,14 @@ from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.errors import TensorError
 from plugrad.schedule.indexing import TRUE, KernelContext, pm_index, same_size
-from plugrad.schedule.item import ScheduleItem, range_view
+from plugrad.schedule.item import ScheduleItem, base_size, range_view
 from plugrad.schedule.optimize import optimize_items
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
 from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map, pm_substitute
 from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad.uop.shape import device_of
-from plugrad.uop.symbolic import pm_symbolic, prod, ssimplify
+from plugrad.uop.symbolic import pm_symbolic, prod, sint, ssimplify
 from plugrad.viz import capture
 
 _unique = itertools.count()
@@ -218,23 +218,47 @@ def _shared_reduces(realize: set[UOp]) -> set[UOp]:
     owner: dict[UOp, UOp] = {}
     shared: set[UOp] = set()
     wide: dict[UOp, None] = {}   # (insertion-ordered set)
+    expands: list[UOp] = []
     for root in realize:
       if root.op is Ops.COPY: continue
       for x in root.toposort(gate=lambda y, root=root: y is root or (y not in realize and not is_buffer_view(y))):
+        if x.op is Ops.EXPAND: expands.append(x)
         if x in realize or owner.setdefault(x, root) is root: continue
         if x.op is Ops.REDUCE_AXIS: shared.add(x)
         elif x.op in GroupOp.ALU: wide.setdefault(x)
-    if not shared and wide: shared = _outermost_wide(list(wide), realize)
+    if not shared and wide: shared = _outermost_wide(list(wide), realize, _broadcast_read(expands, realize))
     if not shared: return realize
     realize = realize | shared
 
 
-def _outermost_wide(cands: list[UOp], realize: set[UOp]) -> set[UOp]:
+def _broadcast_read(expands: list[UOp], realize: set[UOp]) -> set[UOp]:
+  """The unrealized nodes under the broadcasts `expands` (down to buffers, realized nodes and reductions): a kernel
+  reading one evaluates it once per broadcast copy (a query rotated by RoPE, read once per key by the scores)."""
+  out: set[UOp] = set()
+  stack = [e.src[0] for e in expands]
+  while stack:
+    n = stack.pop()
+    if n in out or n in realize or is_buffer_view(n) or n.op is Ops.REDUCE_AXIS: continue
+    out.add(n)
+    stack.extend(n.src)
+  return out
+
+
+def _smaller(y: UOp, n: sint) -> bool:
+  """Whether the data behind `y` (a realized node, or a view of a buffer) is provably fewer than `n` elements."""
+  size = base_size(buffer_of(y)) if is_buffer_view(y) else prod(y.shape)
+  return isinstance(size, int) and isinstance(n, int) and size < n
+
+
+def _outermost_wide(cands: list[UOp], realize: set[UOp], broadcast: set[UOp]) -> set[UOp]:
   """Of the shared elementwise nodes `cands`, those reading at least SHARED_WIDE_INPUTS buffers and not inside
-  another such one."""
+  another such one. For a node no kernel reads through a broadcast (`broadcast`: `_broadcast_read`), a smaller buffer
+  broadcast into it (a BatchNorm's per-channel mean, scale and shift) doesn't count: each reader reads each of its
+  elements once, re-reading such buffers from cache, so computing it there costs no more than reading it written
+  (BatchNorm + ReLU forward and backward wrote 7 full-size tensors, 5 of them for this)."""
   def inputs(x: UOp) -> int:
     return sum(1 for y in x.toposort(gate=lambda y: y is x or (y not in realize and not is_buffer_view(y)))
-               if y is not x and (y in realize or is_buffer_view(y)))
+               if y is not x and (y in realize or is_buffer_view(y)) and (x in broadcast or not _smaller(y, prod(x.shape))))
   big = [x for x in cands if inputs(x) >= SHARED_WIDE_INPUTS]
   inner = {y for x in big for y in x.toposort(gate=lambda y, x=x: y is x or (y not in realize and not is_buffer_view(y))) if y is not x}
   return {x for x in big if x not in inner}
