@@ -156,6 +156,33 @@ def test_batchnorm_1d_no_affine_no_tracking():
   with Tensor.train(): close(bn(Tensor(x3)).numpy(), np_norm(x3, (0, 2), 1e-3), atol=1e-4)
 
 
+@pytest.mark.parametrize("shape,affine,train", [((6, 3, 4, 5), True, True), ((7, 4), False, True), ((3, 2, 4, 2, 3), True, True),
+                                                ((6, 3, 4, 5), True, False)])
+def test_batchnorm_gradients_match_torch(shape, affine, train):
+  """Input, weight and bias gradients of BatchNorm (then a ReLU, so the output gradient is an expression) against
+  torch float64: over the batch statistics (train) through the closed-form CUSTOM_GRAD, over the running ones (eval)
+  through autograd."""
+  torch = pytest.importorskip("torch", reason="PyTorch is not installed (the oracle of this test)")
+  rng = np.random.default_rng(4)
+  c = shape[1]
+  x, dy, w, b = rng.standard_normal(shape), rng.standard_normal(shape), rng.uniform(0.5, 1.5, c), rng.standard_normal(c)
+  rm, rv = rng.standard_normal(c) * 0.1, rng.uniform(0.5, 2, c)
+  bn = nn.BatchNorm(c, affine=affine)
+  px = Tensor(x, requires_grad=True)
+  if affine: bn.weight, bn.bias = Tensor(w, requires_grad=True), Tensor(b, requires_grad=True)
+  bn.running_mean, bn.running_var = Tensor(rm), Tensor(rv)
+  with Tensor.train(train):
+    bn(px).relu().backward(Tensor(dy))
+  tx = torch.tensor(x, requires_grad=True)
+  tw, tb = (torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)) if affine else (None, None)
+  ty = torch.nn.functional.batch_norm(tx, torch.tensor(rm), torch.tensor(rv), tw, tb, training=train)
+  torch.relu(ty).backward(torch.tensor(dy))
+  close(px.grad.numpy(), tx.grad.numpy(), atol=1e-9, rtol=1e-9)
+  if affine:
+    close(bn.weight.grad.numpy(), tw.grad.numpy(), atol=1e-9, rtol=1e-9)
+    close(bn.bias.grad.numpy(), tb.grad.numpy(), atol=1e-9, rtol=1e-9)
+
+
 def test_batchnorm_errors():
   bn = nn.BatchNorm(3)
   with pytest.raises(RuntimeError, match="3 channels"): bn(Tensor(rnd(2, 4, 2)))
