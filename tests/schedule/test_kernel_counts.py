@@ -162,9 +162,10 @@ def _full_writes(items, n: int) -> int:
 
 def test_batchnorm_backward_recomputes_cheap_shared_values():
   """BatchNorm + ReLU forward and backward: the normalized value, the ReLU and its mask read the input and per-channel
-  vectors (mean, scale, shift), so every kernel that needs them computes them again instead of reading them written:
-  two full-size outputs (the forward's, the input gradient), not seven (a ResNet block's training step: 77 -> 59
-  kernels). The vectors don't make such a value 'wide' (SHARED_WIDE_INPUTS counts buffers of its own size)."""
+  vectors (mean, scale, shift), so every kernel that needs them computes them again instead of reading them written.
+  Three full-size outputs (the forward's; the gradient through the ReLU, which nn.BatchNorm's closed-form backward
+  writes once for its two sums and dx; the input gradient), not seven as before (a ResNet block's training step:
+  77 -> 60 kernels). The vectors don't make such a value 'wide' (SHARED_WIDE_INPUTS counts buffers of its own size)."""
   from plugrad import nn
   rng = np.random.default_rng(3)
   x_np, dy_np = rng.standard_normal((4, 8, 6, 6)).astype(np.float32), rng.standard_normal((4, 8, 6, 6)).astype(np.float32)
@@ -180,7 +181,7 @@ def test_batchnorm_backward_recomputes_cheap_shared_values():
     return y, x.grad, bn.weight.grad, bn.bias.grad
   outs = run("NULL")
   items = outs[0].schedule(*outs[1:])
-  assert _full_writes(items, x_np.size) == 2
+  assert _full_writes(items, x_np.size) == 3
   # reductions over the input's size: the mean and the variance, then the gradient's two sums (nn.BatchNorm's
   # closed-form backward; autograd through the statistics' graphs took four)
   assert sum(1 for it in items if it.ast.op is Ops.SINK and any(n.op is Ops.REDUCE for n in it.ast.toposort())

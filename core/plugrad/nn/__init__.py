@@ -143,7 +143,8 @@ class _BatchNormVJP:
   bias: bool
   def __call__(self, ctx: UOp, ret: UOp) -> tuple:
     x, mean, invstd, *params = (Tensor(u) for u in ret.src[1:])
-    g, weight = Tensor(ctx), params[0] if self.weight else None
+    # the output gradient once into a buffer (as a convolution's): the sums and dx then read it as a plain operand
+    g, weight = (Tensor(ctx) if is_buffer_view(ctx) else Tensor(ctx).contiguous()), params[0] if self.weight else None
     shape, axes = (1, x.shape[1]) + (1,) * (x.ndim - 2), tuple(i for i in range(x.ndim) if i != 1)
     n = math.prod(x.shape) // x.shape[1]
     xhat = (x - mean.reshape(shape)) * invstd.reshape(shape)
