@@ -14,6 +14,7 @@ from typing import Sequence
 from plugrad.dtype import dtypes
 from plugrad.schedule.kernelize import is_buffer_view
 from plugrad.tensor import Tensor
+from plugrad.tensor_ops.nn import grad_once
 from plugrad.uop.ops import Ops, UOp
 
 
@@ -143,8 +144,7 @@ class _BatchNormVJP:
   bias: bool
   def __call__(self, ctx: UOp, ret: UOp) -> tuple:
     x, mean, invstd, *params = (Tensor(u) for u in ret.src[1:])
-    # the output gradient once into a buffer (as a convolution's): the sums and dx then read it as a plain operand
-    g, weight = (Tensor(ctx) if is_buffer_view(ctx) else Tensor(ctx).contiguous()), params[0] if self.weight else None
+    g, weight = grad_once(Tensor, ctx), params[0] if self.weight else None   # read by the two sums and dx
     shape, axes = (1, x.shape[1]) + (1,) * (x.ndim - 2), tuple(i for i in range(x.ndim) if i != 1)
     n = math.prod(x.shape) // x.shape[1]
     xhat = (x - mean.reshape(shape)) * invstd.reshape(shape)

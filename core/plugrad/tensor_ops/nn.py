@@ -288,6 +288,13 @@ def _unscaled(g: UOp) -> UOp:
   return g
 
 
+def grad_once(cls: type, ctx: UOp) -> Tensor:
+  """A custom gradient's output gradient `ctx` as a Tensor of class `cls` that its consumers read as a plain operand:
+  in place when it is a buffer already (or one times a broadcast 1), else written once into a buffer (an expression,
+  e.g. a fused BatchNorm/ReLU backward, would be evaluated again by every kernel reading it, per tile row and tap)."""
+  return cls(g) if is_buffer_view(g := _unscaled(ctx)) else cls(ctx).contiguous()
+
+
 @dataclass(frozen=True)
 class _ConvVJP:
   """The vector-Jacobian product of a convolution (the arg of its CUSTOM_GRAD node, whose sources are the value, x and
@@ -300,9 +307,7 @@ class _ConvVJP:
   dtype: DType | None
   def __call__(self, ctx: UOp, ret: UOp) -> tuple:
     T, (x, w) = self.cls, ret.src[1:]
-    # the output gradient once into a buffer: both gradients read it as a plain operand (else each re-evaluates the
-    # fused BatchNorm/ReLU backward expression per tile row and tap); one that is a buffer already is read in place
-    dy = T(g) if is_buffer_view(g := _unscaled(ctx)) else T(ctx).contiguous()
+    dy = grad_once(T, ctx)
     dx = _conv_input_grad(dy, T(w), self.groups, self.stride, self.dilation, self.pads, x.shape[2:], self.dtype).cast(x.dtype)
     dw = _conv_weight_grad(dy, T(x), self.groups, self.stride, self.dilation, self.pads, w.shape[2:], self.dtype).cast(w.dtype)
     return None, dx.uop, dw.uop
