@@ -172,7 +172,7 @@ def _copies(t: Tensor) -> int:
 @pytest.mark.parametrize("inject", ["backward", "sum"])
 def test_output_gradient_in_a_buffer_is_not_copied(inject):
   """The convolution's gradients read an output gradient that is already a buffer (y.backward(dy), or the loss
-  (y * dy).sum(), whose gradient is dy times a broadcast 1) in place: no kernel copies it first (it did, 0.4-0.9 ms
+  (y * dy).sum(), whose gradient is dy times a broadcast 1) in place: no kernel copies it first (it did, 0.4-1.4 ms
   of every ResNet input gradient in bench/bench_conv.py)."""
   rng = np.random.default_rng(2)
   x = Tensor(rng.standard_normal((2, 4, 6, 6)).astype(np.float32), requires_grad=True)

@@ -26,11 +26,12 @@ def bounded(fn: Callable[[], Any], allowed: tuple[type[BaseException], ...], inp
   second traced call: tracemalloc counts every allocation of the process, and in a long-lived test worker something
   else (a process-wide table growing, a collection's finalizers) now and then lands inside the call (GGUF cases of
   224 and 352 bytes peaked at 10.1 MiB in two full-suite runs and not on replay); a parser's own allocation repeats."""
+  limit = 64 * input_size + (8 << 20)
   if pure:
     try: fn()
     except allowed: pass
   res, err, took, peak = _traced(fn, allowed)
-  if pure and peak > 64 * input_size + (8 << 20): res, err, took, peak = _traced(fn, allowed)
+  if pure and peak > limit: res, err, took, peak = _traced(fn, allowed)
   assert took < TIME_LIMIT, f"case took {took:.1f} s"
-  assert peak <= 64 * input_size + (8 << 20), f"peak allocation {peak} bytes for a {input_size}-byte input"
+  assert peak <= limit, f"peak allocation {peak} bytes for a {input_size}-byte input"
   return res, err
