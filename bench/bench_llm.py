@@ -91,7 +91,7 @@ def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   from plugrad.apps.llm.__main__ import weight_bytes
   from plugrad.device import Device
   from plugrad.engine import realize
-  from plugrad.schedule.kernelize import buffer_of
+  from plugrad.uop.buffers import buffer_of
   w = weight_bytes(ours.llm.model, embedding=True)
   scores = [realize.buffer_for(buffer_of(ours.llm.model.scores.buf.uop))] if ours.llm.model.scores.buf is not None else []
   arena = list(ours.g.arena.bases.values())

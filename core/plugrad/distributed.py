@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from plugrad.engine.realize import buffer_for
-from plugrad.schedule.kernelize import contiguous_range, is_buffer_view
+from plugrad.uop.buffers import contiguous_range, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops
 

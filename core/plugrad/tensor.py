@@ -23,8 +23,9 @@ from plugrad.engine import plan
 from plugrad.engine.inline import inline_calls
 from plugrad.engine.realize import CAPTURING, buffer_for, run_schedule
 from plugrad.schedule.multi import lower_multi, multi, needs_lowering
-from plugrad.schedule.kernelize import (buffer_of, contiguous_range, create_schedule, device_of, is_buffer_view, is_storage, new_buffer,
-                                       range_view)
+from plugrad.schedule.kernelize import create_schedule, is_storage, range_view
+from plugrad.uop.buffers import buffer_of, contiguous_range, is_buffer_view, new_buffer
+from plugrad.uop.shape import device_of
 from plugrad.errors import TensorError
 from plugrad.gradient import compute_gradient
 from plugrad.live import all_tensors as _all_tensors

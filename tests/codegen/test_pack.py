@@ -16,7 +16,7 @@ from plugrad.device import Buffer, Device
 from plugrad.codegen import search
 from plugrad.engine.realize import buffer_for, lower_item, runner_of
 from plugrad.schedule import kernelize
-from plugrad.schedule.kernelize import buffer_of
+from plugrad.uop.buffers import buffer_of
 from plugrad.schedule.item import ScheduleItem
 from plugrad.uop.ops import Ops, UOp
 

@@ -2,7 +2,7 @@
 import numpy as np
 
 from plugrad import Tensor
-from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+from plugrad.uop.buffers import buffer_of, is_buffer_view
 from plugrad.tensor import _buffers_read
 
 

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "plugrad.viz.graph", "plugrad.mixin", "plugrad.engine", "plugrad.runtime"]),
   ("ir vocabulary", ["plugrad.uop.enums", "plugrad.uop.alu", "plugrad.uop.bounds", "plugrad.uop.render", "plugrad.uop.shape"]),
   ("op mixins", ["plugrad.mixin.*"]),
-  ("ir", ["plugrad.uop", "plugrad.uop.ops", "plugrad.uop.upat", "plugrad.uop.rewrite", "plugrad.uop.symbolic"]),
+  ("ir", ["plugrad.uop", "plugrad.uop.ops", "plugrad.uop.upat", "plugrad.uop.rewrite", "plugrad.uop.symbolic", "plugrad.uop.buffers"]),
   ("viz", ["plugrad.viz", "plugrad.viz.*"]),
   ("runtime", ["plugrad.runtime.*", "plugrad.device", "plugrad.codegen.tc", "plugrad.codegen.targets"]),
   ("codegen", ["plugrad.codegen", "plugrad.codegen.*"]),

@@ -4,7 +4,7 @@ import numpy as np
 
 from plugrad import Tensor, TinyJit, Variable
 from plugrad.codegen import kernel_name
-from plugrad.schedule.kernelize import buffer_of
+from plugrad.uop.buffers import buffer_of
 
 MAXT, D = 16, 4
 rng = np.random.default_rng(0)

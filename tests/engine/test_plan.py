@@ -8,6 +8,7 @@ from plugrad import Tensor, TinyJit
 from plugrad.engine import plan
 from plugrad.schedule import kernelize
 from plugrad.schedule.kernelize import SCHEDULE_STATS
+from plugrad.uop.buffers import is_buffer_view
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.shape import device_of
 from plugrad.viz import capture
@@ -166,7 +167,7 @@ def test_lazy_tensor_over_a_realized_node_is_repointed():
   c = a + b
   d = c * 3  # built on c's node: must read c's buffer after c realizes
   c.realize()
-  assert kernelize.is_buffer_view(c.uop) and c.uop in d.uop.toposort()
+  assert is_buffer_view(c.uop) and c.uop in d.uop.toposort()
   np.testing.assert_allclose(d.numpy(), 6.0)
 
 

@@ -7,7 +7,7 @@ from llm_helpers import np_forward, tiny_config, tiny_model, tiny_weights
 from plugrad.apps.llm.generate import Generator
 from plugrad.apps.llm.model import PREFILL_MULTIPLE, Config, Transformer
 from plugrad.engine.realize import GlobalCounters, buffer_for
-from plugrad.schedule.kernelize import buffer_of
+from plugrad.uop.buffers import buffer_of
 from plugrad.tensor import Tensor
 
 TOKS = [3, 7, 1, 60, 22, 9, 41, 5, 17, 33, 2, 8, 50, 12, 0, 63]

@@ -22,7 +22,7 @@ from plugrad.apps.llm.quant import (_REPACKABLE, activation_bits, blockwise_line
 from plugrad.codegen import get_program
 from plugrad.engine.realize import buffer_for, runner_of
 from plugrad.nn.serialize import dequantize
-from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+from plugrad.uop.buffers import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import GroupOp, Ops
 from plugrad.dtype import dtypes

@@ -7,7 +7,7 @@ import pytest
 from plugrad import nn
 from plugrad.dtype import dtypes
 from plugrad.nn.state import get_parameters, get_state_dict, load_state_dict
-from plugrad.schedule.kernelize import buffer_of
+from plugrad.uop.buffers import buffer_of
 from plugrad.tensor import Tensor
 
 

@@ -1,11 +1,11 @@
-"""`kernelize.contiguous_range`: which movement views of a buffer are a row-major range of it (read or copied as raw
+"""`uop.buffers.contiguous_range`: which movement views of a buffer are a row-major range of it (read or copied as raw
 memory, no kernel), against numpy's own strides for the same view."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugrad import Tensor
-from plugrad.schedule.kernelize import contiguous_range
+from plugrad.uop.buffers import contiguous_range
 
 
 @st.composite

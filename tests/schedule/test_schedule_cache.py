@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from plugrad.engine.realize import buffer_for
-from plugrad.schedule.kernelize import SCHEDULE_STATS, buffer_of, create_schedule
+from plugrad.schedule.kernelize import SCHEDULE_STATS, create_schedule
+from plugrad.uop.buffers import buffer_of
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 

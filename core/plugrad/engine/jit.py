@@ -42,7 +42,8 @@ from plugrad.dtype import DType
 from plugrad.engine.memory import JitArena
 from plugrad.engine.realize import CAPTURING, ExecItem, GlobalCounters, buffer_for
 from plugrad.helpers import getenv, trim_heap
-from plugrad.schedule.kernelize import SCHEDULES_USED, buffer_of, forget_schedules, rebind_view
+from plugrad.schedule.kernelize import SCHEDULES_USED, forget_schedules, rebind_view
+from plugrad.uop.buffers import buffer_of
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp, ucache_compact
 from plugrad.viz import capture, profile

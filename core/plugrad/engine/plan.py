@@ -30,7 +30,8 @@ from plugrad.engine import realize
 from plugrad.engine.realize import CompiledRunner, ExecItem, buffer_for, run_exec_items
 from plugrad.helpers import getenv
 from plugrad.schedule import kernelize
-from plugrad.schedule.kernelize import SCHEDULE_STATS, ScheduleItem, new_buffer
+from plugrad.schedule.kernelize import SCHEDULE_STATS, ScheduleItem
+from plugrad.uop.buffers import new_buffer
 from plugrad.uop.ops import GroupOp, Ops, UOp, elementwise
 from plugrad.viz import capture
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from plugrad.dtype import dtypes
-from plugrad.schedule.kernelize import is_buffer_view
+from plugrad.uop.buffers import is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.tensor_ops.nn import grad_once
 from plugrad.uop.ops import Ops, UOp

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from plugrad.dtype import DType, dtypes
-from plugrad.schedule.kernelize import device_of
+from plugrad.uop.shape import device_of
 from plugrad.schedule.multi import multi
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops

@@ -19,7 +19,7 @@ from typing import Any, Callable, Union
 from plugrad.device import Device, canonicalize
 from plugrad.dtype import DType, dtypes
 from plugrad.engine.realize import buffer_for
-from plugrad.schedule.kernelize import new_buffer
+from plugrad.uop.buffers import new_buffer
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 

@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from plugrad.schedule.kernelize import device_of, is_buffer_view
+from plugrad.uop.buffers import is_buffer_view
+from plugrad.uop.shape import device_of
 from plugrad.schedule.multi import bounds_of, devices_of, multi
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops

@@ -10,14 +10,13 @@ log_softmax): one workgroup per row reduces and writes it (`_row_kernel`); and, 
 """
 from __future__ import annotations
 
-import itertools
-
 from plugrad.device import Device
 from plugrad.dtype import dtypes
 from plugrad.errors import TensorError
 from plugrad.schedule.indexing import TRUE, KernelContext, pm_index, same_size
 from plugrad.schedule.item import ScheduleItem, base_size, range_view
 from plugrad.schedule.optimize import optimize_items
+from plugrad.uop.buffers import buffer_of, contiguous_range, is_buffer_view, new_buffer
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.helpers import getenv
 from plugrad.uop.rewrite import graph_rewrite, graph_rewrite_map, pm_substitute
@@ -25,47 +24,6 @@ from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad.uop.shape import device_of
 from plugrad.uop.symbolic import pm_symbolic, prod, sint, ssimplify
 from plugrad.viz import capture
-
-_unique = itertools.count()
-
-
-def new_buffer(device: str, size: int, dtype) -> UOp:
-  """A fresh BUFFER node: (UNIQUE, DEVICE) sources make each one distinct."""
-  return UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, arg=next(_unique)), UOp(Ops.DEVICE, arg=device)), arg=size)
-
-
-def is_buffer_view(u: UOp) -> bool:
-  """True for a BUFFER (or a scheduler placeholder for one) seen through movement ops only: no kernel needed."""
-  while u.op in GroupOp.Movement: u = u.src[0]
-  return u.op in (Ops.BUFFER, Ops.PARAM, Ops.BUFFER_VIEW)
-
-
-def buffer_of(u: UOp) -> UOp:
-  while u.op in GroupOp.Movement: u = u.src[0]
-  return u
-
-
-def contiguous_range(u: UOp) -> tuple[UOp, int, UOp]:
-  """(base, element offset, top) for a buffer view `u`: `top` is the outermost node of u's movement chain whose elements
-  are base[offset : offset+top.numel()] in row-major order (reshapes, shrinks that keep a row-major range, and
-  permutes that only move axes of size 1); it is `u` itself when all of u is such a range."""
-  chain = []
-  while u.op in GroupOp.Movement: chain, u = chain + [u], u.src[0]
-  base, off, top = u, 0, u
-  for m in reversed(chain):
-    shape = top.shape
-    if m.op is Ops.SHRINK and all(isinstance(x, int) for x in (*shape, *(v for be in m.arg for v in be))):
-      outer = [i for i, (b, e) in enumerate(m.arg) if (b, e) != (0, shape[i])]
-      if outer and any(e - b != 1 for b, e in m.arg[:outer[-1]]) and m.numel() != 0: break
-      stride = 1
-      for (b, _), s in zip(reversed(m.arg), reversed(shape)): off, stride = off + b * stride, stride * s
-    elif m.op is Ops.PERMUTE:
-      moved = [p for p in m.arg if not (isinstance(shape[p], int) and shape[p] == 1)]
-      if moved != sorted(moved): break
-    elif m.op is not Ops.RESHAPE: break
-    top = m
-  return base, off, top
-
 
 def is_storage(device: str) -> bool:
   """True for devices that hold buffers but run no kernels (DISK): everything on them must become a copy."""

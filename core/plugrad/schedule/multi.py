@@ -30,7 +30,8 @@ from typing import Sequence
 
 from plugrad.dtype import dtypes
 from plugrad.helpers import getenv
-from plugrad.schedule.kernelize import buffer_of, device_of, new_buffer
+from plugrad.uop.buffers import buffer_of, new_buffer
+from plugrad.uop.shape import device_of
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.symbolic import prod, ssimplify
 from plugrad.uop.upat import PatternMatcher, UPat

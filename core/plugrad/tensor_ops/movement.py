@@ -15,7 +15,7 @@ import numpy as np
 
 from plugrad.errors import TensorError, TensorIndexError, TensorModeError, TensorTypeError
 from plugrad.live import all_tensors
-from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+from plugrad.uop.buffers import buffer_of, is_buffer_view
 from plugrad.dtype import dtypes, least_upper_dtype
 from plugrad.uop.ops import GroupOp, Ops, UOp
 from plugrad.uop.symbolic import ssimplify

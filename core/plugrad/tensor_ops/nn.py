@@ -15,7 +15,7 @@ import numpy as np
 
 from plugrad.errors import TensorError, TensorTypeError
 from plugrad.dtype import DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
-from plugrad.schedule.kernelize import is_buffer_view
+from plugrad.uop.buffers import is_buffer_view
 from plugrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from plugrad.device import Device
 from plugrad.engine.memory import JitArena
 from plugrad.engine.realize import buffer_for
 from plugrad.nn.state import gguf_load
-from plugrad.schedule.kernelize import buffer_of
+from plugrad.uop.buffers import buffer_of
 from plugrad.tensor import Tensor
 
 from plugrad.apps.llm.chat import TemplateLimitError, render_chat, validate_messages

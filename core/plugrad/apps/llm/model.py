@@ -26,7 +26,7 @@ from plugrad.engine.realize import buffer_for, set_buffer
 from plugrad.helpers import getenv
 from plugrad import TinyJit, Variable
 from plugrad.nn.state import gguf_load
-from plugrad.schedule.kernelize import buffer_of, is_buffer_view
+from plugrad.uop.buffers import buffer_of, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 

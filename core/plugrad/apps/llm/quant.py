@@ -30,7 +30,7 @@ from plugrad.device import Device
 from plugrad.dtype import DType, dtypes
 from plugrad.helpers import getenv
 from plugrad.engine.realize import buffer_for
-from plugrad.schedule.kernelize import buffer_of, contiguous_range, is_buffer_view
+from plugrad.uop.buffers import buffer_of, contiguous_range, is_buffer_view
 from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 
