@@ -11,9 +11,10 @@ does. As built:
                   (codegen/heuristic.py, from `renderer.caps`), applied one by one
                   (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt splits and retypes ranges:
                   UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL/GROUPOUT mark a range of copies; VECTOR a range of vector lanes.
-                  GROUP/GROUPTOP leave a reduce across a group's threads. LOCAL and TC still lower themselves (a
-                  partial workgroup's gates; shared memory, barriers), so they (and GROUP/GROUPTOP, whose copies each
-                  need a buffer) expand what is pending first. A step: choosing the Opts is not a rewrite.
+                  GROUP/GROUPTOP leave a reduce across a group's threads; LOCAL splits a range into workgroups and
+                  threads (a partial workgroup's accesses gated). TC still lowers itself (shared memory, barriers), so
+                  it (and GROUP/GROUPTOP, whose copies each need a buffer) expands what is pending first. A step:
+                  choosing the Opts is not a rewrite.
   expand          a pending grouped reduce lowered into local memory, barriers and a combine (codegen/group.py), then
                   the marked copies made, in the order the Opts marked them: stores replicated for an "upcast" range,
                   REDUCEs split into k for an "unroll" one, each followed by the simplifier (codegen/expand.py).

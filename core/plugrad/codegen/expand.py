@@ -12,7 +12,7 @@ retype its inner part, a new RANGE of size k whose arg is `(id, kind, mark)`:
 simplifies, so the kernel is what applying the same Opts one by one with their copies made at once gave (byte for byte
 in bench/codegen_corpus.py, every renderer). GROUP and GROUPTOP leave a reduce across the group's threads, which
 `expand` lowers first (codegen/group.py: local memory, barriers). A kind that lowers itself or needs the earlier
-copies made (LOCAL, TC, GROUP, GROUPTOP in codegen/gpuopt.py) expands what is pending before it applies, so a pending
+copies made (TC, GROUP, GROUPTOP in codegen/gpuopt.py) expands what is pending before it applies, so a pending
 GROUP always precedes every pending copy mark. `pm_opt_symbolic`, the simplifier used on optimized kernels,
 lives here because both the marking and the expanding use it.
 """
@@ -59,30 +59,54 @@ def _divmod_low_terms(x: UOp, d: UOp, op: Ops) -> UOp | None:
 
 pm_low_terms = PatternMatcher([(UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("d", vec=False)), name="n"),
                                 lambda x, d, n: _divmod_low_terms(x, d, n.op))])
-# a gate that folded to true (GROUPOUT's copies short of the last) is no gate
-pm_true_gate = PatternMatcher([(UPat(Ops.INDEX, src=(UPat.var("b"), UPat.var("i"), UPat.cvar("g", vec=False)), name="x"),
-                                lambda x, b, i, g: x.replace(src=(b, i)) if g.dtype == dtypes.bool and g.arg else None)])
+# a gate that folded to true (GROUPOUT's copies short of the last) is no gate; a load whose gate folded to false is 0
+pm_true_gate = PatternMatcher([
+  (UPat(Ops.INDEX, src=(UPat.var("b"), UPat.var("i"), UPat.cvar("g", vec=False)), name="x"),
+   lambda x, b, i, g: x.replace(src=(b, i)) if g.dtype == dtypes.bool and g.arg else None),
+  (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, src=(UPat(), UPat(), UPat.cvar("g", vec=False))),), allow_any_len=True, name="ld"),
+   lambda ld, g: UOp.const(ld.dtype, 0) if g.dtype == dtypes.bool and not g.arg else None)])
 
 
 def _conjuncts(x: UOp) -> list[UOp]: return _conjuncts(x.src[0]) + _conjuncts(x.src[1]) if x.op is Ops.AND else [x]
+def _upper_bound(t: UOp) -> bool: return t.op is Ops.CMPLT and t.src[1].op is Ops.CONST and t.src[0].dtype in (dtypes.index, dtypes.int32)
 
 
 def _and_bounds(x: UOp) -> UOp | None:
   """A chain of ANDs with repeated terms dropped and the upper bounds of one integer merged (`i < 28 & i < 29` ->
   `i < 28`): a partial workgroup's gate (LOCAL) meeting the padding gates of unrolled taps. None when nothing goes."""
   terms = _conjuncts(x)
-  def upper(t: UOp) -> bool: return t.op is Ops.CMPLT and t.src[1].op is Ops.CONST and t.src[0].dtype in (dtypes.index, dtypes.int32)
   bound: dict[UOp, int] = {}
-  for t in filter(upper, terms): bound[t.src[0]] = min(bound.get(t.src[0], t.src[1].arg), t.src[1].arg)
+  for t in filter(_upper_bound, terms): bound[t.src[0]] = min(bound.get(t.src[0], t.src[1].arg), t.src[1].arg)
   out: list[UOp] = []
   for t in terms:   # each bound at its first place, tightened; a term met again (a looser bound, once tightened) dropped
-    if upper(t): t = t.src[0] < bound[t.src[0]]
+    if _upper_bound(t): t = t.src[0] < bound[t.src[0]]
     if t not in out: out.append(t)
   return None if len(out) == len(terms) else functools.reduce(lambda a, b: a & b, out)
 
 
 pm_and_bounds = PatternMatcher([(UPat(Ops.AND, dtypes.bool, name="x"), _and_bounds)])
-pm_opt_symbolic = pm_symbolic + pm_low_terms + pm_true_gate + pm_and_bounds  # the simplifier used on optimized kernels
+
+
+def _implies(g: UOp, c: UOp) -> bool:
+  """Whether gate `g` implies condition `c` (chains of ANDs): every term of c is a term of g, or an upper bound
+  `x < a` where g bounds x by `x < b`, b <= a."""
+  gs = _conjuncts(g)
+  ub = {t.src[0]: t.src[1].arg for t in gs if _upper_bound(t)}
+  return all(t in gs or (_upper_bound(t) and t.src[0] in ub and ub[t.src[0]] <= t.src[1].arg) for t in _conjuncts(c))
+
+
+def _gated_select(c: UOp, ld: UOp, z: UOp) -> UOp | None:
+  """where(c, load(gate g), 0) -> the load when g implies c: a gated load is 0 wherever its gate is false. (A padding's
+  select around a load that a partial workgroup's gate, LOCAL, also gates: the select's `x < 29` under the gate's
+  `x < 28`.)"""
+  idx = ld.src[0]
+  if z.arg != 0 or math.copysign(1.0, z.arg) < 0 or idx.op is not Ops.INDEX or len(idx.src) != 3 or not _implies(idx.src[2], c): return None
+  return ld
+
+
+pm_gated_select = PatternMatcher([(UPat(Ops.WHERE, src=(UPat.var("c", dtypes.bool), UPat(Ops.LOAD, name="ld"), UPat.cvar("z", vec=False))),
+                                   _gated_select)])
+pm_opt_symbolic = pm_symbolic + pm_low_terms + pm_true_gate + pm_and_bounds + pm_gated_select  # the simplifier used on optimized kernels
 
 
 def simplify(ast: UOp, name: str = "simplify after opt") -> UOp: return graph_rewrite(ast, pm_opt_symbolic, name=name)

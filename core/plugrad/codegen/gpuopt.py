@@ -4,7 +4,7 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
 
 - `LOCAL` a global range r (size N) by k: `r -> r'*k + l` where `l` is a new RANGE of size k with kind "local" (a thread
   id inside the workgroup once codegen/gpudims.py runs). When k doesn't divide N, r' has ceil(N/k) iterations and every
-  global memory access of the kernel is gated by `r'*k + l < N`.
+  global memory access of the kernel is gated by `r'*k + l < N`. It only splits: copies marked before it stay pending.
 - `GROUP` a reduce range R by k (`GROUPTOP`: the same, each thread taking a contiguous chunk): every REDUCE over R
   becomes a per-thread partial over `R = r'*k + l` (GROUPTOP: `R = l*ceil(N/k) + r'`) reduced across the group's
   thread range l: `REDUCE(REDUCE(x, r'), l)`. It only splits the range; codegen/group.py lowers that (local memory,
@@ -14,9 +14,9 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
   all LOCALs; a second GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
-  (a range of copies for the expand pass, codegen/expand.py). LOCAL and TC still lower themselves (a partial
-  workgroup's gates; shared memory and barriers), and GROUP/GROUPTOP need the copies marked before them made first
-  (each copy's reduce gets its own local buffer), so these kinds run the expand pass on what is pending first.
+  (a range of copies for the expand pass, codegen/expand.py). TC still lowers itself (shared memory and barriers), and
+  GROUP/GROUPTOP need the copies marked before them made first (each copy's reduce gets its own local buffer), so these
+  kinds run the expand pass on what is pending first.
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
   memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md).
 """
@@ -56,7 +56,7 @@ def _padded_outer(rng: UOp, k: int) -> tuple[UOp, bool]:
 
 
 def _local(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
-  if any(n.op is Ops.DEFINE_LOCAL for n in ast.toposort()): raise ValueError("LOCAL must come before GROUP")
+  if any(n.op is Ops.DEFINE_LOCAL or is_group_lane(n) for n in ast.toposort()): raise ValueError("LOCAL must come before GROUP")
   outer, exact = _padded_outer(rng, k)
   new = outer * k + UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
   ast = ast.substitute({rng: new}, walk=True)
@@ -282,8 +282,8 @@ def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> U
 
 def _threads(split: Callable[[UOp, UOp, int, int], UOp], lowers: bool = False) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
   """The registered form of a thread split (LOCAL, GROUP, GROUPTOP, GROUPOUT): new ranges get ids past the kernel's.
-  With `lowers` (LOCAL: a partial last workgroup's accesses gated; GROUP, GROUPTOP: each copy's reduce grouped on its
-  own) the pending marks are expanded first (a pending GROUP lowered); GROUPOUT only splits."""
+  With `lowers` (GROUP, GROUPTOP: each copy's reduce grouped on its own) the pending marks are expanded first (a
+  pending GROUP lowered); LOCAL and GROUPOUT only split."""
   def apply(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
     assert rng is not None
     if lowers: ast = expand(ast)
@@ -291,7 +291,7 @@ def _threads(split: Callable[[UOp, UOp, int, int], UOp], lowers: bool = False) -
   return apply
 
 
-register(OptKind("LOCAL", _threads(_local, lowers=True), GLOBAL, device="gpu", min_amount=2, beam=thread_amounts))
+register(OptKind("LOCAL", _threads(_local), GLOBAL, device="gpu", min_amount=2, beam=thread_amounts))
 register(OptKind("GROUP", _threads(lambda a, r, k, nid: _group(a, r, k, False, nid), lowers=True), REDUCE, device="gpu", min_amount=2,
                  beam=thread_amounts))
 register(OptKind("GROUPTOP", _threads(lambda a, r, k, nid: _group(a, r, k, True, nid), lowers=True), REDUCE, device="gpu", min_amount=2,
