@@ -626,8 +626,8 @@ def test_group_only_marks_and_the_expand_pass_lowers_it(monkeypatch):
   """GROUP splits a reduce range into a thread's partial loop and the group's thread range, nothing more: the
   one-kernel softmax's max and sum (200 columns over 64 threads: gated partials) become REDUCE(REDUCE(x, inner),
   lane), with no local memory or barrier yet (before, GROUP wrote those itself). codegen/group.py lowers them: the
-  max's when the sum's GROUP applies (a kind that lowers itself makes what is pending first), the sum's in the expand
-  pass; one local buffer each, and the rows are right on the emulator."""
+  max's first (the sum reads it), both in the expand pass; one local buffer each, and the rows are right on the
+  emulator."""
   gpu_scheduler(monkeypatch)
   x = RNG.standard_normal((4, 200)).astype(np.float32)
   dev = emu_device(monkeypatch)
@@ -638,9 +638,9 @@ def test_group_only_marks_and_the_expand_pass_lowers_it(monkeypatch):
   first = apply_opt(ast, opts[0], dev.renderer.caps)
   (grouped,) = [n for n in first.toposort() if is_grouped(n)]
   assert grouped.src[0].op is Ops.REDUCE and not any(n.op in (Ops.DEFINE_LOCAL, Ops.BARRIER) for n in first.toposort())
-  # the second GROUP lowers the pending first (a kind that lowers itself makes what is pending first), then marks
+  # the second GROUP only marks too: two grouped reduces pending, no local memory yet
   marked = functools.reduce(lambda a, o: apply_opt(a, o, dev.renderer.caps), opts, ast)
-  assert sum(map(is_grouped, marked.toposort())) == 1 and sum(n.op is Ops.DEFINE_LOCAL for n in marked.toposort()) == 1
+  assert sum(map(is_grouped, marked.toposort())) == 2 and not any(n.op is Ops.DEFINE_LOCAL for n in marked.toposort())
   low = expand(marked)
   assert not any(map(is_grouped, low.toposort())) and sum(n.op is Ops.DEFINE_LOCAL for n in low.toposort()) == 2
   out, _ = run_emulated(t_(x).softmax(-1), dev, opts)

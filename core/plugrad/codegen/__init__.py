@@ -13,11 +13,10 @@ does. As built:
                   UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL/GROUPOUT mark a range of copies; VECTOR a range of vector lanes.
                   GROUP/GROUPTOP leave a reduce across a group's threads; LOCAL splits a range into workgroups and
                   threads (a partial workgroup's accesses gated). TC still lowers itself (shared memory, barriers), so
-                  it (and GROUP/GROUPTOP, whose copies each need a buffer) expands what is pending first. A step:
-                  choosing the Opts is not a rewrite.
-  expand          a pending grouped reduce lowered into local memory, barriers and a combine (codegen/group.py), then
-                  the marked copies made, in the order the Opts marked them: stores replicated for an "upcast" range,
-                  REDUCEs split into k for an "unroll" one, each followed by the simplifier (codegen/expand.py).
+                  it expands what is pending first. A step: choosing the Opts is not a rewrite.
+  expand          the marked copies made, in the order the Opts marked them: stores replicated for an "upcast" range,
+                  REDUCEs split into k for an "unroll" one; then the grouped reduces lowered into local memory,
+                  barriers and a combine (codegen/group.py), then the simplifier (codegen/expand.py).
   vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`).
                   A step: an expander object walks the lanes, then one graph_rewrite (dot accumulators).
   gpudims         global/local ranges become SPECIAL hardware ids (codegen/gpudims.py; GPU renderers): a substitution.

@@ -11,10 +11,9 @@ retype its inner part, a new RANGE of size k whose arg is `(id, kind, mark)`:
 `expand` turns the marks into copies in the order they were made (copy ranges are numbered -1, -2, ...), then
 simplifies, so the kernel is what applying the same Opts one by one with their copies made at once gave (byte for byte
 in bench/codegen_corpus.py, every renderer). GROUP and GROUPTOP leave a reduce across the group's threads, which
-`expand` lowers first (codegen/group.py: local memory, barriers). A kind that lowers itself or needs the earlier
-copies made (TC, GROUP, GROUPTOP in codegen/gpuopt.py) expands what is pending before it applies, so a pending
-GROUP always precedes every pending copy mark. `pm_opt_symbolic`, the simplifier used on optimized kernels,
-lives here because both the marking and the expanding use it.
+`expand` lowers after making the copies (codegen/group.py: local memory, barriers; each copy's reduce its own buffer).
+TC, which lowers itself (codegen/gpuopt.py), expands what is pending before it applies. `pm_opt_symbolic`, the
+simplifier used on optimized kernels, lives here because both the marking and the expanding use it.
 """
 from __future__ import annotations
 
@@ -135,15 +134,13 @@ def _expand_one(ast: UOp, m: UOp) -> UOp:
 
 
 def expand(ast: UOp) -> UOp:
-  """`ast` with a pending GROUP's reduces lowered (codegen/group.py: every mark still pending was made after it,
-  since each kind that lowers itself expands first) and every copy mark (UPCAST, UPCAST_OVERLAP, SPLIT, UNROLL,
-  GROUPOUT) made into copies, in the order made, then simplified (once: the same kernel as simplifying after each, in
-  the codegen corpus)."""
-  grouped = lower_groups(ast)
-  if not (marks := [n for n in grouped.toposort() if is_copy_range(n)]):
-    return ast if grouped is ast else simplify(grouped, "simplify after GROUP")
-  ast = grouped
+  """`ast` with every copy mark (UPCAST, UPCAST_OVERLAP, SPLIT, UNROLL, GROUPOUT) made into copies, in the order made,
+  then the grouped reduces (GROUP, GROUPTOP) lowered (codegen/group.py: each copy's reduce with its own local buffer),
+  then simplified (once: the same kernel as simplifying after each, in the codegen corpus)."""
+  marks = [n for n in ast.toposort() if is_copy_range(n)]
+  copied = ast
   while marks:
-    ast = _expand_one(ast, max(marks, key=lambda r: r.arg[0]))   # -1 first: the first marked
-    marks = [n for n in ast.toposort() if is_copy_range(n)]
-  return simplify(ast, "simplify after expand")
+    copied = _expand_one(copied, max(marks, key=lambda r: r.arg[0]))   # -1 first: the first marked
+    marks = [n for n in copied.toposort() if is_copy_range(n)]
+  out = lower_groups(copied)
+  return ast if out is ast else simplify(out, "simplify after expand")

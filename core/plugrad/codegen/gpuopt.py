@@ -8,15 +8,15 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
 - `GROUP` a reduce range R by k (`GROUPTOP`: the same, each thread taking a contiguous chunk): every REDUCE over R
   becomes a per-thread partial over `R = r'*k + l` (GROUPTOP: `R = l*ceil(N/k) + r'`) reduced across the group's
   thread range l: `REDUCE(REDUCE(x, r'), l)`. It only splits the range; codegen/group.py lowers that (local memory,
-  barriers, a tree or serial combine, outputs stored by thread 0) in the expand pass, or when a later kind that lowers
-  itself applies. Elements past N (k not dividing N) contribute the reduce identity and are never loaded. GROUP
-  applies to every REDUCE that runs in no other reduce's loop (a barrier inside a loop would need a second one), after
-  all LOCALs; a second GROUP (e.g. softmax's sum after its max) reuses the same k threads with its own local buffer.
+  barriers, a tree or serial combine, outputs stored by thread 0) in the expand pass after the copies are made (each
+  copy's reduce with its own local buffer), or when TC, which lowers itself, applies. Elements past N (k not dividing
+  N) contribute the reduce identity and are never loaded. GROUP applies to every REDUCE that runs in no other reduce's
+  loop (a barrier inside a loop would need a second one), after all LOCALs; a second GROUP (e.g. softmax's sum after
+  its max) reuses the same k threads with its own local buffer.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
-  (a range of copies for the expand pass, codegen/expand.py). TC still lowers itself (shared memory and barriers), and
-  GROUP/GROUPTOP need the copies marked before them made first (each copy's reduce gets its own local buffer), so these
-  kinds run the expand pass on what is pending first.
+  (a range of copies for the expand pass, codegen/expand.py). LOCAL, GROUP, GROUPTOP and GROUPOUT only split; TC still
+  lowers itself (shared memory and barriers), so it runs the expand pass on what is pending first.
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
   memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md).
 """
@@ -280,21 +280,19 @@ def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> U
   return simplify(_tc(ast, tcs[opt.amount], max(ranges_of(ast)) + 1, opt.arg), "simplify after TC")
 
 
-def _threads(split: Callable[[UOp, UOp, int, int], UOp], lowers: bool = False) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
+def _threads(split: Callable[[UOp, UOp, int, int], UOp]) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:
   """The registered form of a thread split (LOCAL, GROUP, GROUPTOP, GROUPOUT): new ranges get ids past the kernel's.
-  With `lowers` (GROUP, GROUPTOP: each copy's reduce grouped on its own) the pending marks are expanded first (a
-  pending GROUP lowered); LOCAL and GROUPOUT only split."""
+  Each only splits; pending copy marks stay pending."""
   def apply(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
     assert rng is not None
-    if lowers: ast = expand(ast)
     return simplify(split(ast, rng, opt.amount, max(ranges_of(ast)) + 1), f"simplify after {opt.kind}")
   return apply
 
 
 register(OptKind("LOCAL", _threads(_local), GLOBAL, device="gpu", min_amount=2, beam=thread_amounts))
-register(OptKind("GROUP", _threads(lambda a, r, k, nid: _group(a, r, k, False, nid), lowers=True), REDUCE, device="gpu", min_amount=2,
+register(OptKind("GROUP", _threads(lambda a, r, k, nid: _group(a, r, k, False, nid)), REDUCE, device="gpu", min_amount=2,
                  beam=thread_amounts))
-register(OptKind("GROUPTOP", _threads(lambda a, r, k, nid: _group(a, r, k, True, nid), lowers=True), REDUCE, device="gpu", min_amount=2,
+register(OptKind("GROUPTOP", _threads(lambda a, r, k, nid: _group(a, r, k, True, nid)), REDUCE, device="gpu", min_amount=2,
                  beam=thread_amounts))
 register(OptKind("GROUPOUT", _threads(_group_out), GLOBAL, device="gpu", min_amount=2))
 register(OptKind("TC", _tc_opt, KERNEL, device="gpu"))

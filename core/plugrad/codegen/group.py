@@ -4,8 +4,8 @@ GROUP and GROUPTOP (codegen/gpuopt.py) only split a reduce range R into a per-th
 REDUCE over R becomes `REDUCE(REDUCE(x, inner, ...), lane)`, the inner REDUCE a thread's partial over its share of R
 and the outer one over `lane`, the group's thread range (arg `(id, "local", "group")`). That is still the plain
 reduction (a loop over lane, a valid kernel for any renderer); `lower_groups`, run by the expand pass
-(codegen/expand.py) before it makes the copies marked after the GROUP, turns each outer REDUCE into the workgroup's
-exchange:
+(codegen/expand.py) once it has made the marked copies (each copy's reduce then gets its own buffer), turns each
+outer REDUCE into the workgroup's exchange:
 
   each thread stores its partial to a DEFINE_LOCAL slot, a BARRIER, then the k partials are combined: a tree when k is
   a power of two (step s: threads l < s store op(local[l], local[l+s]) into local[l], a BARRIER after each; every
