@@ -348,6 +348,30 @@ def test_tc_matmul(monkeypatch, target: str):
   np.testing.assert_allclose(out.reshape(32, 64).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
 
 
+def test_tc_only_marks_and_the_tensor_core_pass_lowers_it(monkeypatch):
+  """TC retypes the matmul's reduce range (its tensor core and tile in the mark) after checking the kernel fits, and
+  nothing more: no WMMA, warps or shared memory until the pipeline's "tensor cores" pass (before, TC expanded what was
+  pending and lowered itself). It is the last Opt: another one after it is refused, naming TC. A tile that doesn't fit
+  is refused when TC applies, not when the pass lowers it."""
+  from plugrad.codegen.gpuopt import lower_tensor_cores
+  from plugrad.codegen.optops import is_tc_range
+  a, b = RNG.standard_normal((64, 32)).astype(np.float16), RNG.standard_normal((32, 128)).astype(np.float16)
+  dev = emu_device(monkeypatch, "CUDA")
+  ast = (t_(a) @ t_(b)).schedule(optimize=False)[-1].ast
+  marked = apply_opt(ast, Opt("TC", -1, 0, (2, 2, 2, 2, 1)), dev.renderer.caps)
+  (k,) = [r for r in marked.toposort() if is_tc_range(r)]
+  assert k.arg[1] == "reduce" and k.arg[4] == (2, 2, 2, 2, 1)
+  assert not any(n.op in (Ops.WMMA, Ops.DEFINE_LOCAL, Ops.BARRIER) for n in marked.toposort())
+  assert not any(r.arg[1] == "local" for r in ranges_of(marked).values())
+  glob = next(r for r in ranges_of(marked).values() if r.arg[1] == "global")
+  with pytest.raises(ValueError, match="TC must be the last"): apply_opt(marked, Opt("UPCAST", glob.arg[0], 2), dev.renderer.caps)
+  low = lower_tensor_cores(marked)
+  assert sum(n.op is Ops.WMMA for n in low.toposort()) == 4 and not any(is_tc_range(r) for r in low.toposort())
+  with pytest.raises(ValueError, match="doesn't divide"): apply_opt(ast, Opt("TC", -1, 0, (8, 8, 1, 1, 0)), dev.renderer.caps)
+  out, _ = run_emulated(t_(a) @ t_(b), dev, [Opt("TC", -1, 0, (2, 2, 2, 2, 1))])
+  np.testing.assert_allclose(out.reshape(64, 128).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)
+
+
 TILES = [(), (2, 1), (1, 2, 2, 1), (1, 1, 1, 1, 1), (2, 2, 2, 2, 1), (1, 4, 1, 2, 1), (2, 2, 2, 2, 2), (1, 1, 1, 1, 2)]
 
 

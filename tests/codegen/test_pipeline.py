@@ -15,7 +15,7 @@ from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.upat import PatternMatcher, UPat
 from plugrad.viz import capture
 
-NAMES = ["merge ranges", "optimize", "expand", "vectorize", "gpudims", "decompositions", "reduce ranges",
+NAMES = ["merge ranges", "optimize", "expand", "tensor cores", "vectorize", "gpudims", "decompositions", "reduce ranges",
          "accumulators", "linearize", "param slots", "render"]
 
 

@@ -12,11 +12,13 @@ does. As built:
                   (the rewrites registered by codegen/opt.py, codegen/gpuopt.py). An Opt splits and retypes ranges:
                   UPCAST/UPCAST_OVERLAP/SPLIT/UNROLL/GROUPOUT mark a range of copies; VECTOR a range of vector lanes.
                   GROUP/GROUPTOP leave a reduce across a group's threads; LOCAL splits a range into workgroups and
-                  threads (a partial workgroup's accesses gated). TC still lowers itself (shared memory, barriers), so
-                  it expands what is pending first. A step: choosing the Opts is not a rewrite.
+                  threads (a partial workgroup's accesses gated); TC retypes the matmul's reduce range (the last Opt).
+                  A step: choosing the Opts is not a rewrite.
   expand          the marked copies made, in the order the Opts marked them: stores replicated for an "upcast" range,
                   REDUCEs split into k for an "unroll" one; then the grouped reduces lowered into local memory,
                   barriers and a combine (codegen/group.py), then the simplifier (codegen/expand.py).
+  tensor cores    the reduce range TC marked becomes the tile's warps, fragments, shared-memory staging and WMMAs
+                  (codegen/gpuopt.py: `lower_tensor_cores`; renderers with tensor cores). A step: it builds the tile.
   vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`).
                   A step: an expander object walks the lanes, then one graph_rewrite (dot accumulators).
   gpudims         global/local ranges become SPECIAL hardware ids (codegen/gpudims.py; GPU renderers): a substitution.
@@ -38,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from plugrad.codegen.gpudims import LaunchDims, gpudims, uses_gpudims
-from plugrad.codegen import gpuopt, opt  # noqa: F401  (the rewrites register their optimization kinds on import)
+from plugrad.codegen import opt  # noqa: F401  (the rewrites register their optimization kinds on import)
+from plugrad.codegen.gpuopt import lower_tensor_cores
 from plugrad.codegen.expand import expand
 from plugrad.codegen.facts import Dots
 from plugrad.codegen.heuristic import optimize, optimize_gpu
@@ -142,6 +145,10 @@ def _optimize(k: KernelState) -> None:
 def _expand(k: KernelState) -> None: k.ast = expand(k.ast)
 
 
+def _tensor_cores(k: KernelState) -> None:
+  if k.renderer.caps.tensor_cores: k.ast = lower_tensor_cores(k.ast)
+
+
 def _vectorize(k: KernelState) -> None:
   if (caps := k.renderer.caps).vector_lanes: k.ast = vectorize(k.ast, caps.vector_ops, Dots.of(caps), caps.f16_vectors)
 
@@ -178,6 +185,7 @@ PIPELINE: tuple[Pass, ...] = (
   Pass("merge ranges", _merge_ranges, True, "reduce ranges read as one contiguous run become one range (opt.py; loop targets, heuristic only)"),
   Pass("optimize", _optimize, False, "apply the heuristic's or the caller's Opts: each splits/retypes ranges (heuristic.py; opt.py, gpuopt.py)"),
   Pass("expand", _expand, True, "ranges the Opts marked as copies (UPCAST, SPLIT, UNROLL) become the copies (expand.py)"),
+  Pass("tensor cores", _tensor_cores, False, "the reduce range TC marked: warps, fragments, staging, WMMAs (gpuopt.py)"),
   Pass("vectorize", _vectorize, False, "vector lane ranges become vector values (vectorize.py; renderers with vector_lanes)"),
   Pass("gpudims", _gpudims, True, "global/local ranges become SPECIAL hardware ids under the launch limits (gpudims.py)"),
   Pass("decompositions", _decompositions, True, "the renderer's extra_matcher: ops the target lacks rewritten into ones it has"),

@@ -12,7 +12,7 @@ retype its inner part, a new RANGE of size k whose arg is `(id, kind, mark)`:
 simplifies, so the kernel is what applying the same Opts one by one with their copies made at once gave (byte for byte
 in bench/codegen_corpus.py, every renderer). GROUP and GROUPTOP leave a reduce across the group's threads, which
 `expand` lowers after making the copies (codegen/group.py: local memory, barriers; each copy's reduce its own buffer).
-TC, which lowers itself (codegen/gpuopt.py), expands what is pending before it applies. `pm_opt_symbolic`, the
+TC's mark is lowered after this pass (codegen/gpuopt.py: `lower_tensor_cores`). `pm_opt_symbolic`, the
 simplifier used on optimized kernels, lives here because both the marking and the expanding use it.
 """
 from __future__ import annotations

@@ -9,16 +9,19 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
   becomes a per-thread partial over `R = r'*k + l` (GROUPTOP: `R = l*ceil(N/k) + r'`) reduced across the group's
   thread range l: `REDUCE(REDUCE(x, r'), l)`. It only splits the range; codegen/group.py lowers that (local memory,
   barriers, a tree or serial combine, outputs stored by thread 0) in the expand pass after the copies are made (each
-  copy's reduce with its own local buffer), or when TC, which lowers itself, applies. Elements past N (k not dividing
+  copy's reduce with its own local buffer). Elements past N (k not dividing
   N) contribute the reduce identity and are never loaded. GROUP applies to every REDUCE that runs in no other reduce's
   loop (a barrier inside a loop would need a second one), after all LOCALs; a second GROUP (e.g. softmax's sum after
   its max) reuses the same k threads with its own local buffer.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
-  (a range of copies for the expand pass, codegen/expand.py). LOCAL, GROUP, GROUPTOP and GROUPOUT only split; TC still
-  lowers itself (shared memory and barriers), so it runs the expand pass on what is pending first.
+  (a range of copies for the expand pass, codegen/expand.py).
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
-  memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md).
+  memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md). It checks the kernel fits (`tc_fit`) and retypes the
+  matmul's reduce range `(id, "reduce", "tc", tensor core, tile)`; the pipeline's "tensor cores" pass, after the expand
+  pass, lowers it (`lower_tensor_cores`: warps, fragments, shared-memory staging, WMMAs). TC is the last Opt.
+
+Every kind here only splits or retypes ranges; the expand pass and the tensor-core pass lower what they mark.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from plugrad.codegen.facts import contiguous, div_end, in_loop, ranges_of, tc_ma
 from plugrad.codegen.accumulate import reduce_identity
 from plugrad.codegen.expand import copy_range, expand, pm_opt_symbolic, simplify
 from plugrad.codegen.group import is_group_lane
-from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, register, thread_amounts
+from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, is_tc_range, register, thread_amounts
 from plugrad.codegen.tc import TensorCore
 from plugrad.dtype import AddrSpace, dtypes
 from plugrad.runtime.renderer import Capabilities
@@ -183,21 +186,39 @@ def _vector_stores(stores: list[UOp]) -> list[UOp]:
   return out
 
 
+def tc_fit(ast: UOp, tc: TensorCore, tile: tuple[int, ...] = ()) -> tuple[tuple[int, ...], tuple[UOp, ...]]:
+  """The full tile (um, un, wm, wn, stage) and the matched matmul (red, a, b, i, j, k) when `ast`'s matmul fits tensor
+  core `tc` with `tile`; ValueError naming what doesn't fit otherwise (all of `_tc`'s conditions, so an Opt is refused
+  when it applies, not when the tensor-core pass lowers it)."""
+  if len(tile) > 5 or any(not isinstance(t, int) or t < 0 for t in tile): raise ValueError(f"TC tile {tile}: expected up to 5 non-negative ints")
+  um, un, wm, wn, stage = tuple(tile) + TC_TILE_DEFAULT[len(tile):]
+  if min(um, un, wm, wn) < 1 or stage not in (0, 1, 2): raise ValueError(f"TC tile {tile}: sizes must be >= 1 and stage 0, 1 or 2")
+  if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
+  red, _, _, i, j, _ = mt
+  n, m, kk = tc.dims
+  bm, bn, nthreads = m * um * wm, n * un * wn, wm * wn * tc.threads
+  if i.src[0].arg % bm or j.src[0].arg % bn: raise ValueError(f"TC tile {tile}: {bm}x{bn} doesn't divide the {i.src[0].arg}x{j.src[0].arg} output")
+  if any(r.arg[1] == "local" for r in ranges_of(ast).values()): raise ValueError("TC must come before LOCAL")
+  if nthreads > 1024: raise ValueError(f"TC tile {tile}: {wm * wn} warps of {tc.threads} lanes is too many threads")
+  if stage and ((bm * kk) % nthreads or (kk * bn) % nthreads):
+    raise ValueError(f"TC staging: a {bm}x{kk} or {kk}x{bn} tile doesn't split over {nthreads} threads")
+  if stage == 2:
+    if len(ast.src) != 1 or len((st := ast.src[0]).src[0].src) != 2: raise ValueError("TC stage 2 needs one ungated output store")
+    if st.src[1].dtype.count != 1 or not contiguous(st.src[0].src[1], j):
+      raise ValueError("TC stage 2: the output isn't contiguous along its columns")
+    if (bm * bn) % nthreads: raise ValueError(f"TC stage 2: a {bm}x{bn} tile doesn't split over {nthreads} threads")
+  elif any(red not in st.toposort() for st in ast.src): raise ValueError(f"TC {tc.name}: a store of the kernel doesn't use the matmul")
+  return (um, un, wm, wn, stage), mt
+
+
 def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
   """The matmul of `ast` on tensor core `tc` with tile (um, un, wm, wn, stage): each warp computes um x un tensor-core
   tiles (um*un accumulators sharing its A and B fragments), wm x wn warps per workgroup (LOCAL), and with stage=1 the
   workgroup's A and B tiles of each K step pass through workgroup memory (DEFINE_LOCAL + BARRIER) so that its warps
   share one coalesced, vectorized load of them."""
-  if len(tile) > 5 or any(not isinstance(t, int) or t < 0 for t in tile): raise ValueError(f"TC tile {tile}: expected up to 5 non-negative ints")
-  um, un, wm, wn, stage = tuple(tile) + TC_TILE_DEFAULT[len(tile):]
-  if min(um, un, wm, wn) < 1 or stage not in (0, 1, 2): raise ValueError(f"TC tile {tile}: sizes must be >= 1 and stage 0, 1 or 2")
-  if (mt := tc_match(ast, tc)) is None: raise ValueError(f"TC {tc.name}: no matmul-like reduce with {tc.dtype_in} inputs fits its tiles")
-  red, a, b, i, j, k = mt
+  (um, un, wm, wn, stage), (red, a, b, i, j, k) = tc_fit(ast, tc, tile)
   n, m, kk = tc.dims
   bm, bn = m * um * wm, n * un * wn
-  if i.src[0].arg % bm or j.src[0].arg % bn: raise ValueError(f"TC tile {tile}: {bm}x{bn} doesn't divide the {i.src[0].arg}x{j.src[0].arg} output")
-  if any(r.arg[1] == "local" for r in ranges_of(ast).values()): raise ValueError("TC must come before LOCAL")
-  if wm * wn * tc.threads > 1024: raise ValueError(f"TC tile {tile}: {wm * wn} warps of {tc.threads} lanes is too many threads")
   gi, gj, k2 = (UOp(Ops.RANGE, dtypes.index, (_c(r.src[0].arg // d),), r.arg) for r, d in ((i, bm), (j, bn), (k, kk)))
   wi = UOp(Ops.RANGE, dtypes.index, (_c(wm),), (nid, "local")) if wm > 1 else _c(0)
   wj = UOp(Ops.RANGE, dtypes.index, (_c(wn),), (nid + 1, "local")) if wn > 1 else _c(0)
@@ -224,7 +245,6 @@ def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
   if stage == 2: return _tc_staged_out(ast, tc, red, i, j, (gi, gj, i0, j0, lane, tid), (um, un, bm, bn, wm * wn * tc.threads), fa, fb, zero, k2)
   stores = []
   for st in ast.src:
-    if red not in st.toposort(): raise ValueError(f"TC {tc.name}: a store of the kernel doesn't use the matmul")
     for u in range(um):
       for v in range(un):
         acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa[u], fb[v], zero), tc.name), k2), Ops.ADD)
@@ -273,11 +293,21 @@ def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tupl
 
 
 def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
-  """TC: the amount is the index of the tensor core in `caps.tensor_cores`, `arg` the tile."""
+  """TC: the amount is the index of the tensor core in `caps.tensor_cores`, `arg` the tile. It only retypes the
+  matmul's reduce range, `(id, "reduce", "tc", tensor core, tile)`, once the kernel is checked to fit (with the copies
+  marked before it made, as the tensor-core pass will see it); `lower_tensor_cores` lowers it. TC is the last Opt."""
   tcs = caps.tensor_cores if caps is not None else ()
   if not 0 <= opt.amount < len(tcs): raise ValueError(f"{opt}: the renderer has {len(tcs)} tensor cores")
-  ast = expand(ast)   # it lowers itself into threads and shared memory: the earlier copies are made first
-  return simplify(_tc(ast, tcs[opt.amount], max(ranges_of(ast)) + 1, opt.arg), "simplify after TC")
+  tile, (*_, k) = tc_fit(expand(ast), tcs[opt.amount], opt.arg)
+  return ast.substitute({k: k.replace(arg=(*k.arg[:2], "tc", tcs[opt.amount], tile))}, walk=True)
+
+
+def lower_tensor_cores(ast: UOp) -> UOp:
+  """The tensor-core pass: the matmul whose reduce range TC marked on its tensor core (`_tc`: warps, fragments,
+  shared-memory staging, WMMAs), simplified; `ast` itself when nothing is marked."""
+  if (k := next((r for r in ast.toposort() if is_tc_range(r)), None)) is None: return ast
+  ast = ast.substitute({k: k.replace(arg=k.arg[:2])}, walk=True)
+  return simplify(_tc(ast, k.arg[3], max(ranges_of(ast)) + 1, k.arg[4]), "simplify after TC")
 
 
 def _threads(split: Callable[[UOp, UOp, int, int], UOp]) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:

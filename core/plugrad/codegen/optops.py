@@ -62,6 +62,7 @@ def register(kind: OptKind) -> OptKind:
 
 
 def is_vector_range(r: UOp) -> bool: return r.op is Ops.RANGE and len(r.arg) > 2 and r.arg[2] == "vector"
+def is_tc_range(r: UOp) -> bool: return r.op is Ops.RANGE and len(r.arg) > 2 and r.arg[2] == "tc"
 
 
 def apply_opt(ast: UOp, opt: Opt, caps: Capabilities | None = None) -> UOp:
@@ -69,6 +70,7 @@ def apply_opt(ast: UOp, opt: Opt, caps: Capabilities | None = None) -> UOp:
   kind = OPT_KINDS.get(opt.kind)
   if kind is None: raise ValueError(f"{opt}: unknown optimization {opt.kind!r} (registered: {', '.join(OPT_KINDS)})")
   if kind.adds_kernel or kind.apply is None: raise ValueError(f"{opt}: {opt.kind} adds a kernel; apply it with codegen.pack.split_packs")
+  if any(map(is_tc_range, ast.toposort())): raise ValueError(f"{opt}: TC must be the last optimization (the kernel's matmul is marked for it)")
   rng = None
   if kind.targets:
     rng = next((n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[0] == opt.rid), None)
