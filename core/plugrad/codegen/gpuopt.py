@@ -9,10 +9,10 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
   becomes a per-thread partial over `R = r'*k + l` (GROUPTOP: `R = l*ceil(N/k) + r'`) reduced across the group's
   thread range l: `REDUCE(REDUCE(x, r'), l)`. It only splits the range; codegen/group.py lowers that (local memory,
   barriers, a tree or serial combine, outputs stored by thread 0) in the expand pass after the copies are made (each
-  copy's reduce with its own local buffer). Elements past N (k not dividing
-  N) contribute the reduce identity and are never loaded. GROUP applies to every REDUCE that runs in no other reduce's
-  loop (a barrier inside a loop would need a second one), after all LOCALs; a second GROUP (e.g. softmax's sum after
-  its max) reuses the same k threads with its own local buffer.
+  copy's reduce with its own local buffer). Elements past N (k not dividing N) contribute the reduce identity and are
+  never loaded. GROUP applies to every REDUCE that runs in no other reduce's loop (a barrier inside a loop would need
+  a second one), after all LOCALs; a second GROUP (e.g. softmax's sum after its max) reuses the same k threads with
+  its own local buffer.
 - `GROUPOUT` a global range by k, before the GROUPs: the group's k threads compute that output axis (row kernels such
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
   (a range of copies for the expand pass, codegen/expand.py).
@@ -143,7 +143,7 @@ def _stage(x: UOp, rows: tuple[UOp, UOp, int], cols: tuple[UOp, UOp, int], tid: 
   def flat(r: UOp, c: UOp) -> UOp: return c * tr + r if along_rows else r * tcc + c
   def rc(f: UOp) -> tuple[UOp, UOp]: return (f % tr, f // tr) if along_rows else (f // tcc, f % tcc)
   size = tr * tcc
-  if size % nthreads: raise ValueError(f"TC staging: a {tr}x{tcc} tile doesn't split over {nthreads} threads")
+  assert size % nthreads == 0, "tc_fit checks the tiles split over the threads"
   vec = 1
   if ld is not None and (along_rows or contiguous(ld.src[0].src[1], ci)):
     for v in (16 // x.dtype.itemsize, 8, 4, 2):
@@ -264,9 +264,7 @@ def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tupl
   vector stores of up to 16 bytes (for tensor cores whose C rows are narrower than a 32-byte sector: CUDA's m16n8)."""
   gi, gj, i0, j0, lane, tid = ids
   um, un, bm, bn, nthreads = sizes
-  if len(ast.src) != 1 or len((st := ast.src[0]).src[0].src) != 2: raise ValueError("TC stage 2 needs one ungated output store")
-  out_idx, val = st.src[0], st.src[1]
-  if val.dtype.count != 1 or not contiguous(out_idx.src[1], j): raise ValueError("TC stage 2: the output isn't contiguous along its columns")
+  out_idx, val = ast.src[0].src[0], ast.src[0].src[1]   # (tc_fit checked: one ungated store, contiguous along j)
   n, m, _ = tc.dims
   ec = tc.elements_per_thread[2]
   n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL]) + 2
@@ -283,7 +281,6 @@ def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tupl
   def gidx(f: UOp) -> UOp: return out_idx.src[1].substitute({i: gi * bm + f // bn, j: gj * bn + f % bn}, walk=True)
   vec = next((w for w in (16 // val.dtype.itemsize, 8, 4, 2) if w * val.dtype.itemsize <= 16 and bn % w == 0 and (bm * bn) % (w * nthreads) == 0
               and _aligned(gidx(tid * w), w)), 1)
-  if (bm * bn) % (vec * nthreads): raise ValueError(f"TC stage 2: a {bm}x{bn} tile doesn't split over {nthreads} threads")
   stores = []
   for p in range((bm * bn) // (vec * nthreads)):
     f = (tid + p * nthreads) * vec
