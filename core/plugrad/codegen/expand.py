@@ -70,12 +70,18 @@ def _conjuncts(x: UOp) -> list[UOp]: return _conjuncts(x.src[0]) + _conjuncts(x.
 def _upper_bound(t: UOp) -> bool: return t.op is Ops.CMPLT and t.src[1].op is Ops.CONST and t.src[0].dtype in (dtypes.index, dtypes.int32)
 
 
+def _upper_bounds(terms: list[UOp]) -> dict[UOp, int]:
+  """integer -> the tightest constant upper bound `x < c` among `terms`."""
+  bound: dict[UOp, int] = {}
+  for t in filter(_upper_bound, terms): bound[t.src[0]] = min(bound.get(t.src[0], t.src[1].arg), t.src[1].arg)
+  return bound
+
+
 def _and_bounds(x: UOp) -> UOp | None:
   """A chain of ANDs with repeated terms dropped and the upper bounds of one integer merged (`i < 28 & i < 29` ->
   `i < 28`): a partial workgroup's gate (LOCAL) meeting the padding gates of unrolled taps. None when nothing goes."""
   terms = _conjuncts(x)
-  bound: dict[UOp, int] = {}
-  for t in filter(_upper_bound, terms): bound[t.src[0]] = min(bound.get(t.src[0], t.src[1].arg), t.src[1].arg)
+  bound = _upper_bounds(terms)
   out: list[UOp] = []
   for t in terms:   # each bound at its first place, tightened; a term met again (a looser bound, once tightened) dropped
     if _upper_bound(t): t = t.src[0] < bound[t.src[0]]
@@ -90,7 +96,7 @@ def _implies(g: UOp, c: UOp) -> bool:
   """Whether gate `g` implies condition `c` (chains of ANDs): every term of c is a term of g, or an upper bound
   `x < a` where g bounds x by `x < b`, b <= a."""
   gs = _conjuncts(g)
-  ub = {t.src[0]: t.src[1].arg for t in gs if _upper_bound(t)}
+  ub = _upper_bounds(gs)
   return all(t in gs or (_upper_bound(t) and t.src[0] in ub and ub[t.src[0]] <= t.src[1].arg) for t in _conjuncts(c))
 
 

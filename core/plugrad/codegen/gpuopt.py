@@ -58,8 +58,13 @@ def _padded_outer(rng: UOp, k: int) -> tuple[UOp, bool]:
   return UOp(Ops.RANGE, rng.dtype, (n,), rng.arg), False
 
 
+def _grouped(ast: UOp) -> bool:
+  """Whether a GROUP/GROUPTOP already applied to `ast` (its thread range pending, or lowered into local memory)."""
+  return any(n.op is Ops.DEFINE_LOCAL or is_group_lane(n) for n in ast.toposort())
+
+
 def _local(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
-  if any(n.op is Ops.DEFINE_LOCAL or is_group_lane(n) for n in ast.toposort()): raise ValueError("LOCAL must come before GROUP")
+  if _grouped(ast): raise ValueError("LOCAL must come before GROUP")
   outer, exact = _padded_outer(rng, k)
   new = outer * k + UOp(Ops.RANGE, dtypes.index, (_c(k),), (nid, "local"))
   ast = ast.substitute({rng: new}, walk=True)
@@ -73,7 +78,7 @@ def _group_out(ast: UOp, rng: UOp, k: int, nid: int) -> UOp:
   workgroup per row whose threads write the row from the values they reduced."""
   if rng.arg[1] != "global" or len(rng.arg) > 2 or rng.src[0].op is not Ops.CONST:
     raise ValueError(f"GROUPOUT needs a global range of constant size, range {rng.arg} isn't one")
-  if any(n.op is Ops.DEFINE_LOCAL or is_group_lane(n) for n in ast.toposort()): raise ValueError("GROUPOUT must come before GROUP")
+  if _grouped(ast): raise ValueError("GROUPOUT must come before GROUP")
   lcl = [r for r in ranges_of(ast).values() if r.arg[1] == "local"]
   if lcl: raise ValueError(f"GROUPOUT of range {rng.arg}: the kernel already has thread ranges {[r.arg for r in lcl]}")
   n, copies = rng.src[0].arg, -(-rng.src[0].arg // k)
