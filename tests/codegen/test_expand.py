@@ -177,3 +177,18 @@ def test_gates_drop_repeated_terms_and_merge_bounds_of_one_index():
       for jv in range(4):
         env = {i: iv, j: jv}
         assert eval_index(s, dict(env)) == eval_index(g, dict(env))
+
+
+def test_a_store_group_takes_the_place_of_its_store():
+  """`store_group` + `pm_flatten_stores`: how a rule replaces one STORE of the kernel by several (the expand pass's
+  copies, the vectorize pass's lane-by-lane stores, the tensor-core pass's fragments): the SINK gets them in its
+  place, in order, and keeps its other sources and its arg; a GROUP without the tag is left alone."""
+  from plugrad.codegen.expand import pm_flatten_stores, store_group
+  from plugrad.uop.rewrite import graph_rewrite
+  buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(8), arg=0)
+  def st(i: int) -> UOp:
+    return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, UOp.const(dtypes.index, i))), UOp.const(dtypes.float32, i)))
+  other = UOp(Ops.GROUP, dtypes.void, (st(7),))
+  sink = UOp(Ops.SINK, dtypes.void, (st(0), store_group([st(1), st(2)]), other, store_group([st(3)])), arg="k")
+  out = graph_rewrite(sink, pm_flatten_stores)
+  assert out.src == (st(0), st(1), st(2), other, st(3)) and out.arg == "k"

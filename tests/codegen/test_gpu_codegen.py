@@ -27,6 +27,7 @@ from plugrad.schedule import kernelize
 from plugrad.plugins.python import GPU_COUNTERS, BarrierError, PythonDevice, PythonProgram, PythonRenderer, reset_gpu_counters
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.symbolic import sym_infer
+from plugrad.viz import capture
 
 RNG = np.random.default_rng(0)
 
@@ -365,8 +366,16 @@ def test_tc_only_marks_and_the_tensor_core_pass_lowers_it(monkeypatch):
   assert not any(r.arg[1] == "local" for r in ranges_of(marked).values())
   glob = next(r for r in ranges_of(marked).values() if r.arg[1] == "global")
   with pytest.raises(ValueError, match="TC must be the last"): apply_opt(marked, Opt("UPCAST", glob.arg[0], 2), dev.renderer.caps)
-  low = lower_tensor_cores(marked)
+  was = (capture.VIZ, capture.PROFILE)
+  capture.TRACE.clear()
+  capture.enable(viz=True)
+  try:
+    with capture.group("kernel", "tc") as g: low = lower_tensor_cores(marked)
+  finally: capture.enable(*was)
   assert sum(n.op is Ops.WMMA for n in low.toposort()) == 4 and not any(is_tc_range(r) for r in low.toposort())
+  # the pass is a rewrite: each store of the matmul replaced by its fragments' stores (pm_tensor_cores), then simplified
+  assert [r.name for r in g.rewrites if r.name in ("tensor cores", "simplify after TC")] == ["tensor cores", "simplify after TC"]
+  assert not any(n.op is Ops.GROUP or n.tag is not None for n in low.toposort())
   with pytest.raises(ValueError, match="doesn't divide"): apply_opt(ast, Opt("TC", -1, 0, (8, 8, 1, 1, 0)), dev.renderer.caps)
   out, _ = run_emulated(t_(a) @ t_(b), dev, [Opt("TC", -1, 0, (2, 2, 2, 2, 1))])
   np.testing.assert_allclose(out.reshape(64, 128).astype(np.float32), a.astype(np.float32) @ b.astype(np.float32), rtol=2e-3, atol=2e-2)

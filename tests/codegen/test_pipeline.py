@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 import plugrad.codegen as codegen
 from plugrad.codegen import PIPELINE, Pass, get_program, run_pipeline
@@ -104,3 +105,49 @@ def test_state_after_the_pipeline():
   k = run_pipeline(_ast(), Device["PYTHON"].renderer)
   assert k.dims is not None and k.uops and k.src
   assert [u.arg for u in k.uops if u.op is Ops.DEFINE_GLOBAL] == sorted(u.arg for u in k.source.toposort() if u.op is Ops.DEFINE_GLOBAL)
+
+
+def test_only_choosing_ordering_and_rendering_are_steps():
+  """Every pass that transforms the kernel is a graph_rewrite with its PatternMatchers; what is left as a step chooses
+  the Opts, orders the program, keeps the parameter slots or renders (the vectorize and tensor-core passes were steps:
+  an expander object walking the lanes, and a tile builder)."""
+  assert [p.name for p in PIPELINE if not p.rewrite] == ["optimize", "linearize", "param slots", "render"]
+
+
+def _cpu_rewrites(t: Tensor) -> tuple[list[str], UOp]:
+  """The rewrites VIZ records for `t`'s last kernel on the CPU renderer (the heuristic's Opts), and the AST after vectorize."""
+  ast = t.schedule(optimize=False)[-1].ast
+  was = (capture.VIZ, capture.PROFILE)
+  capture.TRACE.clear()
+  capture.enable(viz=True)
+  try:
+    with capture.group("kernel", "test kernel") as g: get_program(ast, Device["CPU"].renderer)
+  finally: capture.enable(*was)
+  return [r.name for r in g.rewrites], next(r.out for r in g.rewrites if r.name == "pass vectorize")
+
+
+def test_the_vectorize_and_expand_passes_are_rewrites():
+  """A register-tiled matmul on the CPU: its copies are made by the expand pass's "copy stores" rewrite and its lanes by
+  the vectorize pass's "vectorize lane" rewrite (pre-order rules on loads and stores, post-order ones on ALU ops), both
+  between their pass markers; what comes out has no lane range and none of the pass's own marks (wrapper NOOPs, tags)."""
+  a, b = Tensor(np.ones((64, 64), np.float32)).realize(), Tensor(np.ones((64, 64), np.float32)).realize()
+  names, ast = _cpu_rewrites(a @ b)
+  assert names.index("pass optimize") < names.index("copy stores") < names.index("pass expand")
+  assert names.index("pass tensor cores") < names.index("vectorize lane") < names.index("pass vectorize")
+  nodes = ast.toposort()
+  assert any(n.dtype.count > 1 for n in nodes), "nothing vectorized"
+  assert not any(n.op is Ops.RANGE and len(n.arg) > 2 and n.arg[2] == "vector" for n in nodes)
+  assert not any(n.op in (Ops.NOOP, Ops.GROUP) or n.tag is not None for n in nodes)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "sum", "gather", "where", "half"])
+def test_vectorize_leaves_none_of_its_marks(kernel: str):
+  """Kernels through each kind of rule (a reduce over the lane and its horizontal step, a split reduce's tree, a gather
+  done lane by lane, a bool select, float16 loads): no wrapper, GROUP or tag survives the pass."""
+  rng = np.random.default_rng(0)
+  x = Tensor(rng.standard_normal((16, 256)).astype(np.float32)).realize()
+  t = {"softmax": lambda: x.softmax(-1), "sum": lambda: x.sum(1), "where": lambda: (x > 0).where(x, x * 2).sum(0),
+       "gather": lambda: x[:, Tensor(rng.integers(0, 256, (64,)).astype(np.int32)).realize()],
+       "half": lambda: x.cast("float16").realize().cast("float32").sum(0)}[kernel]()
+  _, ast = _cpu_rewrites(t)
+  assert not any(n.op in (Ops.NOOP, Ops.GROUP) or n.tag is not None for n in ast.toposort())

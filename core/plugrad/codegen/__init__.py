@@ -18,9 +18,12 @@ does. As built:
                   REDUCEs split into k for an "unroll" one; then the grouped reduces lowered into local memory,
                   barriers and a combine (codegen/group.py), then the simplifier (codegen/expand.py).
   tensor cores    the reduce range TC marked becomes the tile's warps, fragments, shared-memory staging and WMMAs
-                  (codegen/gpuopt.py: `lower_tensor_cores`; renderers with tensor cores). A step: it builds the tile.
-  vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`).
-                  A step: an expander object walks the lanes, then one graph_rewrite (dot accumulators).
+                  (codegen/gpuopt.py: `lower_tensor_cores`; renderers with tensor cores): a graph_rewrite whose rules
+                  replace each store of the matmul by its C fragments' stores (stage 2: the SINK's one store by the
+                  staged output), over the tile's fragments built once.
+  vectorize       the vector lane range becomes vector values (codegen/vectorize.py; renderers with `vector_lanes`):
+                  a graph_rewrite per lane range (pre-order rules decide loads, stores and reduces over the lane on
+                  the node as it came in, post-order rules build vector ops), then one for the dot accumulators.
   gpudims         global/local ranges become SPECIAL hardware ids (codegen/gpudims.py; GPU renderers): a substitution.
   decompositions  the renderer's `extra_matcher` (ops the target lacks, rewritten into ones it has) as a graph_rewrite.
   reduce ranges   a REDUCE sharing a RANGE with another in a different loop nest gets fresh copies (codegen/linearize.py).
@@ -185,8 +188,8 @@ PIPELINE: tuple[Pass, ...] = (
   Pass("merge ranges", _merge_ranges, True, "reduce ranges read as one contiguous run become one range (opt.py; loop targets, heuristic only)"),
   Pass("optimize", _optimize, False, "apply the heuristic's or the caller's Opts: each splits/retypes ranges (heuristic.py; opt.py, gpuopt.py)"),
   Pass("expand", _expand, True, "ranges the Opts marked as copies (UPCAST, SPLIT, UNROLL) become the copies (expand.py)"),
-  Pass("tensor cores", _tensor_cores, False, "the reduce range TC marked: warps, fragments, staging, WMMAs (gpuopt.py)"),
-  Pass("vectorize", _vectorize, False, "vector lane ranges become vector values (vectorize.py; renderers with vector_lanes)"),
+  Pass("tensor cores", _tensor_cores, True, "the reduce range TC marked: warps, fragments, staging, WMMAs (gpuopt.py)"),
+  Pass("vectorize", _vectorize, True, "vector lane ranges become vector values (vectorize.py; renderers with vector_lanes)"),
   Pass("gpudims", _gpudims, True, "global/local ranges become SPECIAL hardware ids under the launch limits (gpudims.py)"),
   Pass("decompositions", _decompositions, True, "the renderer's extra_matcher: ops the target lacks rewritten into ones it has"),
   Pass("reduce ranges", _reduce_ranges, True, "a REDUCE sharing a RANGE across loop nests gets fresh copies (linearize.py)"),

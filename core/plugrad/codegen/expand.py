@@ -13,12 +13,15 @@ simplifies, so the kernel is what applying the same Opts one by one with their c
 in bench/codegen_corpus.py, every renderer). GROUP and GROUPTOP leave a reduce across the group's threads, which
 `expand` lowers after making the copies (codegen/group.py: local memory, barriers; each copy's reduce its own buffer).
 TC's mark is lowered after this pass (codegen/gpuopt.py: `lower_tensor_cores`). `pm_opt_symbolic`, the
-simplifier used on optimized kernels, lives here because both the marking and the expanding use it.
+simplifier used on optimized kernels, lives here because both the marking and the expanding use it; so does
+`store_group` + `pm_flatten_stores`, how a rule (here, the vectorize and tensor-core passes) replaces one STORE by
+several.
 """
 from __future__ import annotations
 
 import functools
 import math
+from typing import Iterable
 
 from plugrad.codegen.group import lower_groups
 from plugrad.dtype import dtypes
@@ -130,13 +133,36 @@ def _unroll_reduce(ctx: UOp, red: UOp) -> UOp | None:
 pm_unroll_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _unroll_reduce)])  # ctx: the marked range
 
 
+STORES = "stores"  # the tag of a GROUP of STOREs that a rule made for one STORE: the SINK takes them in its place
+
+
+def store_group(stores: Iterable[UOp]) -> UOp:
+  """The STOREs a rule makes for one STORE of the kernel, in order (`pm_flatten_stores` puts them in the SINK)."""
+  return UOp(Ops.GROUP, dtypes.void, tuple(stores), None, STORES)
+
+
+def _flatten_stores(s: UOp) -> UOp | None:
+  if not any(x.op is Ops.GROUP and x.tag == STORES for x in s.src): return None
+  return s.replace(src=tuple(y for x in s.src for y in (x.src if x.op is Ops.GROUP and x.tag == STORES else (x,))))
+
+
+pm_flatten_stores = PatternMatcher([(UPat(Ops.SINK, name="s"), _flatten_stores)])
+
+
+def _copy_store(ctx: UOp, st: UOp) -> UOp | None:
+  """A STORE that uses the marked "upcast" range `ctx`: its k copies (UPCAST marks a range every store uses; a store
+  that doesn't is written once)."""
+  if ctx not in st.toposort(): return None
+  return store_group(st.substitute({ctx: UOp.const(dtypes.index, i)}, walk=True) for i in range(ctx.src[0].arg))
+
+
+pm_copy_stores = PatternMatcher([(UPat(Ops.STORE, name="st"), _copy_store)])  # ctx: the marked range
+
+
 def _expand_one(ast: UOp, m: UOp) -> UOp:
   """`ast` with the marked range `m` replaced by its copies (see the module docstring)."""
   if m.arg[2] == "unroll": return graph_rewrite(ast, pm_unroll_reduce, ctx=m, name="unroll reduce")
-  stores: list[UOp] = []
-  for st in ast.src:   # (UPCAST marks a range every store uses; a store that doesn't is written once)
-    stores += [st.substitute({m: UOp.const(dtypes.index, i)}, walk=True) for i in range(m.src[0].arg)] if m in st.toposort() else [st]
-  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+  return graph_rewrite(ast, pm_flatten_stores, ctx=m, bpm=pm_copy_stores, walk=True, name="copy stores")
 
 
 def expand(ast: UOp) -> UOp:

@@ -25,11 +25,12 @@ Every kind here only splits or retypes ranges; the expand pass and the tensor-co
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from plugrad.codegen.facts import contiguous, div_end, in_loop, ranges_of, tc_match
 from plugrad.codegen.accumulate import reduce_identity
-from plugrad.codegen.expand import copy_range, expand, pm_opt_symbolic, simplify
+from plugrad.codegen.expand import copy_range, expand, pm_flatten_stores, pm_opt_symbolic, simplify, store_group
 from plugrad.codegen.group import is_group_lane
 from plugrad.codegen.optops import GLOBAL, KERNEL, REDUCE, Opt, OptKind, is_tc_range, register, thread_amounts
 from plugrad.codegen.tc import TensorCore
@@ -38,6 +39,7 @@ from plugrad.runtime.renderer import Capabilities
 from plugrad.uop.ops import Ops, UOp
 from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import pm_symbolic
+from plugrad.uop.upat import PatternMatcher, UPat
 
 
 def _c(x: int) -> UOp: return UOp.const(dtypes.index, x)
@@ -216,11 +218,40 @@ def tc_fit(ast: UOp, tc: TensorCore, tile: tuple[int, ...] = ()) -> tuple[tuple[
   return (um, un, wm, wn, stage), mt
 
 
-def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
-  """The matmul of `ast` on tensor core `tc` with tile (um, un, wm, wn, stage): each warp computes um x un tensor-core
-  tiles (um*un accumulators sharing its A and B fragments), wm x wn warps per workgroup (LOCAL), and with stage=1 the
-  workgroup's A and B tiles of each K step pass through workgroup memory (DEFINE_LOCAL + BARRIER) so that its warps
-  share one coalesced, vectorized load of them."""
+@dataclass(frozen=True)
+class _TCTile:
+  """What the tensor-core rules share for one matmul: the tensor core, the matmul's reduce and output ranges, the
+  tile's sizes (um x un tensor-core tiles a warp, wm x wn warps, `bm` x `bn` a workgroup, `stage`), its ranges and
+  ids (workgroup gi/gj, K step k2, the warp's corner i0/j0, lane, thread id) and the warps' A and B fragments."""
+  tc: TensorCore
+  red: UOp
+  i: UOp
+  j: UOp
+  sizes: tuple[int, int, int, int, int, int]   # um, un, bm, bn, threads a workgroup, stage
+  ids: tuple[UOp, ...]                         # gi, gj, i0, j0, lane, tid, k2
+  fa: tuple[UOp, ...]
+  fb: tuple[UOp, ...]
+
+  def acc(self, u: int, v: int) -> UOp:
+    """The accumulator of the warp's tile (u, v): its WMMAs summed over the K steps."""
+    ec = self.tc.elements_per_thread[2]
+    zero = UOp(Ops.VECTORIZE, self.tc.dtype_out.vec(ec), (UOp.const(self.tc.dtype_out, 0.0),) * ec)
+    wmma = UOp(Ops.WMMA, zero.dtype, (self.fa[u], self.fb[v], zero), self.tc.name)
+    return UOp(Ops.REDUCE, zero.dtype, (wmma, self.ids[6]), Ops.ADD)
+
+  def element(self, u: int, v: int, e: int) -> tuple[UOp, UOp, dict[UOp, UOp]]:
+    """Row and column (inside the workgroup's tile) of element e of lane's C fragment of tile (u, v), and the
+    substitution that makes an expression of the matmul's output that element's."""
+    (n, m, _), (gi, gj, i0, j0, lane), (_, _, bm, bn) = self.tc.dims, self.ids[:5], self.sizes[:4]
+    r, c = i0 + u * m + _coord(self.tc.c, lane, e, 0), j0 + v * n + _coord(self.tc.c, lane, e, 1)
+    return r, c, {self.red: UOp(Ops.GEP, self.tc.dtype_out, (self.acc(u, v),), (e,)), self.i: gi * bm + r, self.j: gj * bn + c}
+
+
+def _tc_tile(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> _TCTile:
+  """The tile of `ast`'s matmul on tensor core `tc` with tile (um, un, wm, wn, stage): each warp computes um x un
+  tensor-core tiles (um*un accumulators sharing its A and B fragments), wm x wn warps per workgroup (LOCAL), and with
+  stage >= 1 the workgroup's A and B tiles of each K step pass through workgroup memory (DEFINE_LOCAL + BARRIER) so
+  that its warps share one coalesced, vectorized load of them."""
   (um, un, wm, wn, stage), (red, a, b, i, j, k) = tc_fit(ast, tc, tile)
   n, m, kk = tc.dims
   bm, bn = m * um * wm, n * un * wn
@@ -229,8 +260,8 @@ def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
   wj = UOp(Ops.RANGE, dtypes.index, (_c(wn),), (nid + 1, "local")) if wn > 1 else _c(0)
   lane = UOp(Ops.RANGE, dtypes.index, (_c(tc.threads),), (nid + 2, "local"))  # the highest id: lidx0, so a warp is 32 consecutive threads
   i0, j0 = wi * (um * m), wj * (un * n)  # this warp's corner inside the workgroup's tile
+  tid = (wi * wn + wj) * tc.threads + lane
   if stage:
-    tid = (wi * wn + wj) * tc.threads + lane
     n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL])
     st_a, el_a = _stage(a, (i, gi * bm, bm), (k, k2 * kk, kk), tid, wm * wn * tc.threads, k2, f"temp{n_bufs}")
     st_b, el_b = _stage(b, (k, k2 * kk, kk), (j, gj * bn, bn), tid, wm * wn * tc.threads, k2, f"temp{n_bufs + 1}")
@@ -243,47 +274,42 @@ def _tc(ast: UOp, tc: TensorCore, nid: int, tile: tuple[int, ...] = ()) -> UOp:
   def frag(op: str, el, r0: UOp, c0: UOp, dt) -> UOp:
     lay, ept = tc.layout(op), tc.elements_per_thread["abc".index(op)]
     return UOp(Ops.VECTORIZE, dt.vec(ept), tuple(el(r0 + _coord(lay, lane, e, 0), c0 + _coord(lay, lane, e, 1)) for e in range(ept)))
-  fa = [frag("a", ea, i0 + u * m, _c(0), a.dtype) for u in range(um)]
-  fb = [frag("b", eb, _c(0), j0 + v * n, b.dtype) for v in range(un)]
-  ec = tc.elements_per_thread[2]
-  zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(ec), (UOp.const(tc.dtype_out, 0.0),) * ec)
-  if stage == 2: return _tc_staged_out(ast, tc, red, i, j, (gi, gj, i0, j0, lane, tid), (um, un, bm, bn, wm * wn * tc.threads), fa, fb, zero, k2)
-  stores = []
-  for st in ast.src:
-    for u in range(um):
-      for v in range(un):
-        acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa[u], fb[v], zero), tc.name), k2), Ops.ADD)
-        sts = []
-        for e in range(ec):
-          sub = {red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: gi * bm + i0 + u * m + _coord(tc.c, lane, e, 0),
-                 j: gj * bn + j0 + v * n + _coord(tc.c, lane, e, 1)}
-          sts.append(st.substitute(sub, walk=True))
-        stores += _vector_stores([graph_rewrite(x, pm_opt_symbolic, name="simplify TC store") for x in sts]) if stage else sts
-  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+  fa = tuple(frag("a", ea, i0 + u * m, _c(0), a.dtype) for u in range(um))
+  fb = tuple(frag("b", eb, _c(0), j0 + v * n, b.dtype) for v in range(un))
+  return _TCTile(tc, red, i, j, (um, un, bm, bn, wm * wn * tc.threads, stage), (gi, gj, i0, j0, lane, tid, k2), fa, fb)
 
 
-def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tuple, sizes: tuple, fa: list, fb: list, zero: UOp,
-                   k2: UOp) -> UOp:
+def _tc_store(ctx: _TCTile, st: UOp) -> UOp | None:
+  """A STORE of the matmul's output (stage 0 and 1): one store per element of each C fragment of the warp's tiles,
+  the output expression evaluated there; with stage 1, consecutive aligned ones as vector stores."""
+  um, un, *_, stage = ctx.sizes
+  if stage == 2: return None
+  out = []
+  for u in range(um):
+    for v in range(un):
+      sts = [st.substitute(ctx.element(u, v, e)[2], walk=True) for e in range(ctx.tc.elements_per_thread[2])]
+      out += _vector_stores([graph_rewrite(x, pm_opt_symbolic, name="simplify TC store") for x in sts]) if stage else sts
+  return store_group(out)
+
+
+def _tc_staged_out(ctx: _TCTile, s: UOp) -> UOp | None:
   """TC stage 2: the kernel's one output goes through workgroup memory too. Every lane stores its C fragments' output
   values (epilogue applied) to a BM x BN local tile, a BARRIER, then the workgroup's threads write whole rows of it with
   vector stores of up to 16 bytes (for tensor cores whose C rows are narrower than a 32-byte sector: CUDA's m16n8)."""
-  gi, gj, i0, j0, lane, tid = ids
-  um, un, bm, bn, nthreads = sizes
-  out_idx, val = ast.src[0].src[0], ast.src[0].src[1]   # (tc_fit checked: one ungated store, contiguous along j)
-  n, m, _ = tc.dims
-  ec = tc.elements_per_thread[2]
-  n_bufs = len([x for x in ast.toposort() if x.op is Ops.DEFINE_LOCAL]) + 2
+  um, un, bm, bn, nthreads, stage = ctx.sizes
+  if stage != 2: return None
+  out_idx, val = s.src[0].src[0], s.src[0].src[1]   # (tc_fit checked: one ungated store, contiguous along j)
+  gi, gj, tid = ctx.ids[0], ctx.ids[1], ctx.ids[5]
+  n_bufs = len([x for x in s.toposort() if x.op is Ops.DEFINE_LOCAL]) + 2
   cbuf = UOp(Ops.DEFINE_LOCAL, val.dtype.ptr(bm * bn, AddrSpace.LOCAL), arg=(f"temp{n_bufs}", bm * bn))
   local = []
   for u in range(um):
     for v in range(un):
-      acc = UOp(Ops.REDUCE, tc.dtype_out.vec(ec), (UOp(Ops.WMMA, tc.dtype_out.vec(ec), (fa[u], fb[v], zero), tc.name), k2), Ops.ADD)
-      for e in range(ec):
-        r, c = i0 + u * m + _coord(tc.c, lane, e, 0), j0 + v * n + _coord(tc.c, lane, e, 1)
-        x = val.substitute({red: UOp(Ops.GEP, tc.dtype_out, (acc,), (e,)), i: gi * bm + r, j: gj * bn + c}, walk=True)
-        local.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, cbuf.dtype, (cbuf, r * bn + c)), x)))
+      for e in range(ctx.tc.elements_per_thread[2]):
+        r, c, sub = ctx.element(u, v, e)
+        local.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, cbuf.dtype, (cbuf, r * bn + c)), val.substitute(sub, walk=True))))
   bar = UOp(Ops.BARRIER, dtypes.void, tuple(local))
-  def gidx(f: UOp) -> UOp: return out_idx.src[1].substitute({i: gi * bm + f // bn, j: gj * bn + f % bn}, walk=True)
+  def gidx(f: UOp) -> UOp: return out_idx.src[1].substitute({ctx.i: gi * bm + f // bn, ctx.j: gj * bn + f % bn}, walk=True)
   vec = next((w for w in (16 // val.dtype.itemsize, 8, 4, 2) if w * val.dtype.itemsize <= 16 and bn % w == 0 and (bm * bn) % (w * nthreads) == 0
               and _aligned(gidx(tid * w), w)), 1)
   stores = []
@@ -291,7 +317,11 @@ def _tc_staged_out(ast: UOp, tc: TensorCore, red: UOp, i: UOp, j: UOp, ids: tupl
     f = (tid + p * nthreads) * vec
     ld = UOp(Ops.LOAD, val.dtype.vec(vec) if vec > 1 else val.dtype, (UOp(Ops.INDEX, cbuf.dtype, (cbuf, f)), bar))
     stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out_idx.dtype, (out_idx.src[0], gidx(f))), ld)))
-  return UOp(Ops.SINK, dtypes.void, tuple(stores))
+  return s.replace(src=tuple(stores))
+
+
+# pre-order, on the kernel as it came in (walk: what a rule returns is final): stage 2 rewrites the SINK (its one store)
+pm_tensor_cores = PatternMatcher([(UPat(Ops.SINK, name="s"), _tc_staged_out), (UPat(Ops.STORE, name="st"), _tc_store)])
 
 
 def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> UOp:
@@ -309,7 +339,8 @@ def lower_tensor_cores(ast: UOp) -> UOp:
   shared-memory staging, WMMAs), simplified; `ast` itself when nothing is marked."""
   if (k := next((r for r in ast.toposort() if is_tc_range(r)), None)) is None: return ast
   ast = ast.substitute({k: k.replace(arg=k.arg[:2])}, walk=True)
-  return simplify(_tc(ast, k.arg[3], max(ranges_of(ast)) + 1, k.arg[4]), "simplify after TC")
+  tile = _tc_tile(ast, k.arg[3], max(ranges_of(ast)) + 1, k.arg[4])
+  return simplify(graph_rewrite(ast, pm_flatten_stores, ctx=tile, bpm=pm_tensor_cores, walk=True, name="tensor cores"), "simplify after TC")
 
 
 def _threads(split: Callable[[UOp, UOp, int, int], UOp]) -> Callable[[UOp, UOp | None, Opt, Capabilities | None], UOp]:

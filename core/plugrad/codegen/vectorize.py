@@ -21,13 +21,22 @@ node that depends on the lane range L (k lanes) becomes a value of dtype T.vec(k
 - a STORE to base + lane is one vector STORE; other stores are written lane by lane.
 The result has no lane range, so the linearizer treats it like any kernel. Renderers without vector types never run
 this: for them (and the PYTHON device) a lane range is a plain loop.
+
+How: one graph_rewrite per lane range with two PatternMatchers and a `_LaneCtx`. The pre-order rules
+(`pm_lanes_pre`) see a node as it came in, before its sources are rewritten: they decide what needs the lane range
+itself (how a LOAD's or STORE's address moves across the lanes, a REDUCE over the lane, a group dot, index values lane
+by lane). The post-order rules (`pm_lanes_post`) see a node over its rewritten sources and build the vector op or the
+k lane ops. What stands for a lane-varying node of dtype T is a NOOP of T around its value (a T.vec(k) vector, a
+VECTORIZE of its k lanes, or a scalar the same in every lane), so that the nodes above it keep their dtypes until
+their own rule unwraps it. A STORE or a REDUCE over the lane decided pre-order is tagged and finished post-order,
+once its value is expanded.
 """
 from __future__ import annotations
 
 import functools
 
 from plugrad.codegen.facts import NO_DOTS, Dots, dot4_factors, fits, fits16, group_dot_range, group_lane, lane_pattern
-from plugrad.codegen.expand import pm_opt_symbolic
+from plugrad.codegen.expand import pm_flatten_stores, pm_opt_symbolic, store_group
 from plugrad.dtype import DType, dtypes
 from plugrad.runtime.renderer import DEFAULT_VECTOR_OPS
 from plugrad.uop.ops import GroupOp, Ops, UOp
@@ -109,15 +118,16 @@ def _wrap8(x: UOp, dt: DType) -> UOp | None:
   return None if any(s is None for s in srcs) else UOp(x.op, dt, tuple(srcs))  # type: ignore[arg-type]
 
 
-class _Expander:
+class _LaneCtx:
+  """What the vectorize rules share for one lane range: the lane, its width, the target's vector ops and dots, and
+  memos (a node in one lane, how an index moves across the lanes, which nodes vary with the lane)."""
   def __init__(self, lane: UOp, vector_ops: frozenset[Ops], dots: Dots = NO_DOTS, f16: bool = False):
     self.lane, self.k, self.vops, self.dots, self.f16 = lane, lane.src[0].arg, vector_ops, dots, f16
     self.consts = [UOp.const(dtypes.index, i) for i in range(self.k)]
-    self.memo: dict[UOp, UOp | Lanes] = {}
     self.subs: dict[tuple[UOp, int], UOp] = {}
     self.patterns: dict[UOp, tuple[str, UOp]] = {}
     self.dep: dict[UOp, bool] = {lane: True}
-    self.closers: set[UOp] = set()
+    self.closers: set[UOp] = set()   # REDUCEs over the lane: their results don't vary with it
 
   def depends(self, n: UOp) -> bool:
     """Whether `n` varies with the lane (a REDUCE over the lane range doesn't)."""
@@ -133,45 +143,20 @@ class _Expander:
       r = self.subs[(n, i)] = graph_rewrite(n.substitute({self.lane: self.consts[i]}, walk=True), pm_opt_symbolic, name="lane")
     return r
 
+  def lanes(self, n: UOp) -> UOp:
+    """`n` lane by lane: VECTORIZE of its k lanes (the lanes form), wrapped."""
+    return _wrap(UOp(Ops.VECTORIZE, n.dtype.vec(self.k), tuple(self.at(n, i) for i in range(self.k))), n.dtype)
+
   def vec_dtype_ok(self, dt: DType) -> bool: return dt.scalar() not in _NO_VECTOR_DTYPES and dt.count == 1
   def vec_load_ok(self, dt: DType) -> bool: return self.vec_dtype_ok(dt) or (self.f16 and dt == dtypes.float16)
 
-  # ----- conversions between the three forms: scalar (lane-invariant), vector UOp, Lanes
-  def vec(self, x: UOp | Lanes, dt: DType) -> UOp:
-    if isinstance(x, tuple): return UOp(Ops.VECTORIZE, dt.vec(self.k), x)
-    if x.dtype.count == self.k and x.dtype.count > 1: return x
-    return UOp(Ops.VECTORIZE, dt.vec(self.k), (x,) * self.k)
-
-  def gep(self, x: UOp | Lanes, i: int) -> UOp:
-    if isinstance(x, tuple): return x[i]
-    if x.dtype.count > 1: return x.src[i] if x.op is Ops.VECTORIZE else UOp(Ops.GEP, x.dtype.scalar(), (x,), (i,))
-    return x
-
-  # ----- expansion
-  def ex(self, n: UOp) -> UOp | Lanes:
-    if not self.depends(n): return n
-    if (r := self.memo.get(n)) is not None: return r
-    r = self.memo[n] = self._ex(n)
-    return r
-
-  def _ex(self, n: UOp) -> UOp | Lanes:
-    if n.dtype.scalar() == dtypes.index or n.op not in GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.LOAD, Ops.REDUCE}:
-      return tuple(self.at(n, i) for i in range(self.k))
-    if n.op is Ops.LOAD: return self.load(n)
-    if n.op is Ops.REDUCE: return self.reduce(n)
-    if n.op is Ops.CAST and n.dtype.count == 1 and dtypes.is_float(n.dtype) and n.src[0].dtype in (dtypes.uint8, dtypes.uint16) \
-       and n.src[0].op in _WIDEN_OPS:  # unpacking bits of bytes: the same values computed in int32 lanes (no byte shifts on x86)
-      return self.ex(UOp(Ops.CAST, n.dtype, (_widen(n.src[0]),)))
-    srcs = [self.ex(s) for s in n.src]
-    if n.op is Ops.CAST and n.dtype == dtypes.float32 and n.src[0].dtype == dtypes.float16 and not isinstance(srcs[0], tuple) \
-       and srcs[0].dtype.count == self.k:   # a float16 vector load (f16_vectors) converted as a whole
-      return UOp(Ops.CAST, n.dtype.vec(self.k), (srcs[0],))
-    if n.op in self.vops and self.vec_dtype_ok(n.dtype) and all(self.vec_dtype_ok(s.dtype) for s in n.src):
-      return UOp(n.op, n.dtype.vec(self.k), tuple(self.vec(s, o.dtype) for s, o in zip(srcs, n.src)), n.arg)
-    return tuple(UOp(n.op, n.dtype, tuple(self.gep(s, i) for s in srcs), n.arg) for i in range(self.k))
+  def vec(self, x: UOp, dt: DType) -> UOp:
+    """`x` as a k-vector: itself when it is one (vector or lanes form), else broadcast."""
+    x = _form(x)
+    return x if x.dtype.count == self.k and x.dtype.count > 1 else UOp(Ops.VECTORIZE, dt.vec(self.k), (x,) * self.k)
 
   def pattern(self, idx: UOp) -> tuple[str, UOp]:
-    """("broadcast" | "contiguous" | "gather", the index of lane 0)."""
+    """("broadcast" | "contiguous" | "tile2" | "tile4" | "gather", the index of lane 0)."""
     if (r := self.patterns.get(idx)) is not None: return r
     r = self.patterns[idx] = self._pattern(idx)
     return r
@@ -195,70 +180,209 @@ class _Expander:
     kind, g = self.pattern(ix.src[2])
     return (g,) if kind == "broadcast" else None
 
-  def load(self, n: UOp) -> UOp | Lanes:
-    ix = n.src[0]
-    if len(n.src) == 1 and ix.op is Ops.INDEX and (gate := self.uniform_gate(ix)) is not None:
-      kind, base = self.pattern(ix.src[1])
-      if kind == "broadcast": return UOp(Ops.LOAD, n.dtype, (ix.replace(src=(ix.src[0], base, *gate)),))
-      if kind == "contiguous" and self.vec_load_ok(n.dtype): return UOp(Ops.LOAD, n.dtype.vec(self.k), (ix.replace(src=(ix.src[0], base, *gate)),))
-      if kind.startswith("tile") and self.vec_dtype_ok(n.dtype):   # one load of the group, repeated across the lanes
-        g = int(kind[4:])
-        v = UOp(Ops.LOAD, n.dtype.vec(g), (ix.replace(src=(ix.src[0], base, *gate)),))
-        return UOp(Ops.VECTORIZE, n.dtype.vec(self.k), tuple(UOp(Ops.GEP, n.dtype, (v,), (i % g,)) for i in range(self.k)))
-    return tuple(self.at(n, i) for i in range(self.k))
-
-  def reduce(self, n: UOp) -> UOp | Lanes:
-    x, rngs = self.ex(n.src[0]), n.src[1:]
-    other = tuple(r for r in rngs if r is not self.lane)
-    vector = n.arg in (Ops.ADD, Ops.MUL, Ops.MAX) and n.arg in self.vops and self.vec_dtype_ok(n.dtype)
-    if self.lane not in rngs:
-      if self.dots and (d := self.group_dot(n)) is not None: return d
-      if vector: return UOp(Ops.REDUCE, n.dtype.vec(self.k), (self.vec(x, n.dtype), *rngs), n.arg)
-      return tuple(UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *rngs), n.arg) for i in range(self.k))
-    if (acc := self.reduce_vector(n)) is not None: return _horizontal(acc, n.arg)
-    parts = [UOp(Ops.REDUCE, n.dtype, (self.gep(x, i), *other), n.arg) if other else self.gep(x, i) for i in range(self.k)]
-    return functools.reduce(lambda a, b: UOp(n.arg, n.dtype, (a, b)), parts)
-
-  def group_dot(self, n: UOp) -> UOp | None:
-    """REDUCE(a*b, ..., p) as WMMA(a, b, acc, "DOT2" | "DOT4") on gk lanes of the group's types (module docstring),
-    None where it doesn't fit."""
-    if (p := group_dot_range(n, self.dots)) is None: return None
-    g = p.src[0].arg
-    wide = group_lane(self.lane, g)
-    sub = {self.lane: wide // UOp.const(dtypes.index, g), p: wide % UOp.const(dtypes.index, g)}
-    facs, dts = (n.src[0].src, (dtypes.int16, dtypes.int16)) if g == 2 else (dot4_factors(n.src[0], self.dots.quad), (dtypes.uint8, dtypes.int8))
-    narrow = [graph_rewrite(s.substitute(sub, walk=True), pm_opt_symbolic, name="group lanes") for s in facs]  # type: ignore[union-attr]
-    ops = [_narrow16(o) if g == 2 else _narrow8(o, dt) for o, dt in zip(narrow, dts)]
-    if any(o is None or any(x.op is Ops.REDUCE for x in o.toposort()) for o in ops): return None
-    ex = _Expander(wide, self.vops)
-    vs = [ex.ex(o) for o in ops]  # type: ignore[arg-type]
-    if any(isinstance(v, tuple) for v in vs) or all(v.dtype.count == 1 for v in vs): return None  # lane by lane: no gain
-    a, b = (ex.vec(v, dt) for v, dt in zip(vs, dts))
-    zero = self.vec(UOp.const(dtypes.int32, 0), dtypes.int32)
-    dot = UOp(Ops.WMMA, zero.dtype, (a, b, zero), f"DOT{g}")
-    return UOp(Ops.REDUCE, zero.dtype, (dot, *n.src[1:-1]), Ops.ADD) if len(n.src) > 2 else dot   # linearized as acc = WMMA(a, b, acc)
-
   def reduce_vector(self, n: UOp) -> UOp | None:
     """The vector accumulator of a REDUCE over the lane range (lane i holds lane i's partial result), also for an
-    ADD/MUL tree of such REDUCEs with the same op (SPLIT's accumulators are combined before the horizontal step).
-    None where the reduce isn't done on vectors."""
+    ADD/MUL tree of such REDUCEs with the same op (SPLIT's accumulators are combined before the horizontal step):
+    built over the REDUCE's body as it is, tagged for `_vector_acc` to vectorize once the body is expanded. None where
+    the reduce isn't done on vectors."""
     if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and n not in self.closers:
       parts = [self.reduce_vector(s) if s.op is Ops.REDUCE and s.arg is n.op or s.op is n.op else None for s in n.src]
       return UOp(n.op, n.dtype.vec(self.k), tuple(parts)) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
     if n not in self.closers or n.arg not in (Ops.ADD, Ops.MUL, Ops.MAX) or n.arg not in self.vops or not self.vec_dtype_ok(n.dtype): return None
-    x, other = self.ex(n.src[0]), tuple(r for r in n.src[1:] if r is not self.lane)
-    return UOp(Ops.REDUCE, n.dtype.vec(self.k), (self.vec(x, n.dtype), *other), n.arg) if other else self.vec(x, n.dtype)
+    return self.deferred(n, n.dtype.vec(self.k), _VECTOR_ACC)
 
-  def store(self, st: UOp) -> list[UOp]:
-    if not self.depends(st): return [st]
-    ix, val = st.src[0], st.src[1]
-    v = self.ex(val)
-    if ix.op is Ops.INDEX and len(st.src) == 2 and (gate := self.uniform_gate(ix)) is not None:
-      kind, base = self.pattern(ix.src[1])
-      nix = ix.replace(src=(ix.src[0], base, *gate))
-      if kind == "broadcast": return [st.replace(src=(nix, self.gep(v, self.k - 1)))]  # the last lane's write wins, as in the loop
-      if kind == "contiguous" and self.vec_dtype_ok(val.dtype): return [st.replace(src=(nix, self.vec(v, val.dtype)))]
-    return [st.replace(src=(self.at(ix, i), self.gep(v, i), *st.src[2:])) for i in range(self.k)]
+  def deferred(self, n: UOp, dt: DType, tag: str) -> UOp:
+    """REDUCE `n` without the lane range, of dtype `dt`, tagged for a post-order rule (`tag`); it doesn't vary with the
+    lane, so the rules leave what uses it alone."""
+    r = UOp(Ops.REDUCE, dt, (n.src[0], *(x for x in n.src[1:] if x is not self.lane)), n.arg, tag)
+    self.closers.add(r); self.dep[r] = False
+    return r
+
+
+# the tags of the pass's own nodes: what stands for a lane-varying node; deferred reduces and stores, decided on the node
+# as it came in and finished once their sources are expanded; lane i of a node
+_MADE, _VECTOR_ACC, _LANE_PARTS, _VECTOR_STORE, _LANE = "lanes", "vector acc", "lane parts", "vector store", "lane"
+
+
+def _wrap(x: UOp, dt: DType) -> UOp:
+  """What the rules make for a node of dtype `dt` that varies with the lane: its value `x` (a k-vector, VECTORIZE of its
+  k lanes, or a scalar the same in every lane) in a NOOP of `dt`, so that the node's consumers, rebuilt over it, keep
+  their dtypes until their own rules unwrap it."""
+  return UOp(Ops.NOOP, dt, (x,), None, _MADE)
+
+
+def _form(x: UOp) -> UOp: return x.src[0] if x.op is Ops.NOOP and x.tag == _MADE else x
+def _expanded(n: UOp) -> bool: return any(s.op is Ops.NOOP and s.tag == _MADE for s in n.src)
+
+
+def _gep(x: UOp, i: int) -> UOp:
+  """Lane i of `x` (wrapped or not: a vector or lanes form, or a scalar)."""
+  x = _form(x)
+  if x.dtype.count > 1: return x.src[i] if x.op is Ops.VECTORIZE else UOp(Ops.GEP, x.dtype.scalar(), (x,), (i,))
+  return x
+
+
+def _lane_of(x: UOp, i: int) -> UOp:
+  """A placeholder for lane i of lane-varying node `x`, resolved by `_resolve_lane` once `x` is expanded."""
+  return UOp(Ops.GEP, x.dtype, (x,), (i,), _LANE)
+
+
+# ----- pre-order rules: they see a node as it came in (its index expressions, its REDUCE's body) -----
+
+def _load(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """A LOAD: one vector load (contiguous), a scalar one (the same address in every lane), one group repeated across
+  the lanes (tile), or lane by lane."""
+  if not ctx.depends(n): return None
+  ix = n.src[0]
+  if len(n.src) == 1 and ix.op is Ops.INDEX and (gate := ctx.uniform_gate(ix)) is not None:
+    kind, base = ctx.pattern(ix.src[1])
+    nix = ix.replace(src=(ix.src[0], base, *gate))
+    if kind == "broadcast": return _wrap(UOp(Ops.LOAD, n.dtype, (nix,)), n.dtype)
+    if kind == "contiguous" and ctx.vec_load_ok(n.dtype): return _wrap(UOp(Ops.LOAD, n.dtype.vec(ctx.k), (nix,)), n.dtype)
+    if kind.startswith("tile") and ctx.vec_dtype_ok(n.dtype):   # one load of the group, repeated across the lanes
+      g = int(kind[4:])
+      v = UOp(Ops.LOAD, n.dtype.vec(g), (nix,))
+      return _wrap(UOp(Ops.VECTORIZE, n.dtype.vec(ctx.k), tuple(UOp(Ops.GEP, n.dtype, (v,), (i % g,)) for i in range(ctx.k))), n.dtype)
+  return ctx.lanes(n)
+
+
+def _store(ctx: _LaneCtx, st: UOp) -> UOp | None:
+  """A STORE of a lane-varying value or address: one vector store (contiguous), the last lane's value (one address,
+  as the loop would leave it), or lane by lane (a GROUP of k stores, flattened into the SINK)."""
+  if st.tag is not None or not ctx.depends(st): return None
+  ix, val = st.src[0], st.src[1]
+  if ix.op is Ops.INDEX and len(st.src) == 2 and (gate := ctx.uniform_gate(ix)) is not None:
+    kind, base = ctx.pattern(ix.src[1])
+    nix = ix.replace(src=(ix.src[0], base, *gate))
+    if kind == "broadcast": return st.replace(src=(nix, _lane_of(val, ctx.k - 1)), tag=_LANE)
+    if kind == "contiguous" and ctx.vec_dtype_ok(val.dtype): return st.replace(src=(nix, val), tag=_VECTOR_STORE)
+  return store_group(st.replace(src=(ctx.at(ix, i), _lane_of(val, i), *st.src[2:]), tag=_LANE) for i in range(ctx.k))
+
+
+def _reduce(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """A REDUCE over the lane: its vector accumulator's lanes combined (or its lanes' partial results added up); a
+  group dot (not over the lane) as a WMMA DOT2/DOT4."""
+  if n.tag is not None: return None
+  if n in ctx.closers:
+    if (acc := ctx.reduce_vector(n)) is not None: return _horizontal(acc, n.arg)
+    return ctx.deferred(n, n.dtype, _LANE_PARTS)
+  return _group_dot(ctx, n) if ctx.dots and ctx.depends(n) else None
+
+
+def _tree(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """An ADD/MUL/MAX tree of REDUCEs over a reduce lane (SPLIT's accumulators): combined as vectors, then one
+  horizontal step."""
+  if ctx.lane.arg[1] != "reduce" or (acc := ctx.reduce_vector(n)) is None: return None
+  return _horizontal(acc, n.op)
+
+
+def _widened(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """Unpacking bits of bytes (a float CAST of SHR/AND/OR/XOR on uint8/16): the same values computed in int32 lanes
+  (x86 has no byte shifts)."""
+  if n.dtype.count != 1 or not dtypes.is_float(n.dtype) or n.src[0].dtype not in (dtypes.uint8, dtypes.uint16) \
+     or n.src[0].op not in _WIDEN_OPS or not ctx.depends(n): return None
+  return UOp(Ops.CAST, n.dtype, (_widen(n.src[0]),))
+
+
+def _lane_by_lane(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """Index values (never vectors) and ops the rules don't vectorize: lane i is `n` with the lane replaced by i,
+  simplified (index arithmetic folds per lane)."""
+  if n.op in _KEEP or not (n.dtype.scalar() == dtypes.index or n.op not in _VALUE_OPS) or not ctx.depends(n): return None
+  return ctx.lanes(n)
+
+
+_VALUE_OPS = GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.LOAD, Ops.REDUCE}
+_KEEP = frozenset({Ops.STORE, Ops.SINK, Ops.GROUP, Ops.GEP, Ops.VECTORIZE})
+
+pm_lanes_pre = PatternMatcher([
+  (UPat(Ops.LOAD, name="n"), _load),
+  (UPat(Ops.STORE, name="st"), _store),
+  (UPat(Ops.REDUCE, name="n"), _reduce),
+  (UPat((Ops.ADD, Ops.MUL, Ops.MAX), name="n"), _tree),
+  (UPat(Ops.CAST, name="n"), _widened),
+  (UPat(name="n"), _lane_by_lane),
+])
+
+
+# ----- post-order rules: a node's sources are expanded (vector or lanes form) -----
+
+def _alu(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """An ALU op, CAST or BITCAST over expanded sources: one vector op where the target has it for these dtypes
+  (lane-invariant sources broadcast), else lane by lane."""
+  if n.dtype.count != 1 or not _expanded(n): return None
+  s0 = _form(n.src[0])
+  if n.op is Ops.CAST and n.dtype == dtypes.float32 and s0.dtype == dtypes.float16.vec(ctx.k) and s0.op is not Ops.VECTORIZE:
+    return _wrap(UOp(Ops.CAST, n.dtype.vec(ctx.k), (s0,)), n.dtype)   # a float16 vector load (f16_vectors) converted as a whole
+  if n.op in ctx.vops and ctx.vec_dtype_ok(n.dtype) and all(s.dtype.scalar() not in _NO_VECTOR_DTYPES for s in n.src):
+    return _wrap(UOp(n.op, n.dtype.vec(ctx.k), tuple(ctx.vec(s, s.dtype.scalar()) for s in n.src), n.arg), n.dtype)
+  lanes = tuple(UOp(n.op, n.dtype, tuple(_gep(s, i) for s in n.src), n.arg) for i in range(ctx.k))
+  return _wrap(UOp(Ops.VECTORIZE, n.dtype.vec(ctx.k), lanes), n.dtype)
+
+
+def _reduce_post(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """A REDUCE over expanded values: a deferred accumulator of a reduce over the lane (`reduce_vector`, `_reduce`), or
+  a reduce not over the lane (the lane is an output axis): a vector accumulator, else one per lane."""
+  x, rngs = n.src[0], n.src[1:]
+  if n.tag == _VECTOR_ACC: return UOp(Ops.REDUCE, n.dtype, (ctx.vec(x, n.dtype.scalar()), *rngs), n.arg) if rngs else ctx.vec(x, n.dtype.scalar())
+  if n.tag == _LANE_PARTS:
+    parts = [UOp(Ops.REDUCE, n.dtype, (_gep(x, i), *rngs), n.arg) if rngs else _gep(x, i) for i in range(ctx.k)]
+    return functools.reduce(lambda a, b: UOp(n.arg, n.dtype, (a, b)), parts)
+  if n.dtype.count != 1 or not _expanded(n): return None
+  if n.arg in (Ops.ADD, Ops.MUL, Ops.MAX) and n.arg in ctx.vops and ctx.vec_dtype_ok(n.dtype):
+    return _wrap(UOp(Ops.REDUCE, n.dtype.vec(ctx.k), (ctx.vec(x, n.dtype), *rngs), n.arg), n.dtype)
+  lanes = tuple(UOp(Ops.REDUCE, n.dtype, (_gep(x, i), *rngs), n.arg) for i in range(ctx.k))
+  return _wrap(UOp(Ops.VECTORIZE, n.dtype.vec(ctx.k), lanes), n.dtype)
+
+
+def _resolve_lane(ctx: _LaneCtx, g: UOp) -> UOp | None:
+  """A `_lane_of` placeholder whose node is expanded: that lane of it."""
+  return _gep(g.src[0], g.arg[0]) if g.tag == _LANE else None
+
+
+def _store_post(ctx: _LaneCtx, st: UOp) -> UOp | None:
+  """A STORE the pre-order rule decided: the vector store gets its value as a vector; the others lose their tag."""
+  if st.tag == _VECTOR_STORE: return st.replace(src=(st.src[0], ctx.vec(st.src[1], st.src[1].dtype.scalar())), tag=None)
+  return st.replace(tag=None) if st.tag == _LANE else None
+
+
+pm_lanes_post = PatternMatcher([
+  (UPat(Ops.GEP, name="g"), _resolve_lane),
+  (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="n"), _alu),
+  (UPat(Ops.REDUCE, name="n"), _reduce_post),
+  (UPat(Ops.STORE, name="st"), _store_post),
+]) + pm_flatten_stores
+
+
+def _expand_lane(ast: UOp, ctx: _LaneCtx) -> UOp:
+  """`ast` with `ctx`'s lane range expanded: the pre-order rules decide loads, stores and reduces on the node as it
+  came in, the post-order rules build vector ops over expanded sources."""
+  return graph_rewrite(ast, pm_lanes_post, ctx=ctx, bpm=pm_lanes_pre, name="vectorize lane")
+
+
+def _group_dot(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """REDUCE(a*b, ..., p) as WMMA(a, b, acc, "DOT2" | "DOT4") on gk lanes of the group's types (module docstring),
+  None where it doesn't fit."""
+  if (p := group_dot_range(n, ctx.dots)) is None: return None
+  g = p.src[0].arg
+  wide = group_lane(ctx.lane, g)
+  sub = {ctx.lane: wide // UOp.const(dtypes.index, g), p: wide % UOp.const(dtypes.index, g)}
+  facs, dts = (n.src[0].src, (dtypes.int16, dtypes.int16)) if g == 2 else (dot4_factors(n.src[0], ctx.dots.quad), (dtypes.uint8, dtypes.int8))
+  narrow = [graph_rewrite(s.substitute(sub, walk=True), pm_opt_symbolic, name="group lanes") for s in facs]  # type: ignore[union-attr]
+  ops = [_narrow16(o) if g == 2 else _narrow8(o, dt) for o, dt in zip(narrow, dts)]
+  if any(o is None or any(x.op is Ops.REDUCE for x in o.toposort()) for o in ops): return None
+  wctx = _LaneCtx(wide, ctx.vops)
+  vs = [_form(_expand_lane(o, wctx)) for o in ops]  # type: ignore[arg-type]
+  if any(_is_lanes(v) for v in vs) or all(v.dtype.count == 1 for v in vs): return None  # lane by lane: no gain
+  a, b = (wctx.vec(v, dt) for v, dt in zip(vs, dts))
+  zero = ctx.vec(UOp.const(dtypes.int32, 0), dtypes.int32)
+  dot = UOp(Ops.WMMA, zero.dtype, (a, b, zero), f"DOT{g}")
+  return _wrap(UOp(Ops.REDUCE, zero.dtype, (dot, *n.src[1:-1]), Ops.ADD) if len(n.src) > 2 else dot, n.dtype)   # linearized as acc = WMMA(a, b, acc)
+
+
+def _is_lanes(v: UOp) -> bool:
+  """Whether an expanded value is computed lane by lane (a VECTORIZE of k scalars; not a group load repeated across
+  the lanes, a VECTORIZE of GEPs of one vector)."""
+  return v.op is Ops.VECTORIZE and v.dtype.count > 1 and not (all(s.op is Ops.GEP for s in v.src) and len({s.src[0] for s in v.src}) == 1)
 
 
 def _zero(v: UOp) -> bool:
@@ -282,14 +406,8 @@ def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS, dots: D
   """`ast` with its vector lane range (if any) turned into vector values (see the module docstring); `dots`: the
   renderer's integer dot products (WMMA "DOT2" / "DOT4"); `f16`: float16 loads may be vectors (`f16_vectors`)."""
   lanes = sorted((n for n in ast.toposort() if n.op is Ops.RANGE and len(n.arg) > 2 and n.arg[2] == "vector"), key=lambda r: r.arg[0])
-  for lane in lanes: ast = _vectorize_lane(ast, lane, vector_ops, dots, f16)  # several lanes only in separate reduces (opt.py checks)
+  for lane in lanes:  # several lanes only in separate reduces (opt.py checks)
+    ctx = _LaneCtx(lane, vector_ops, dots, f16)
+    ctx.closers = {n for n in ast.toposort() if n.op is Ops.REDUCE and lane in n.src[1:]}  # lane-invariant results
+    ast = _expand_lane(ast, ctx)
   return graph_rewrite(ast, pm_absorb_add, name="dot accumulators") if lanes and dots else ast
-
-
-def _vectorize_lane(ast: UOp, lane: UOp, vector_ops: frozenset[Ops], dots: Dots, f16: bool) -> UOp:
-  ex = _Expander(lane, vector_ops, dots, f16)
-  ex.closers = {n for n in ast.toposort() if n.op is Ops.REDUCE and lane in n.src[1:]}  # lane-invariant results
-  if lane.arg[1] == "reduce":  # the outermost ADD/MUL trees of vector accumulators first (substitute is pre-order)
-    trees = {n: _horizontal(v, n.op) for n in ast.toposort() if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and (v := ex.reduce_vector(n)) is not None}
-    return ast.substitute({**{c: ex.reduce(c) for c in ex.closers}, **trees}, walk=True)
-  return UOp(Ops.SINK, dtypes.void, tuple(functools.reduce(lambda a, st: a + ex.store(st), ast.src, [])))
