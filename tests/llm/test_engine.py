@@ -230,6 +230,21 @@ def test_warm_up_captures_every_step_the_engine_takes(tiny_gguf):
   assert answers[0] == answers[1] and all(n > 0 for _, n in answers[0])
 
 
+def test_requests_after_warm_up_pay_no_collection(tiny_gguf, monkeypatch):
+  """Regression: warm_up left the collection its captures owe (engine/jit.py `_Compaction`) to the first request that
+  replayed a graph (SmolLM2: a prefix cache hit 224-317 ms instead of 75-90). warm_up pays it."""
+  from plugrad.engine import jit
+  llm = LLM.load(tiny_gguf, max_context=96, batch=2, name="tiny")
+  g = llm.backend()
+  g.warm_up()
+  calls = []
+  monkeypatch.setattr(jit, "ucache_compact", lambda: calls.append(1) or False)
+  e = Engine(g, llm.tok, prefill_chunk=128)
+  try: asyncio.run(collect(e, PROMPTS[0], greedy(4)))
+  finally: e.shutdown()
+  assert calls == []
+
+
 def test_serve_warms_up_before_it_says_it_serves(tiny_gguf):
   """server.serve announces itself (and calls `ready`) only once every step is captured."""
   from plugrad.apps.llm.server import serve

@@ -112,11 +112,18 @@ def _input_buffers(inputs: list) -> list:
   return [buffer_for(buffer_of(u)).base for t in inputs for u in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
 
 
+class _Compaction:
+  """The collection and hash-cons compaction a capture leaves owed: any capture sets `pending`, the next replay of any
+  TinyJit pays it, once for a burst of captures (the LLM's warm-up captures four graphs; a collection of its object
+  graph takes ~130 ms, which each graph's first replay used to pay, on the first requests)."""
+  pending = False
+
+
 class _Capture:
   """One capture of a TinyJit: the call count for its key, the recorded kernels, input slots and outputs."""
 
   def __init__(self, keep: list, arena: JitArena | None = None) -> None:
-    self.keep, self.cnt, self.arena, self.compacted = keep, 0, arena, True
+    self.keep, self.cnt, self.arena = keep, 0, arena
     self.captured: list[ExecItem] = []
     self._views: dict[tuple[int, int], tuple] = {}
     self.input_slots: list[tuple[int, int, int]] = []
@@ -155,7 +162,7 @@ class _Capture:
       keep = {id(b) for b in in_bufs} | {id(b) for b in _input_buffers(_tensors_in(ret))}
       self.arena.adopt(self, items, keep)
     self.rebind()
-    self.compacted = False   # the graphs this capture built die once its caller lets go of them: its first replay compacts
+    _Compaction.pending = True   # the graphs this capture built die once its caller lets go of them: the next replay compacts
     trim_heap()
     return ret
 
@@ -186,10 +193,10 @@ class _Capture:
     for i, (now, was) in enumerate(zip(sig, self.signature)):
       if now != was: raise JitError(f"input {i} changed from (shape, dtype, device) {was} to {now}; the capture can't serve it (reset() the jit)")
     st = capture.now() if capture.PROFILE else 0
-    if not self.compacted:   # the hash-cons table shrinks after the capture's peak, once the graphs it built are freed
+    if _Compaction.pending:  # the hash-cons table shrinks after the capture's peak, once the graphs it built are freed
+      _Compaction.pending = False
       gc.collect()           # (tensor graphs hold reference cycles: without a collection, when they die is up to chance)
       ucache_compact()
-      self.compacted = True
     bufs = _input_buffers(inputs)
     for i, j, k in self.input_slots:
       v = self._views.get((i, j)) if self._views else None

@@ -405,8 +405,9 @@ class BatchGenerator:
 
   def warm_up(self) -> None:
     """Compile and capture every step the engine takes (the batched decode step, the batch-1 decode, the short and the
-    long prefill graphs: each TinyJit runs once and is captured on its second call), so that the first requests replay
-    kernels instead of paying schedule, compile and capture. What it writes into the caches is below positions no slot
+    long prefill graphs: each TinyJit runs once and is captured on its second call), then replay one, which pays the
+    collection the captures leave owed (engine/jit.py `_Compaction`), so that the first requests replay kernels instead
+    of paying schedule, compile, capture and collection. What it writes into the caches is below positions no slot
     holds (a slot's cache is only read up to the tokens it ran itself), so every slot's cache starts empty after it."""
     everyone = {b: (0, 0) for b in range(self.slots)}
     lengths = [n for n in (2, SHORT_PREFILL + 1) if n <= min(self.max_context, PREFILL_CHUNK)]
@@ -414,6 +415,7 @@ class BatchGenerator:
       self.decode(everyone)
       if self.slots > 1: self.decode({0: (0, 0)})
       for n in lengths: self.prefill(0, [0] * n, 0)
+    self.decode(everyone)
 
   def decode(self, steps: dict[int, tuple[int, int]], batched: bool = False) -> dict[int, np.ndarray]:
     """One token for each listed slot ({slot: (token, position)}), all in one batched step: {slot: logits}. A single
