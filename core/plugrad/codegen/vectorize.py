@@ -183,7 +183,7 @@ class _LaneCtx:
   def reduce_vector(self, n: UOp) -> UOp | None:
     """The vector accumulator of a REDUCE over the lane range (lane i holds lane i's partial result), also for an
     ADD/MUL tree of such REDUCEs with the same op (SPLIT's accumulators are combined before the horizontal step):
-    built over the REDUCE's body as it is, tagged for `_vector_acc` to vectorize once the body is expanded. None where
+    built over the REDUCE's body as it is, tagged for `_reduce_post` to vectorize once the body is expanded. None where
     the reduce isn't done on vectors."""
     if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) and n not in self.closers:
       parts = [self.reduce_vector(s) if s.op is Ops.REDUCE and s.arg is n.op or s.op is n.op else None for s in n.src]
@@ -334,7 +334,7 @@ def _reduce_post(ctx: _LaneCtx, n: UOp) -> UOp | None:
   return _wrap(UOp(Ops.VECTORIZE, n.dtype.vec(ctx.k), lanes), n.dtype)
 
 
-def _resolve_lane(ctx: _LaneCtx, g: UOp) -> UOp | None:
+def _resolve_lane(g: UOp) -> UOp | None:
   """A `_lane_of` placeholder whose node is expanded: that lane of it."""
   return _gep(g.src[0], g.arg[0]) if g.tag == _LANE else None
 
