@@ -17,7 +17,7 @@ UPCAST/UNROLL from codegen/opt.py, is codegen/heuristic.py's `choose_gpu_opts`).
   as the scheduler's one-kernel softmax: one workgroup per row reduces the row and writes it). It only splits the range
   (a range of copies for the expand pass, codegen/expand.py).
 - `TC` a matmul on tensor cores (`Opt.arg` = tile: accumulators per warp, warps per workgroup, A/B staged in shared
-  memory; see `_tc`, `heuristic.tc_tile` and docs/kernel_ir.md). It checks the kernel fits (`tc_fit`) and retypes the
+  memory; see `_tc_tile`, `heuristic.tc_tile` and docs/kernel_ir.md). It checks the kernel fits (`tc_fit`) and retypes the
   matmul's reduce range `(id, "reduce", "tc", tensor core, tile)`; the pipeline's "tensor cores" pass, after the expand
   pass, lowers it (`lower_tensor_cores`: warps, fragments, shared-memory staging, WMMAs). TC is the last Opt.
 
@@ -195,7 +195,7 @@ def _vector_stores(stores: list[UOp]) -> list[UOp]:
 
 def tc_fit(ast: UOp, tc: TensorCore, tile: tuple[int, ...] = ()) -> tuple[tuple[int, ...], tuple[UOp, ...]]:
   """The full tile (um, un, wm, wn, stage) and the matched matmul (red, a, b, i, j, k) when `ast`'s matmul fits tensor
-  core `tc` with `tile`; ValueError naming what doesn't fit otherwise (all of `_tc`'s conditions, so an Opt is refused
+  core `tc` with `tile`; ValueError naming what doesn't fit otherwise (every condition the lowering relies on, so an Opt is refused
   when it applies, not when the tensor-core pass lowers it)."""
   if len(tile) > 5 or any(not isinstance(t, int) or t < 0 for t in tile): raise ValueError(f"TC tile {tile}: expected up to 5 non-negative ints")
   um, un, wm, wn, stage = tuple(tile) + TC_TILE_DEFAULT[len(tile):]
@@ -335,8 +335,9 @@ def _tc_opt(ast: UOp, rng: UOp | None, opt: Opt, caps: Capabilities | None) -> U
 
 
 def lower_tensor_cores(ast: UOp) -> UOp:
-  """The tensor-core pass: the matmul whose reduce range TC marked on its tensor core (`_tc`: warps, fragments,
-  shared-memory staging, WMMAs), simplified; `ast` itself when nothing is marked."""
+  """The tensor-core pass: the matmul whose reduce range TC marked on its tensor core (`_tc_tile`: warps, fragments,
+  shared-memory staging; `pm_tensor_cores`: each output store by its fragments' WMMA results), simplified; `ast`
+  itself when nothing is marked."""
   if (k := next((r for r in ast.toposort() if is_tc_range(r)), None)) is None: return ast
   ast = ast.substitute({k: k.replace(arg=k.arg[:2])}, walk=True)
   tile = _tc_tile(ast, k.arg[3], max(ranges_of(ast)) + 1, k.arg[4])
