@@ -101,3 +101,20 @@ def test_the_newest_versioned_clang_is_the_default(tmp_path, monkeypatch):
   for name in ("clang-14", "clang-19", "clang-9"): (tmp_path / name).unlink()
   monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep)   # (another PATH string: not the remembered listing)
   assert find_cc() == "clang"
+
+
+@needs_x86
+def test_kernels_are_built_without_avx512_bf16(monkeypatch):
+  """A host with AVX512-BF16 (Zen 4, Sapphire Rapids) gets -mno-avx512bf16: clang casts float to __bf16 with
+  vcvtneps2bf16 there, which flushes subnormals to zero (the conformance kit's bfloat16 specials read 0 for 9.18e-41
+  on Zen 4 before). On this host, whatever it is, a subnormal and a rounding case cast to bfloat16 as ml_dtypes does."""
+  monkeypatch.setattr(cpu, "cpu_flags", lambda: cpu.HOST_KINDS["avx512"] | {"avx512_bf16"})
+  assert "-mno-avx512bf16" in cpu.ClangCompiler().flags
+  monkeypatch.setattr(cpu, "cpu_flags", lambda: cpu.HOST_KINDS["avx512"])
+  assert "-mno-avx512bf16" not in cpu.ClangCompiler().flags
+  monkeypatch.undo()
+  ml_dtypes = pytest.importorskip("ml_dtypes")
+  from plugrad import Tensor
+  x = np.array([9.183549615799121e-41, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -3.4e38, 1e-45], np.float32)
+  got = Tensor(x, device="CPU").cast("bfloat16").cast("float32").numpy()
+  np.testing.assert_array_equal(got, x.astype(ml_dtypes.bfloat16).astype(np.float32))

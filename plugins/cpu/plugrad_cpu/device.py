@@ -88,7 +88,12 @@ EXP2F_SRC = _exp2f_src()
 
 # compiler macros naming the instruction sets the renderer and its preludes read, by their /proc/cpuinfo flag names
 MACRO_FLAGS = {"__AVX512F__": "avx512f", "__AVX512VL__": "avx512vl", "__AVX512VNNI__": "avx512_vnni", "__AVXVNNI__": "avx_vnni",
-               "__AVX2__": "avx2", "__AVX__": "avx", "__FMA__": "fma", "__F16C__": "f16c", "__SSSE3__": "ssse3", "__ARM_NEON": "asimd"}
+               "__AVX2__": "avx2", "__AVX__": "avx", "__FMA__": "fma", "__F16C__": "f16c", "__SSSE3__": "ssse3", "__ARM_NEON": "asimd",
+               "__AVX512BF16__": "avx512_bf16"}
+# instruction sets the kernels are built without where the target has them, and the flag that turns each off: AVX512-BF16's
+# float -> bfloat16 conversion (vcvtneps2bf16, which clang emits for a __bf16 cast) flushes subnormal inputs and results
+# to zero, and a cast must round like IEEE (Zen 4: 9.18e-41 cast to bfloat16 read 0)
+WITHOUT_FLAGS = {"avx512_bf16": "-mno-avx512bf16"}
 
 def cpu_march() -> str:
   """The -march CPU kernels are compiled for: `CPU_MARCH` (e.g. x86-64-v3, an AVX2 box's code and capabilities on an
@@ -490,7 +495,8 @@ class ClangCompiler(Compiler):
   def __init__(self, cc: str | None = None) -> None:
     self.cc = cc or find_cc()
     if self.cc is None: raise RuntimeError("no C compiler found: install clang or gcc, or set CC")
-    self.flags = tuple(f"-march={cpu_march()}" if f == "-march=native" else f for f in self.FLAGS)
+    self.flags = tuple(f"-march={cpu_march()}" if f == "-march=native" else f for f in self.FLAGS) + \
+      tuple(off for flag, off in WITHOUT_FLAGS.items() if flag in cpu_flags())
     ver = subprocess.run([*self.cc.split(), "--version"], capture_output=True, text=True).stdout.splitlines()
     super().__init__(f"cc={self.cc} version={ver[0] if ver else '?'} flags={' '.join(self.flags)}")
 
