@@ -16,12 +16,13 @@ import pytest
 
 
 @contextmanager
-def cpu_record(**fields) -> Iterator[None]:
-  """The CPU device's renderer with `fields` of its capability record replaced; the schedules (whose kernels'
-  optimizations follow the record) and the compiled programs are forgotten on entry and on exit."""
+def host_kind(kind: str) -> Iterator[str]:
+  """The CPU device's renderer with the capability record the cpu plugin derives from `kind`'s flags; the schedules
+  (whose kernels' optimizations follow the record) and the compiled programs are forgotten on entry and on exit."""
   from plugrad.device import Device
   from plugrad.engine import realize
   from plugrad.schedule import kernelize
+  from plugrad_cpu.device import HOST_KINDS, simd_caps
   ren = Device["CPU"].renderer
   saved = ren.caps
   def forget() -> None:
@@ -29,33 +30,11 @@ def cpu_record(**fields) -> Iterator[None]:
     kernelize._SCHEDULE_CACHE.clear()
   forget()
   try:
-    ren.caps = dataclasses.replace(saved, **fields)
-    yield
+    ren.caps = dataclasses.replace(saved, **simd_caps(HOST_KINDS[kind]))
+    yield kind
   finally:
     ren.caps = saved
     forget()
-
-
-@contextmanager
-def host_kind(kind: str) -> Iterator[str]:
-  """The CPU device's renderer with the capability record the cpu plugin derives from `kind`'s flags (`cpu_record`)."""
-  from plugrad_cpu.device import HOST_KINDS, simd_caps
-  with cpu_record(**simd_caps(HOST_KINDS[kind])): yield kind
-
-
-@pytest.fixture
-def cpu_caps():
-  """`cpu_record`, for a test to run part of its body with some fields of the CPU's capability record replaced."""
-  return cpu_record
-
-
-@pytest.fixture
-def unknown_l2() -> Iterator[None]:
-  """The CPU device with its L2 size unknown: a matmul's column operand is packed however small it is (the heuristic
-  reads an operand that fits in L2 in place), for tests of the packing itself on small matrices."""
-  from plugrad.device import Device
-  l1, _, l3 = Device["CPU"].renderer.caps.cache_bytes
-  with cpu_record(cache_bytes=(l1, 0, l3)): yield
 
 
 @pytest.fixture(params=["avx2", "avx512"])

@@ -48,7 +48,7 @@ def test_beam_cache_keeps_opt_args(monkeypatch, tmp_path):
   assert search.beam_opts(ast, "CPU") == [Opt("UPCAST", 0, 4)]
 
 
-def test_beam_times_packed_candidates_and_keeps_the_fastest(monkeypatch, tmp_path, unknown_l2):
+def test_beam_times_packed_candidates_and_keeps_the_fastest(monkeypatch, tmp_path):
   """On a matmul the search starts from the heuristic (PACK included), times PACK/BLOCK/OUTER candidates with their
   packing kernels; PACK on a range with nothing to pack times as inf; results stay correct."""
   monkeypatch.setenv("PLUGRAD_CACHE_DIR", str(tmp_path))

@@ -4,11 +4,8 @@ TinyJit capture and replay of the pair, the scratch placed like any intermediate
 and the same plan run on the PYTHON device (pack kernel and main kernel as plain loops)."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
-from codegen_helpers import host_record
 
 from plugrad import Tensor, TinyJit
 from plugrad.codegen import get_program
@@ -24,8 +21,6 @@ from plugrad.schedule.item import ScheduleItem
 from plugrad.uop.ops import Ops, UOp
 
 RNG = np.random.default_rng(0)
-# these tests check packing itself on small matrices, which the heuristic reads in place where they fit in L2
-pytestmark = pytest.mark.usefixtures("unknown_l2")
 
 
 def rand(*shape: int) -> np.ndarray: return RNG.uniform(-1, 1, shape).astype(np.float32)
@@ -391,6 +386,7 @@ def test_expression_weight_not_packed_for_few_rows_when_its_columns_are_split(la
 def small_l3(cpu_host):
   """The CPU device as an AVX2, then an AVX-512 host (`cpu_host`) with a 256 KiB L3, so small matmuls take the
   chunked path (the fixture restores the record and forgets the schedules made with it)."""
+  import dataclasses
   ren = Device["CPU"].renderer
   ren.caps = dataclasses.replace(ren.caps, cache_bytes=(32 << 10, 128 << 10, 256 << 10))
   yield
@@ -405,41 +401,12 @@ def test_skinny_matmul_packs_in_chunks_of_the_reduce_axis_on_both_hosts(cpu_host
   """32 x 4096 x 4096 with a 32 MiB L3: the 64 MiB packed B is packed and summed in 16 chunks of 256 rows (4 MiB, an
   eighth of L3) on AVX2 and AVX-512 records; a square 4096 product isn't chunked (its output's extra round trips
   would cost more), nor is a product whose packed operand fits in half of L3, nor one on a host of unknown L3."""
+  import dataclasses
   caps = dataclasses.replace(Device["CPU"].renderer.caps, cache_bytes=(32 << 10, 512 << 10, 32 << 20))
   assert chunk_arg(32, 4096, 4096, caps) == (16,)
   assert chunk_arg(4096, 4096, 4096, caps) == ()
   assert chunk_arg(32, 1024, 4096, caps) == ()
   assert chunk_arg(32, 4096, 4096, dataclasses.replace(caps, cache_bytes=(32 << 10, 512 << 10, 0))) == ()  # unknown L3
-
-
-def column_packed(m: int, k: int, n: int, caps, dtype: str = "float32") -> bool:
-  t = Tensor.empty(m, k, device="CPU", dtype=dtype).matmul(Tensor.empty(k, n, device="CPU", dtype=dtype), dtype="float32")
-  ast = unoptimized_kernel(t)
-  opts = heuristic_opts(ast, caps)
-  return any(o.kind == "PACK" and any(u.kind == "OUTER" and u.rid == o.rid for u in opts) for o in opts)
-
-
-@pytest.mark.parametrize("lanes,regs", [(8, 16), (16, 32)])
-def test_a_column_operand_in_half_of_l2_is_read_in_place(lanes: int, regs: int):
-  """A matmul's plain float32 column operand of at most half the L2 is not packed (its panels come from L2 as they are;
-  the packing kernel's launch and copy cost 8-20% at 256^2 on Zen 4): 256^2 (256 KiB) with a 512 KiB or 1 MiB L2, on
-  AVX2- and AVX-512-shaped records. Packed: 512^2 against 1 MiB, any size where the L2 is unknown, 16-bit inputs
-  (the pack converts them once)."""
-  caps = dataclasses.replace(host_record(lanes=lanes, regs=regs), cache_bytes=(32 << 10, 512 << 10, 32 << 20))
-  big_l2 = dataclasses.replace(caps, cache_bytes=(32 << 10, 1 << 20, 32 << 20))
-  assert not column_packed(256, 256, 256, caps) and not column_packed(256, 256, 256, big_l2)
-  assert column_packed(384, 384, 384, caps) and column_packed(512, 512, 512, big_l2)
-  assert column_packed(256, 256, 256, dataclasses.replace(caps, cache_bytes=(32 << 10, 0, 32 << 20)))
-  assert column_packed(256, 256, 256, big_l2, "float16")
-
-
-def test_an_unpacked_small_matmul_matches_numpy(cpu_caps):
-  """256^2 with a 1 MiB L2: read in place, the values right."""
-  with cpu_caps(cache_bytes=(32 << 10, 1 << 20, 32 << 20)):
-    a, b = rand(256, 256), rand(256, 256)
-    t = Tensor(a, device="CPU").realize() @ Tensor(b, device="CPU").realize()
-    assert not packed(t)
-    np.testing.assert_allclose(t.numpy(), a @ b, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("m,k,n", [(32, 512, 256), (48, 1024, 256), (48, 768, 512)])
@@ -527,6 +494,7 @@ def test_row_operand_with_page_aliased_rows_is_packed_too(cpu_host):
   """A's rows 4 KiB apart (K = 1024, 2048 floats) put the tile's rows in the same cache sets: A is packed as well, on
   AVX2 and AVX-512 records. Not for rows 2 KiB apart (K = 512), nor where L3 row blocking streams A (4096 square, A
   over half of L3), nor for a chunked product (a pack a chunk would cost a launch a chunk); values stay right."""
+  import dataclasses
   caps = dataclasses.replace(Device["CPU"].renderer.caps, cache_bytes=(32 << 10, 512 << 10, 32 << 20))
   assert pack_ids(1024, 1024, 1024, caps) == [0, 1] and pack_ids(2048, 2048, 2048, caps) == [0, 1]
   assert pack_ids(512, 512, 512, caps) == [1]

@@ -30,7 +30,7 @@ def heuristic_calls(monkeypatch) -> list:
   return calls
 
 
-def test_the_heuristic_runs_once_per_kernel(heuristic_calls: list, unknown_l2):
+def test_the_heuristic_runs_once_per_kernel(heuristic_calls: list):
   """Regression: the engine ran the heuristic on every CPU kernel to see whether it packs, then the codegen pipeline
   ran it again to optimize the kernel (twice per kernel; a packing kernel too). Now the scheduler chooses once and
   the pipeline applies what the item carries."""
@@ -45,7 +45,7 @@ def test_the_heuristic_runs_once_per_kernel(heuristic_calls: list, unknown_l2):
   assert len(kernels) == 2 and all(it.opts is not None for it in kernels)
 
 
-def test_packing_kernels_are_schedule_items_with_an_intermediate_scratch(unknown_l2):
+def test_packing_kernels_are_schedule_items_with_an_intermediate_scratch():
   """The packing kernel writes a scratch buffer only the matmul reads: an internal intermediate of the schedule
   (no tensor sees it), listed by Tensor.schedule(); optimize=False gives the one kernel as the scheduler built it."""
   if not Device["CPU"].renderer.caps.vector_lanes: pytest.skip("the CPU renderer has no vector lanes here")
@@ -57,7 +57,7 @@ def test_packing_kernels_are_schedule_items_with_an_intermediate_scratch(unknown
   assert one.opts is None and set(one.bufs[1:]) == {main.bufs[1], pack.bufs[1]}
 
 
-def test_jitted_pack_scratch_lives_in_the_arena(unknown_l2):
+def test_jitted_pack_scratch_lives_in_the_arena():
   """Under TinyJit the scratch is placed in the capture's arena like every intermediate (before, the engine held a
   pool of its own per device, outside the arena)."""
   if not Device["CPU"].renderer.caps.vector_lanes: pytest.skip("the CPU renderer has no vector lanes here")

@@ -48,7 +48,6 @@ TILE_OVERLAP_WASTE = 16  # a tile's rows may overlap the block before when at mo
 PACK_CHUNK_L3_PART = 8  # a packed column operand over L3/2 is packed and used in chunks of at most this part of L3 (as ROW_CHUNK_L3_PART)
 ALIASED_ROW_BYTES = 4096  # a row operand whose rows are a multiple of this apart (a page: same cache sets) is packed too
 PACK_CHUNK_MIN_REDUCE = 64  # and of at least this many reduce steps (each chunk is two launches)
-PACK_L2_PART = 2  # a plain column operand of at most L2/PACK_L2_PART bytes is read where it is, not packed
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)
 
 
@@ -395,7 +394,6 @@ def heuristic_opts(ast: UOp, caps: Capabilities) -> list[Opt]:
   if lanes >= 2 and (co := conv_opts(ast, lanes, regs)) is not None: return co
   opts = choose_opts(ast, upcast_max, split, lanes, regs, Dots.of(caps))
   if lanes >= 2 and (po := _operand_pack_opts(ast, upcast_max, split, lanes, regs, opts)): opts = po
-  opts = _unpack_l2_column(ast, opts, caps.cache_bytes[1])
   # a row operand that L3 row blocking streams stays unpacked (4096^2 took 1.47x the time with A packed as well)
   if (blk := row_block_opt(ast, opts, caps.cache_bytes[2])) is not None: opts = _unpack_aliased_rows(ast, opts) + [blk]
   return pack_chunks(ast, opts, caps.cache_bytes[2])
@@ -429,23 +427,6 @@ def pack_chunks(ast: UOp, opts: list[Opt], l3: int) -> list[Opt]:
 def _column_pack(opts: list[Opt]) -> Opt | None:
   """The PACK of a column-panel tile's panels: the one along the range OUTER makes outermost."""
   return next((o for o in opts if o.kind == "PACK" and any(u.kind == "OUTER" and u.rid == o.rid for u in opts)), None)
-
-
-def _unpack_l2_column(ast: UOp, opts: list[Opt], l2: int) -> list[Opt]:
-  """`opts` without the column operand's PACK of a matmul (one reduce axis) when that operand is a plain load read with
-  stride 1 along the columns and all of it fits in L2/PACK_L2_PART (`l2`: one core's L2 bytes, 0: unknown): the panels are then read from L2 as
-  they are, and the packing kernel costs a launch and a copy that save nothing (256^2 float32 on Zen 4, a /tmp probe,
-  200 tight calls: 2 threads 199-230 -> 183 us a call, one thread 338 -> 328, AVX2 code 199-201 -> 190-194; at 512^2,
-  1 MB, packing is 1-2% slower, at 768^2 equal)."""
-  if not l2 or (col := _column_pack(opts)) is None: return opts
-  rngs = ranges_of(ast)
-  glbl, red = global_ranges(ast), {r for r in rngs.values() if r.arg[1] == "reduce"}
-  # a matmul: one k axis and no operand a sliding window (a convolution's, or its merged weight gradient's: not measured)
-  if len(red) != 1 or any(_sliding_window(v, glbl, red) for v in _mul_operands(ast)): return opts
-  rows = [rngs[o.rid] for o in opts if o.kind in UPCASTS and o.rid != col.rid and o.rid in rngs]
-  if (val := pack_candidate(ast, rngs[col.rid], col.amount, rows)) is None or not _plain_load_along(val, "global", rngs[col.rid]): return opts
-  if math.prod(int(range_size(r)) for r in _ranges_in(val)) * val.dtype.itemsize * PACK_L2_PART > l2: return opts
-  return [o for o in opts if o is not col]
 
 
 def _unpack_aliased_rows(ast: UOp, opts: list[Opt]) -> list[Opt]:
