@@ -179,7 +179,7 @@ def _shared_reduces(realize: set[UOp]) -> set[UOp]:
     expands: list[UOp] = []
     for root in realize:
       if root.op is Ops.COPY: continue
-      for x in root.toposort(gate=lambda y, root=root: y is root or (y not in realize and not is_buffer_view(y))):
+      for x in _kernel_nodes(root, realize):
         if x.op is Ops.EXPAND: expands.append(x)
         if x in realize or owner.setdefault(x, root) is root: continue
         if x.op is Ops.REDUCE_AXIS: shared.add(x)
@@ -195,10 +195,13 @@ def _outermost(shared: set[UOp], realize: set[UOp]) -> set[UOp]:
   realizing its integer block dots as well made it two kernels, the dots' int32 partials written and read back, 6.6
   against 3.8 us for the same-sized key projection). A node still shared afterwards (attention's scores under the
   softmax's max, also read by its sum) is realized by the next round."""
-  inner: set[UOp] = set()
-  for y in shared:
-    inner.update(x for x in y.toposort(gate=lambda n, y=y: n is y or (n not in realize and not is_buffer_view(n))) if x is not y)
+  inner = {x for y in shared for x in _kernel_nodes(y, realize) if x is not y}
   return {y for y in shared if y not in inner}
+
+
+def _kernel_nodes(root: UOp, realize: set[UOp]) -> dict[UOp, None]:
+  """The nodes the kernel of `root` computes or reads: its graph down to realized nodes and buffers."""
+  return root.toposort(gate=lambda y: y is root or (y not in realize and not is_buffer_view(y)))
 
 
 def _broadcast_read(expands: list[UOp], realize: set[UOp]) -> set[UOp]:
