@@ -41,7 +41,32 @@ from plugrad.tensor_ops.nn import NnMixin
 from plugrad.tensor_ops.reduce import ReduceMixin
 from plugrad.uop.symbolic import prod, sint, sym_infer
 
-_pending_assigns: weakref.WeakKeyDictionary[UOp, list[UOp]] = weakref.WeakKeyDictionary()  # buffer -> unrealized ASSIGNs into it
+class _PendingAssigns:
+  """buffer -> the unrealized ASSIGNs into it. Each list lives in its buffer node's cache (as the device Buffer does)
+  and the table holds the buffers weakly: an assign's target view references its buffer, so a table owning the lists
+  would keep every written buffer alive for good. Held this way, a buffer that only its own pending writes reference
+  is a cycle the garbage collector frees, with the writes, which nothing can read any more."""
+  def __init__(self) -> None:
+    self._bufs: weakref.WeakSet[UOp] = weakref.WeakSet()
+    self.data = self._bufs.data  # the weak references themselves: empty exactly when no write is pending (a cheap test)
+  def __bool__(self) -> bool: return bool(self._bufs)
+  def __len__(self) -> int: return len(self._bufs)
+  def __getitem__(self, b: UOp) -> list[UOp]: return b._cache["pending"]
+  def get(self, b: UOp, default: Any = ()) -> list[UOp]:
+    return c.get("pending", default) if (c := b._cache) is not None else default
+  def __setitem__(self, b: UOp, assigns: list[UOp]) -> None:
+    b._cached()["pending"] = assigns
+    self._bufs.add(b)
+  def __delitem__(self, b: UOp) -> None:
+    if b._cache is not None: b._cache.pop("pending", None)
+    self._bufs.discard(b)
+  def keys(self) -> list[UOp]: return list(self._bufs)
+  def append(self, b: UOp, assign: UOp) -> None: self[b] = [*self.get(b), assign]
+  def clear(self) -> None:
+    for b in self.keys(): del self[b]
+
+
+_pending_assigns = _PendingAssigns()
 
 
 _assign_order: weakref.WeakKeyDictionary[UOp, int] = weakref.WeakKeyDictionary()  # creation order of pending assigns
@@ -88,6 +113,14 @@ def _pending_writes(targets: list[UOp]) -> list[UOp]:
       for a in _pending_assigns.get(b, ()):
         if _assign_order.get(a, 0) < lim: visit(a)
   return out
+
+
+def _reads_no_pending(leaves: tuple[UOp, ...] | None) -> bool:
+  """Whether a graph with these plan leaves (its BUFFERs and BINDs; None: the graph is its own leaf) reads no buffer
+  that a pending write goes into: then no write must run first, and the realize may take its cached plan."""
+  if not _pending_assigns.data: return True
+  if leaves is None: return False
+  return {b.src[0] if b.op is Ops.BUFFER_VIEW else b for b in _pending_assigns.keys()}.isdisjoint(leaves)
 
 
 def _update_pending_assigns(becomes: dict[UOp, UOp]) -> None:
@@ -337,11 +370,12 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) into device buffers."""
-    if not others and not _pending_assigns.data and (u := self.uop).op is not Ops.MULTI:  # (realize_all's common case, inlined)
-      if (c := u._cache) is not None and (sig := c.get("plan")) is not None and sig[0] == plan._gen[0] and sig[1] >= 0 and sig[2]:
+    if not others and (u := self.uop).op is not Ops.MULTI:  # (realize_all's common case, inlined)
+      if (c := u._cache) is not None and (sig := c.get("plan")) is not None and sig[0] == plan._gen[0] and sig[1] >= 0 and sig[2] \
+         and (not _pending_assigns.data or _reads_no_pending(sig[2])):
         if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))  # (a memoized signature, not a leaf's)
         return self
-      if (sig := plan.signature(u)) is not None:
+      if (sig := plan.signature(u)) is not None and (not _pending_assigns.data or _reads_no_pending(sig[2])):
         if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))
         return self
     Tensor.realize_all(self, *others)
@@ -349,10 +383,10 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
 
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
-    # (`_pending_assigns.data`: a WeakKeyDictionary's truth value is a Python-level __len__; a dead key left in its
-    # dict only sends this realize down the general path)
-    if len(tensors) == 1 and not _pending_assigns.data and (u := tensors[0].uop).op is not Ops.MULTI and \
-       (sig := plan.signature(u)) is not None:  # one tensor, no CALLs, no pending writes: the common case
+    # (`_pending_assigns.data`: a WeakSet's truth value is a Python-level __len__; a dead reference left in its set only
+    # costs a `_reads_no_pending`)
+    if len(tensors) == 1 and (u := tensors[0].uop).op is not Ops.MULTI and (sig := plan.signature(u)) is not None and \
+       (not _pending_assigns.data or _reads_no_pending(sig[2])):  # one tensor, no CALLs, no writes to run first: the common case
       if not is_buffer_view(u): Tensor._realize_targets([u], (sig[1], sig[2]))
       return
     for t in tensors:  # @function calls run as their bodies (the schedule cache dedups them); a planned graph has none
@@ -372,8 +406,8 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
   def _realize_targets(targets: list[UOp], key: tuple | None = None) -> list[UOp]:
     """Schedule and run `targets`, point every live tensor at the results; returns the nodes that were realized.
     A structure realized before runs its cached plan (engine/plan.py): no scheduling, no walk over the live tensors.
-    `key`: the targets' `plan.targets_signature` when the caller has it (and no assign is pending)."""
-    if key is None: key = plan.targets_signature(targets) if not _pending_assigns else None
+    `key`: the targets' `plan.targets_signature` when the caller has it (and they read no buffer a pending write goes into)."""
+    if key is None and (key := plan.targets_signature(targets)) is not None and not _reads_no_pending(key[1]): key = None
     if (p := plan.lookup(key)) is not None and (views := plan.run(p, key[1])) is not None:
       if len(targets) == 1 and not _pending_assigns.data:  # (the loop below for one realized node)
         u0, v0 = targets[0], views[0]
@@ -450,7 +484,7 @@ class Tensor(CreationMixin, MovementMixin, ElementwiseMixin, ReduceMixin, NnMixi
       self.uop = x.uop
       return self
     # a later realize that reads this buffer (e.g. the whole KV cache after a slice of it was assigned) runs this write first
-    _pending_assigns.setdefault(buffer_of(self.uop.src[0]), []).append(self.uop)
+    _pending_assigns.append(buffer_of(self.uop.src[0]), self.uop)
     _assign_order[self.uop] = next(_assign_counter)
     return self
 

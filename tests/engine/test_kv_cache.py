@@ -74,3 +74,51 @@ def test_realizing_an_assign_runs_only_earlier_writes():
   from plugrad.engine.realize import buffer_for
   assert buffer_for(buffer_of(c.uop)).numpy().tolist() == [1.0, 0.0]  # the later write has not run yet
   assert c.numpy().tolist() == [7.0, 0.0]  # reading c runs the remaining write
+
+
+def _collect() -> None:
+  import gc
+  for _ in range(3): gc.collect()
+
+
+def test_a_discarded_buffer_takes_its_pending_writes_with_it():
+  # a model thrown away with unrealized in-place updates (BatchNorm's running statistics in training mode, a KV cache
+  # written but never read): nothing can read the buffer any more, so it and its writes must be freed, not kept
+  # forever (and while a write is pending every realize skips the plan cache's fast path)
+  import weakref
+  from plugrad import tensor as tensor_module
+  c = Tensor(np.zeros(4, np.float32))  # (not a realize plan's output: a plan keeps its last output for reuse)
+  c[0:2].assign(Tensor([1.0, 2.0]) * 3)
+  c.assign(c * 2)
+  buf = weakref.ref(buffer_of(c.uop))
+  del c
+  _collect()
+  assert buf() is None, "the buffer outlived every tensor that could read it"
+  assert not tensor_module._pending_assigns, "a pending write into a freed buffer is still on the table"
+
+
+def test_a_write_survives_its_own_tensor_while_the_buffer_lives():
+  # the KV-cache pattern: the slice tensor that holds the write dies at once; a collection must not drop the write
+  c = Tensor.zeros(4).contiguous().realize()
+  c[1:3].assign(Tensor([5.0, 6.0]))
+  _collect()
+  assert c.numpy().tolist() == [0.0, 5.0, 6.0, 0.0]
+  other = Tensor.zeros(4).contiguous().realize()
+  other[0:1].assign(Tensor([9.0]))
+  view = other[0:2]
+  del other
+  _collect()
+  assert view.numpy().tolist() == [9.0, 0.0]  # a view of the buffer still reads it, so its write still runs
+
+
+def test_a_pending_write_elsewhere_leaves_the_plan_path_open():
+  # while a write into one buffer waits, realizes that don't read that buffer still run their cached plans; one that
+  # reads it runs the write first
+  from plugrad.engine import plan
+  a, b = Tensor(np.arange(4, dtype=np.float32)), Tensor(np.ones(4, np.float32))
+  (a + b).realize(); (a + b).realize()  # the structure's plan is built
+  b[0:1].assign(Tensor([5.0]))
+  hits = plan.PLAN_STATS["hits"]
+  assert (a * 2 + 1).realize().tolist() == [1.0, 3.0, 5.0, 7.0] and (a * 2 + 1).realize() is not None
+  assert plan.PLAN_STATS["hits"] > hits, "a realize that reads no pending-written buffer skipped its plan"
+  assert (a + b).tolist() == [5.0, 2.0, 3.0, 4.0]  # reads b: its write ran first

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import sys
 import weakref
 from typing import Any, Callable, Iterator
@@ -109,9 +110,14 @@ class UOp(MathOps, MovementOps):
   tag: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None, tag: Any = None) -> UOp:
-    # the dtype enters the key as its `_key` tuple (equal dtypes have equal tuples): hashing a DType is a Python call
+    # the dtype enters the key as its `_key` tuple (equal dtypes have equal tuples): hashing a DType is a Python call;
+    # the sources as their creation numbers (`_seq_of`, below)
     if type(dtype) is not DType and not isinstance(dtype, DType): raise UOpSpecError(f"{op} dtype must be a DType, got {dtype!r}")
-    key = (op, dtype._key, src, arg, tag) if type(arg) is not float or (arg != 0.0 and arg == arg) else _float_key(op, dtype._key, src, arg, tag)
+    try: sk = (src[0].seq, src[1].seq) if len(src) == 2 else (src[0].seq,) if len(src) == 1 else tuple(map(_seq_of, src)) if src else ()
+    except (AttributeError, TypeError):  # a source that isn't a UOp: the checks name it
+      _check(op, dtype, tuple(src), arg)
+      raise
+    key = (op, dtype._key, sk, arg, tag) if type(arg) is not float or (arg != 0.0 and arg == arg) else _float_key(op, dtype._key, sk, arg, tag)
     if (ref := _nodes_get(key)) is not None and (node := ref()) is not None: return node
     if type(src) is not tuple: src = tuple(src); return UOp(op, dtype, src, arg, tag)
     if src or op in _CHECKED_LEAVES: _check(op, dtype, src, arg)
@@ -338,6 +344,11 @@ _set_op, _set_dtype, _set_src, _set_arg, _set_tag, _set_cache, _set_key, _set_se
 _nodes = UOp._nodes  # (module globals: read on every node construction)
 _nodes_get, _new_node, _weakref = _nodes.get, object.__new__, weakref.ref
 _seq = itertools.count()  # creation order: a graph only contains nodes created before its root (nodes are immutable)
+# The hash-cons key names a node's sources by their creation numbers, never reused, rather than holding the nodes: a
+# key in the (global) table holding its sources would make every node below a live one reachable from a global root,
+# so a cycle through a node's cache (a buffer's pending writes, which reference the buffer) could never be collected.
+# A live node's sources are alive, so its key is exact; a dead node's key is dropped with it.
+_seq_of = operator.attrgetter("seq")
 SymbolicDim.register(UOp)  # a UOp is a valid (symbolic) dimension for the movement mixin's shape checks
 
 
@@ -347,7 +358,8 @@ def elementwise(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple | None
   and device memoized when the node is new: (node, its new cache dict) or (node, None) when the node existed already.
   The same hash-consing as `UOp.__new__` (the key of a node with no tag and no float arg), without `_check`."""
   if type(arg) is float: return UOp(op, dtype, src, arg), None  # (-0.0 and nan keys: the general constructor)
-  key = (op, dtype._key, src, arg, None)
+  sk = (src[0].seq, src[1].seq) if len(src) == 2 else (src[0].seq,) if len(src) == 1 else tuple(map(_seq_of, src))
+  key = (op, dtype._key, sk, arg, None)
   if (ref := _nodes_get(key)) is not None and (node := ref()) is not None: return node, None
   node = _new_node(UOp)
   _set_op(node, op); _set_dtype(node, dtype); _set_src(node, src); _set_arg(node, arg); _set_tag(node, None)
