@@ -337,7 +337,8 @@ def choose_opts(ast: UOp, upcast_max: int, split_reduce: bool = True, lanes: int
   opts: list[Opt] = (vector_opts(ast, lanes, regs, dots) or []) if lanes >= 2 else []
   if not split_reduce and all(o.kind in ("VECTOR", "SPLIT") and ranges_of(ast)[o.rid].arg[1] == "reduce" for o in opts) and \
      not (dots and any(group_dot_range(n, dots) is not None for n in reduces)) and not _streams_against_shared(reduce_loads(ast), glbl) \
-     and not any(n.arg is Ops.ADD and n.src[0].op is Ops.MUL and _trips(n) >= LONG_FMA_CHAIN for n in reduces):
+     and not any(n.arg is Ops.ADD and n.src[0].op is Ops.MUL and _trips(n) >= LONG_FMA_CHAIN for n in reduces) \
+     and not any(n.arg is Ops.MAX for n in reduces):
     opts = []  # a streaming reduce (nothing to register-block): the compiler's loop vectorizer does the same, and better
     #          (not a group dot's: the compiler has no DOT2/DOT4; nor a matvec's: its scalar upcasts ran 4x slower; nor a
     #          sum of products: the renderer contracts it into an fma chain, which the vectorizer may not reorder: a
