@@ -306,10 +306,30 @@ pm_lanes_pre = PatternMatcher([
 
 # ----- post-order rules: a node's sources are expanded (vector or lanes form) -----
 
+_MASK_LANES = (dtypes.float32, dtypes.int32, dtypes.uint32)  # 32-bit lanes: their comparisons give 32-bit masks
+
+
+def _mask_op(ctx: _LaneCtx, n: UOp) -> UOp | None:
+  """A comparison of 32-bit lanes, a bool AND/OR/XOR, a WHERE selecting 32-bit or bool lanes, or a CAST between bool
+  and float32/int32, as one vector op over masks (a bool vector is a mask of 32-bit lanes), where the renderer has
+  vector comparisons and selects (CMPLT, CMPNE, CMPEQ and WHERE in its `vector_ops`). None otherwise."""
+  if n.op not in ctx.vops: return None
+  src = [s.dtype.scalar() for s in n.src]
+  if n.op in GroupOp.Comparison: ok = src[0] in _MASK_LANES and src[1] == src[0]
+  elif n.op in (Ops.AND, Ops.OR, Ops.XOR): ok = n.dtype == dtypes.bool
+  elif n.op is Ops.WHERE: ok = src[0] == dtypes.bool and (n.dtype in _MASK_LANES or n.dtype == dtypes.bool)
+  elif n.op is Ops.CAST:
+    ok = (src[0] == dtypes.bool and n.dtype in (dtypes.float32, dtypes.int32)) or (src[0] in _MASK_LANES and n.dtype == dtypes.bool)
+  else: ok = False
+  if not ok: return None
+  return _wrap(UOp(n.op, n.dtype.vec(ctx.k), tuple(ctx.vec(s, s.dtype.scalar()) for s in n.src), n.arg), n.dtype)
+
+
 def _alu(ctx: _LaneCtx, n: UOp) -> UOp | None:
   """An ALU op, CAST or BITCAST over expanded sources: one vector op where the target has it for these dtypes
-  (lane-invariant sources broadcast), else lane by lane."""
+  (lane-invariant sources broadcast; bools as masks, `_mask_op`), else lane by lane."""
   if n.dtype.count != 1 or not _expanded(n): return None
+  if (m := _mask_op(ctx, n)) is not None: return m
   s0 = _form(n.src[0])
   if n.op is Ops.CAST and n.dtype == dtypes.float32 and s0.dtype == dtypes.float16.vec(ctx.k) and s0.op is not Ops.VECTORIZE:
     return _wrap(UOp(Ops.CAST, n.dtype.vec(ctx.k), (s0,)), n.dtype)   # a float16 vector load (f16_vectors) converted as a whole

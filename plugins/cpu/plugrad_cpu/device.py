@@ -311,8 +311,26 @@ def _vec(fn):  # a rule for vector values only
   return lambda ctx, x: fn(ctx, x, [ctx.r[s] for s in x.src]) if x.dtype.count > 1 else None
 
 
+def _mask_rule(ctx, x: UOp) -> str | None:
+  """Bool vectors are masks of 32-bit lanes (all ones: true), codegen/vectorize.py `_mask_op`: a WHERE over a mask
+  selects bits, a CAST from one converts its negation (1 or 0 a lane), a CAST to one compares with 0, and a lane of
+  one reads as a C truth value."""
+  if x.op is Ops.GEP and x.src[0].dtype.scalar() == dtypes.bool and x.src[0].dtype.count > 1: return f"({ctx.r[x.src[0]]}[{x.arg[0]}]!=0)"
+  if x.dtype.count == 1: return None
+  a = [ctx.r[s] for s in x.src]
+  if x.op in GroupOp.Comparison: return ctx.code_for_op[x.op](*a)   # C vector comparisons give -1/0 lanes
+  if x.op is Ops.WHERE and x.src[0].dtype.count > 1:
+    if x.dtype.scalar() == dtypes.bool: return f"(({a[1]}&{a[0]})|({a[2]}&~{a[0]}))"
+    m, t = ctx.ctype(x.src[0].dtype), ctx.ctype(x.dtype)
+    return f"(({t})(((({m}){a[1]})&{a[0]})|((({m}){a[2]})&~{a[0]})))"
+  if x.op is Ops.CAST and x.src[0].dtype.scalar() == dtypes.bool: return f"__builtin_convertvector(-{a[0]}, {ctx.ctype(x.dtype)})"
+  if x.op is Ops.CAST and x.dtype.scalar() == dtypes.bool: return f"({a[0]}!=0)"
+  return None
+
+
 pm_clang = PatternMatcher([
   (UPat(Ops.RANGE, name="x"), _loop),
+  (UPat((Ops.GEP, Ops.WHERE, Ops.CAST, *GroupOp.Comparison), name="x"), _mask_rule),
   (UPat(Ops.INDEX, name="x"), _displaced_index),
   (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), allow_any_len=True, name="x"), _prefetched_load),
   # vector helpers of the prelude (_vector_prelude): fused multiply-add, NaN-propagating max, exp2 lane by lane
@@ -341,17 +359,25 @@ class ClangRenderer(CStyleRenderer):
     pad_windows=True,  # a conv's input padded once into a buffer: its taps then load without bounds tests (+12-30%)
     upcast_max=64,  # accumulators per loop iteration (32 AVX-512 or 16 AVX2 vector registers)
     dot2=True,  # WMMA "DOT2" (pairwise int16 multiply-add) on vectors: pg_dot2_T, pmaddwd on x86
-    vector_ops=DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC})  # the rest lane by lane in C
+    vector_ops=DEFAULT_VECTOR_OPS | {Ops.MAX, Ops.EXP2, Ops.SQRT, Ops.LOG2, Ops.SIN, Ops.TRUNC,   # the rest lane by lane in C
+                                     Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE})  # comparisons give masks (see _mask_rule)
   prefetch_bytes = getenv("PREFETCH_BYTES", 4096)  # software prefetch distance of streamed loads (0: none), see _prefetched_load
   prefetch_trips = getenv("PREFETCH_TRIPS", 16)  # strided loads: prefetch this many reduce-loop trips ahead (0: none)
   unroll_sliding = getenv("UNROLL_SLIDING", 0)  # 1: let the compiler unroll the loops `sliding_loops` finds
 
   def vector_type(self, dt: DType) -> str:
     if dt.scalar() in self.emulated: return self.vector_type(dtypes.float32.vec(dt.count))   # emulated values are floats
+    if dt.scalar() == dtypes.bool:   # a mask of 32-bit lanes (_mask_rule)
+      self._vtypes[name := f"pg_mask{dt.count}"] = ("int", 4 * dt.count)
+      return name
     if dt.itemsize & (dt.itemsize - 1): raise NotImplementedError(f"vector type {dt} is not a power-of-two number of bytes")
     name = f"pg_{self.ctype(dt.scalar()).replace(' ', '_')}{dt.count}"
     self._vtypes[name] = (self.ctype(dt.scalar()), dt.itemsize)
     return name
+
+  def vector_literal(self, dt: DType, lanes: list[str]) -> str:
+    if dt.scalar() == dtypes.bool: return f"(-{super().vector_literal(dt, lanes)})"   # truth values 1/0 -> masks -1/0
+    return super().vector_literal(dt, lanes)
 
   def vector_from_storage(self, name: str, addr: str, dt: DType) -> str:
     """float16 lanes converted in hardware through clang's storage-only __fp16 vectors (vcvtph2ps with F16C; CPUDevice
