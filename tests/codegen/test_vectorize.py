@@ -552,3 +552,24 @@ def test_integer_comparisons_select_in_vector_lanes(dt):
   got, src = run(((ta < tb).where(ta, tb) // 4).sum(1))
   assert "pg_mask16" in src
   np.testing.assert_array_equal(got, (np.where(a < b, a, b) // 4).sum(1, dtype=dt))
+
+
+@pytest.mark.parametrize("red", ["max", "sum"])
+def test_upcast_outputs_share_one_horizontal_step(red: str):
+  # a reduce in vector lanes with an upcast output axis: the copies' accumulators are folded together, two at a time
+  # (_joint_horizontal), and lane i of the result is copy i's; NaN, infinities and signed zeros go through every level
+  x = specials(4, 1536)
+  t = Tensor(x).realize().reshape(4, 48, 32).abs()
+  t = t.max(-1) if red == "max" else t.sum(-1)
+  rngs = ranges_of(t.schedule(optimize=False)[-1].ast)
+  red_id = next(k for k, r in rngs.items() if r.arg[1] == "reduce")
+  out_id = max(k for k, r in rngs.items() if r.arg[1] == "global")
+  with np.errstate(invalid="ignore"):
+    want = np.abs(x).reshape(4, 48, 32).max(-1) if red == "max" else np.abs(x).reshape(4, 48, 32).sum(-1)
+  for up in (2, 8, 16):
+    got, src = run(t, [Opt("VECTOR", red_id, 16), Opt("UPCAST", out_id, up)])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    body = [ln.strip() for ln in src.splitlines() if ln.strip().startswith(("pg_float", "float "))]
+    ops = sum(("pg_max_pg_float" in ln) if red == "max" else ("+" in ln.split("=", 1)[-1]) for ln in body)
+    # up accumulations, then up - 1 pairings and the folds left: not a 4-level tree per copy (up + 4*up ops)
+    assert ops <= 2 * up + 4, (up, ops)

@@ -128,6 +128,24 @@ class _LaneCtx:
     self.patterns: dict[UOp, tuple[str, UOp]] = {}
     self.dep: dict[UOp, bool] = {lane: True}
     self.closers: set[UOp] = set()   # REDUCEs over the lane: their results don't vary with it
+    self.siblings: dict[UOp, tuple[UOp, ...]] = {}   # closer -> the closers whose lanes are combined with its (`_reduce`)
+    self.joint: dict[tuple[UOp, ...], UOp] = {}
+
+  def find_siblings(self, ast: UOp) -> None:
+    """Group the closers that reduce the same op over the same ranges, each on its own (no ADD/MUL/MAX of such
+    REDUCEs combines it first, `_tree`), in groups of a power of two up to the lane count: their lanes are combined
+    together (`_joint_horizontal`)."""
+    inner = {s for n in ast.toposort() if n.op in (Ops.ADD, Ops.MUL, Ops.MAX) for s in n.src if s.op is Ops.REDUCE and s.arg is n.op}
+    groups: dict[tuple, list[UOp]] = {}
+    for n in sorted(self.closers, key=lambda x: x.seq):
+      if n not in inner and n.arg in (Ops.ADD, Ops.MUL, Ops.MAX) and self.vec_dtype_ok(n.dtype):
+        groups.setdefault((n.arg, n.dtype, n.src[1:]), []).append(n)
+    for g in groups.values():
+      while len(g) >= 2:
+        m = 1 << min(len(g).bit_length() - 1, self.k.bit_length() - 1)
+        if m >= 2:
+          for n in (t := tuple(g[:m])): self.siblings[n] = t
+        g = g[m:]
 
   def depends(self, n: UOp) -> bool:
     """Whether `n` varies with the lane (a REDUCE over the lane range doesn't)."""
@@ -259,11 +277,44 @@ def _store(ctx: _LaneCtx, st: UOp) -> UOp | None:
   return store_group(st.replace(src=(ctx.at(ix, i), _lane_of(val, i), *st.src[2:]), tag=_LANE) for i in range(ctx.k))
 
 
+def _joint_horizontal(accs: list[UOp], op: Ops) -> UOp:
+  """The lanes of each of g vector accumulators (g a power of two, at most their width W) combined with `op`, all at
+  once: a W-wide vector of lanes from two accumulators' lower halves meets one of their upper halves, so each op folds
+  two accumulators at a time; once one vector holds all g, its groups fold in place. Lane i of the result is
+  accumulator i's. One op a level instead of one per accumulator (16 lanes, 8 accumulators: 11 ops against 32)."""
+  W = accs[0].dtype.count
+  sc = accs[0].dtype.scalar()
+  def gep(v: UOp, i: int) -> UOp: return UOp(Ops.GEP, sc, (v,), (i,))
+  items = [(a, 1) for a in accs]   # (vector, number of accumulators in it); each holds W // g partials of each
+  while len(items) > 1:
+    nxt = []
+    for (a, g), (b, _) in zip(items[0::2], items[1::2]):
+      p = W // g
+      lo = [gep(v, j * p + i) for v in (a, b) for j in range(g) for i in range(p // 2)]
+      hi = [gep(v, j * p + p // 2 + i) for v in (a, b) for j in range(g) for i in range(p // 2)]
+      nxt.append((UOp(op, sc.vec(W), (UOp(Ops.VECTORIZE, sc.vec(W), tuple(lo)), UOp(Ops.VECTORIZE, sc.vec(W), tuple(hi)))), 2 * g))
+    items = nxt
+  v, g = items[0]
+  while (w := v.dtype.count) > g:
+    p = w // g
+    lo = [gep(v, j * p + i) for j in range(g) for i in range(p // 2)]
+    hi = [gep(v, j * p + p // 2 + i) for j in range(g) for i in range(p // 2)]
+    v = UOp(op, sc.vec(w // 2), (UOp(Ops.VECTORIZE, sc.vec(w // 2), tuple(lo)), UOp(Ops.VECTORIZE, sc.vec(w // 2), tuple(hi))))
+  return v
+
+
 def _reduce(ctx: _LaneCtx, n: UOp) -> UOp | None:
-  """A REDUCE over the lane: its vector accumulator's lanes combined (or its lanes' partial results added up); a
-  group dot (not over the lane) as a WMMA DOT2/DOT4."""
+  """A REDUCE over the lane: its vector accumulator's lanes combined (with its siblings', `_LaneCtx.siblings`: the
+  copies of an upcast output axis), or its lanes' partial results added up; a group dot (not over the lane) as a
+  WMMA DOT2/DOT4."""
   if n.tag is not None: return None
   if n in ctx.closers:
+    if (sib := ctx.siblings.get(n)) is not None:
+      if (j := ctx.joint.get(sib)) is None:
+        accs = [ctx.reduce_vector(m) for m in sib]
+        if any(a is None for a in accs): ctx.siblings = {k: v for k, v in ctx.siblings.items() if v is not sib}
+        else: j = ctx.joint[sib] = _joint_horizontal(accs, n.arg)   # type: ignore[arg-type]
+      if j is not None: return UOp(Ops.GEP, n.dtype, (j,), (sib.index(n),))
     if (acc := ctx.reduce_vector(n)) is not None: return _horizontal(acc, n.arg)
     return ctx.deferred(n, n.dtype, _LANE_PARTS)
   return _group_dot(ctx, n) if ctx.dots and ctx.depends(n) else None
@@ -429,5 +480,6 @@ def vectorize(ast: UOp, vector_ops: frozenset[Ops] = DEFAULT_VECTOR_OPS, dots: D
   for lane in lanes:  # several lanes only in separate reduces (opt.py checks)
     ctx = _LaneCtx(lane, vector_ops, dots, f16)
     ctx.closers = {n for n in ast.toposort() if n.op is Ops.REDUCE and lane in n.src[1:]}  # lane-invariant results
+    ctx.find_siblings(ast)
     ast = _expand_lane(ast, ctx)
   return graph_rewrite(ast, pm_absorb_add, name="dot accumulators") if lanes and dots else ast
