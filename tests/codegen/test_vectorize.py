@@ -527,30 +527,32 @@ def specials(*shape: int) -> np.ndarray:
   return x.reshape(shape)
 
 
-def test_comparisons_and_selects_in_vector_lanes():
+@pytest.mark.parametrize("lanes,regs", [(8, 16), (16, 32)])   # AVX2- and AVX-512-shaped records
+def test_comparisons_and_selects_in_vector_lanes(lanes: int, regs: int):
   # comparisons of 32-bit lanes are masks and WHERE selects by bits (the CPU renderer's CMPLT/CMPNE/CMPEQ/WHERE
   # vector ops): abs (two compares, two selects) in a block max ran lane by lane before
   x, y = specials(4, 64), specials(4, 64)[::-1].copy()
-  got, src = run(Tensor(x).realize().reshape(4, 2, 32).abs().max(-1))
-  assert "pg_mask16" in src and "pg_float16" in src
+  got, src = run(Tensor(x).realize().reshape(4, 2, 32).abs().max(-1), vector_lanes=lanes, vector_regs=regs)
+  assert f"pg_mask{lanes}" in src and f"pg_float{lanes}" in src
   np.testing.assert_array_equal(got, np.abs(x).reshape(4, 2, 32).max(-1))
   tx, ty = Tensor(x).realize(), Tensor(y).realize()
   with np.errstate(invalid="ignore"):
     want = (np.where(x < y, x, y) + (x > 0) + np.where(((x > 0) & (y < 0)) | (x == y), 1.0, 2.0) + (x != 0)).sum(1)
   got, src = run(((tx < ty).where(tx, ty) + (tx > 0).cast(dtypes.float32) + (((tx > 0) & (ty < 0)) | (tx == ty)).where(1.0, 2.0)
-                  + tx.cast(dtypes.bool).cast(dtypes.float32)).sum(1))
-  assert "pg_mask16" in src
+                  + tx.cast(dtypes.bool).cast(dtypes.float32)).sum(1), vector_lanes=lanes, vector_regs=regs)
+  assert f"pg_mask{lanes}" in src
   np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-6)
 
 
+@pytest.mark.parametrize("lanes,regs", [(8, 16), (16, 32)])
 @pytest.mark.parametrize("dt", [np.int32, np.uint32])
-def test_integer_comparisons_select_in_vector_lanes(dt):
+def test_integer_comparisons_select_in_vector_lanes(dt, lanes: int, regs: int):
   rng = np.random.default_rng(1)
   a, b = (rng.integers(0, 2**31 - 1, (8, 64)).astype(dt) for _ in range(2))
   a[0, :8] = np.iinfo(dt).max
   ta, tb = Tensor(a).realize(), Tensor(b).realize()
-  got, src = run(((ta < tb).where(ta, tb) // 4).sum(1))
-  assert "pg_mask16" in src
+  got, src = run(((ta < tb).where(ta, tb) // 4).sum(1), vector_lanes=lanes, vector_regs=regs)
+  assert f"pg_mask{lanes}" in src
   np.testing.assert_array_equal(got, (np.where(a < b, a, b) // 4).sum(1, dtype=dt))
 
 
