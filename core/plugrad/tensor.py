@@ -49,8 +49,7 @@ class _PendingAssigns:
   def __init__(self) -> None:
     self._bufs: weakref.WeakSet[UOp] = weakref.WeakSet()
     self.data = self._bufs.data  # the weak references themselves: empty exactly when no write is pending (a cheap test)
-  def __bool__(self) -> bool: return bool(self._bufs)
-  def __len__(self) -> int: return len(self._bufs)
+  def __len__(self) -> int: return len(self._bufs)   # (also its truth value)
   def __getitem__(self, b: UOp) -> list[UOp]: return b._cache["pending"]
   def get(self, b: UOp, default: Any = ()) -> list[UOp]:
     return c.get("pending", default) if (c := b._cache) is not None else default

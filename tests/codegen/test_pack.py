@@ -4,6 +4,8 @@ TinyJit capture and replay of the pair, the scratch placed like any intermediate
 and the same plan run on the PYTHON device (pack kernel and main kernel as plain loops)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -386,7 +388,6 @@ def test_expression_weight_not_packed_for_few_rows_when_its_columns_are_split(la
 def small_l3(cpu_host):
   """The CPU device as an AVX2, then an AVX-512 host (`cpu_host`) with a 256 KiB L3, so small matmuls take the
   chunked path (the fixture restores the record and forgets the schedules made with it)."""
-  import dataclasses
   ren = Device["CPU"].renderer
   ren.caps = dataclasses.replace(ren.caps, cache_bytes=(32 << 10, 128 << 10, 256 << 10))
   yield
@@ -401,7 +402,6 @@ def test_skinny_matmul_packs_in_chunks_of_the_reduce_axis_on_both_hosts(cpu_host
   """32 x 4096 x 4096 with a 32 MiB L3: the 64 MiB packed B is packed and summed in 16 chunks of 256 rows (4 MiB, an
   eighth of L3) on AVX2 and AVX-512 records; a square 4096 product isn't chunked (its output's extra round trips
   would cost more), nor is a product whose packed operand fits in half of L3, nor one on a host of unknown L3."""
-  import dataclasses
   caps = dataclasses.replace(Device["CPU"].renderer.caps, cache_bytes=(32 << 10, 512 << 10, 32 << 20))
   assert chunk_arg(32, 4096, 4096, caps) == (16,)
   assert chunk_arg(4096, 4096, 4096, caps) == ()
@@ -494,7 +494,6 @@ def test_row_operand_with_page_aliased_rows_is_packed_too(cpu_host):
   """A's rows 4 KiB apart (K = 1024, 2048 floats) put the tile's rows in the same cache sets: A is packed as well, on
   AVX2 and AVX-512 records. Not for rows 2 KiB apart (K = 512), nor where L3 row blocking streams A (4096 square, A
   over half of L3), nor for a chunked product (a pack a chunk would cost a launch a chunk); values stay right."""
-  import dataclasses
   caps = dataclasses.replace(Device["CPU"].renderer.caps, cache_bytes=(32 << 10, 512 << 10, 32 << 20))
   assert pack_ids(1024, 1024, 1024, caps) == [0, 1] and pack_ids(2048, 2048, 2048, caps) == [0, 1]
   assert pack_ids(512, 512, 512, caps) == [1]

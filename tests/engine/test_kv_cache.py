@@ -1,9 +1,14 @@
 """In-place slice assign for KV caches: symbolic start/T, seen by later reads in the same graph, no full-buffer copies,
 and the same results under TinyJit as without it."""
+import gc
+import weakref
+
 import numpy as np
 
 from plugrad import Tensor, TinyJit, Variable
+from plugrad import tensor as tensor_module
 from plugrad.codegen import kernel_name
+from plugrad.engine import plan
 from plugrad.uop.buffers import buffer_of
 
 MAXT, D = 16, 4
@@ -77,7 +82,6 @@ def test_realizing_an_assign_runs_only_earlier_writes():
 
 
 def _collect() -> None:
-  import gc
   for _ in range(3): gc.collect()
 
 
@@ -85,8 +89,6 @@ def test_a_discarded_buffer_takes_its_pending_writes_with_it():
   # a model thrown away with unrealized in-place updates (BatchNorm's running statistics in training mode, a KV cache
   # written but never read): nothing can read the buffer any more, so it and its writes must be freed, not kept
   # forever (and while a write is pending every realize skips the plan cache's fast path)
-  import weakref
-  from plugrad import tensor as tensor_module
   c = Tensor(np.zeros(4, np.float32))  # (not a realize plan's output: a plan keeps its last output for reuse)
   c[0:2].assign(Tensor([1.0, 2.0]) * 3)
   c.assign(c * 2)
@@ -114,7 +116,6 @@ def test_a_write_survives_its_own_tensor_while_the_buffer_lives():
 def test_a_pending_write_elsewhere_leaves_the_plan_path_open():
   # while a write into one buffer waits, realizes that don't read that buffer still run their cached plans; one that
   # reads it runs the write first
-  from plugrad.engine import plan
   a, b = Tensor(np.arange(4, dtype=np.float32)), Tensor(np.ones(4, np.float32))
   (a + b).realize(); (a + b).realize()  # the structure's plan is built
   b[0:1].assign(Tensor([5.0]))
