@@ -1,5 +1,5 @@
-"""The expand pass (codegen/expand.py): UPCAST, UPCAST_OVERLAP, SPLIT and UNROLL only split and retype a range (a new
-range marked "upcast" or "unroll"); the pass makes the copies, in the order the optimizations marked them, also for a
+"""The expand pass (codegen/expand.py): UPCAST, UPCAST_OVERLAP, SPLIT, UNROLL and FOLD only split and retype a range (a
+new range marked "upcast", "unroll" or "fold"); the pass makes the copies, in the order the optimizations marked them, also for a
 kind registered from this file alone."""
 from __future__ import annotations
 
@@ -66,6 +66,25 @@ def test_split_and_unroll_mark_a_reduce_range(kind, amount, reduces):
   assert _count(done, Ops.REDUCE) == reduces and not any(is_copy_range(n) for n in done.toposort())
   np.testing.assert_allclose(_run_cpu(it, [Opt(kind, r.arg[0], amount)]), a.sum(axis=1), rtol=1e-5, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("kind,reduces,accumulators", [("UNROLL", 3, 3), ("FOLD", 1, 1)])
+def test_fold_keeps_one_accumulator_where_unroll_makes_one_a_copy(kind, reduces, accumulators):
+  """A short reduce range next to a longer one (a convolution's tap axis inside its channel loop): UNROLL makes one
+  REDUCE, and so one accumulator, per copy; FOLD sums the copies inside one REDUCE over the other range, so a register
+  tile's accumulators each take the k copies a trip instead of the tile growing k-fold (an AVX-512 conv tile of 14
+  accumulators became 126 and spilled: 62 ms against 22 unrolled by clang). Same values either way."""
+  a = RNG.standard_normal((8, 16, 3)).astype(np.float32)
+  it = _kernel(Tensor(a).realize().sum(axis=(1, 2)))
+  short = next(r for r in _ranges(it.ast, "reduce") if r.src[0].arg == 3)
+  marked = apply_opt(it.ast, Opt(kind, short.arg[0], 3))
+  assert [x.arg[2:] for x in marked.toposort() if is_copy_range(x)] == [("unroll",) if kind == "UNROLL" else ("fold",)]
+  done = expand(marked)
+  assert _count(done, Ops.REDUCE) == reduces and not any(is_copy_range(n) for n in done.toposort())
+  spec = get_program(it.ast, Device["CPU"].renderer, [Opt(kind, short.arg[0], 3)])
+  assert _count(UOp(Ops.SINK, dtypes.void, tuple(spec.uops)), Ops.DEFINE_REG) == accumulators
+  np.testing.assert_allclose(_run_cpu(it, [Opt(kind, short.arg[0], 3)]), a.sum(axis=(1, 2)), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="FOLD must cover"): apply_opt(it.ast, Opt("FOLD", short.arg[0], 1))
 
 def _store_offsets(ast: UOp) -> list[int]:
   """Each store's flat output index with every loop at 0."""

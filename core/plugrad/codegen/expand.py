@@ -6,7 +6,9 @@ retype its inner part, a new RANGE of size k whose arg is `(id, kind, mark)`:
   (id, "global", "upcast")   the kernel's STOREs are replicated k times, the range replaced by 0..k-1 in each copy
                              (k outputs a loop iteration: a register tile's rows or columns);
   (id, "reduce", "unroll")   each REDUCE over it becomes op(REDUCE(x[0]), ..., REDUCE(x[k-1])) over its other ranges,
-                             or the op chain itself when none is left (SPLIT: k accumulators; UNROLL: no loop).
+                             or the op chain itself when none is left (SPLIT: k accumulators; UNROLL: no loop);
+  (id, "reduce", "fold")     each REDUCE over it becomes REDUCE(op(x[0], ..., x[k-1])) over its other ranges (FOLD:
+                             one accumulator that takes the k copies each trip), or the op chain when none is left.
 
 `expand` turns the marks into copies in the order they were made (copy ranges are numbered -1, -2, ...), then
 simplifies, so the kernel is what applying the same Opts one by one with their copies made at once gave (byte for byte
@@ -30,7 +32,7 @@ from plugrad.uop.rewrite import graph_rewrite
 from plugrad.uop.symbolic import _collect, _sum, pm_symbolic
 from plugrad.uop.upat import PatternMatcher, UPat
 
-COPY_MARKS = ("upcast", "unroll")   # range marks the expand pass replaces by copies ("vector" lanes: codegen/vectorize.py)
+COPY_MARKS = ("upcast", "unroll", "fold")   # range marks the expand pass replaces by copies ("vector" lanes: codegen/vectorize.py)
 
 
 def is_copy_range(r: UOp) -> bool: return r.op is Ops.RANGE and len(r.arg) > 2 and r.arg[2] in COPY_MARKS
@@ -126,8 +128,9 @@ def _unroll_reduce(ctx: UOp, red: UOp) -> UOp | None:
   if m not in red.src[1:]: return None
   rest = tuple(r for r in red.src[1:] if r is not m)
   parts = [red.src[0].substitute({m: UOp.const(dtypes.index, i)}, walk=True) for i in range(m.src[0].arg)]
-  parts = [UOp(Ops.REDUCE, red.dtype, (p, *rest), red.arg) for p in parts] if rest else parts
-  return functools.reduce(lambda a, b: UOp(red.arg, red.dtype, (a, b)), parts)
+  def chain(xs: list[UOp]) -> UOp: return functools.reduce(lambda a, b: UOp(red.arg, red.dtype, (a, b)), xs)
+  if rest and m.arg[2] == "fold": return UOp(Ops.REDUCE, red.dtype, (chain(parts), *rest), red.arg)   # one accumulator
+  return chain([UOp(Ops.REDUCE, red.dtype, (p, *rest), red.arg) for p in parts] if rest else parts)
 
 
 pm_unroll_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _unroll_reduce)])  # ctx: the marked range
@@ -161,7 +164,7 @@ pm_copy_stores = PatternMatcher([(UPat(Ops.STORE, name="st"), _copy_store)])  # 
 
 def _expand_one(ast: UOp, m: UOp) -> UOp:
   """`ast` with the marked range `m` replaced by its copies (see the module docstring)."""
-  if m.arg[2] == "unroll": return graph_rewrite(ast, pm_unroll_reduce, ctx=m, name="unroll reduce")
+  if m.arg[2] in ("unroll", "fold"): return graph_rewrite(ast, pm_unroll_reduce, ctx=m, name=f"{m.arg[2]} reduce")
   return graph_rewrite(ast, pm_flatten_stores, ctx=m, bpm=pm_copy_stores, walk=True, name="copy stores")
 
 

@@ -10,7 +10,11 @@ of its variables, such as `8*T`), into an outer loop `r'` of size N/k and an inn
 - SPLIT a reduce range: REDUCE(x, r) becomes REDUCE(x, r', i) with i marked "unroll"; the expand pass makes it
   op(REDUCE(x[i=0], r'), ..., REDUCE(x[i=k-1], r')): k accumulators that break the add dependency chain (the
   linearizer runs REDUCEs over the same ranges in one loop).
-- UNROLL a small reduce range (k = N): the range is marked "unroll" whole, and the REDUCE becomes an op chain.
+- UNROLL a small reduce range (k = N): the range is marked "unroll" whole, and the REDUCE becomes an op chain (with
+  other reduce ranges left: k REDUCEs over them, k accumulators, as SPLIT).
+- FOLD a small reduce range (k = N) into the body of the REDUCE over its other ranges, marked "fold": one REDUCE of the
+  op chain of the k copies, so one accumulator takes k updates a trip (a convolution's 3x3 taps: each of a register
+  tile's accumulators gets 9 FMAs a channel step, where UNROLL would give each tap its own accumulator, 9x the tile).
 - VECTOR a global or reduce range: the inner part becomes a new RANGE `i` of size k marked as a vector lane
   (arg `(id, kind, "vector")`). The AST stays scalar and valid for every renderer (a lane range is an ordinary
   loop); renderers with vector types (`vector_lanes` > 0) turn it into SIMD values with codegen/vectorize.py.
@@ -141,10 +145,11 @@ def _overlap_amounts(n: int) -> tuple[int, ...]:
 
 
 def _split(ast: UOp, rng: UOp, opt: Opt, caps: Capabilities | None) -> UOp:
-  """SPLIT (k accumulators) and UNROLL (k = the whole range): the inner part is marked "unroll", and the expand pass
-  makes each REDUCE over it k REDUCEs (or, unrolled, the op chain)."""
-  if opt.kind == "UNROLL" and opt.amount != const_end(rng): raise ValueError(f"{opt}: UNROLL must cover the whole range")
-  ctx = (rng, *_marked_split(ast, rng, opt.amount, "unroll"))
+  """SPLIT (k accumulators), UNROLL and FOLD (k = the whole range): the inner part is marked "unroll" ("fold" for
+  FOLD), and the expand pass makes each REDUCE over it k REDUCEs, or the op chain (unrolled; folded: inside one REDUCE
+  over the other ranges)."""
+  if opt.kind != "SPLIT" and opt.amount != const_end(rng): raise ValueError(f"{opt}: {opt.kind} must cover the whole range")
+  ctx = (rng, *_marked_split(ast, rng, opt.amount, "fold" if opt.kind == "FOLD" else "unroll"))
   return simplify(graph_rewrite(ast, pm_split_reduce, ctx=ctx, name=f"{opt.kind.lower()} reduce"))
 
 
@@ -152,6 +157,7 @@ register(OptKind("UPCAST", _upcast, GLOBAL, beam=split_amounts))
 register(OptKind("UPCAST_OVERLAP", _upcast_overlap, GLOBAL, device="cpu", min_amount=2, beam=_overlap_amounts))
 register(OptKind("SPLIT", _split, REDUCE, beam=split_amounts))
 register(OptKind("UNROLL", _split, REDUCE, beam=lambda n: (n,)))
+register(OptKind("FOLD", _split, REDUCE))   # (not a BEAM action: on a kernel's only reduce range it is UNROLL)
 register(OptKind("VECTOR", _vector, ANY_RANGE))
 register(OptKind("OUTER", _outer_loop, GLOBAL, device="cpu", beam=lambda n: (0,)))
 register(OptKind("BLOCK", _block, GLOBAL, device="cpu", beam=split_amounts))
