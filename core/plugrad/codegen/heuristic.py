@@ -48,6 +48,9 @@ TILE_OVERLAP_WASTE = 16  # a tile's rows may overlap the block before when at mo
 PACK_CHUNK_L3_PART = 8  # a packed column operand over L3/2 is packed and used in chunks of at most this part of L3 (as ROW_CHUNK_L3_PART)
 ALIASED_ROW_BYTES = 4096  # a row operand whose rows are a multiple of this apart (a page: same cache sets) is packed too
 PACK_CHUNK_MIN_REDUCE = 64  # and of at least this many reduce steps (each chunk is two launches)
+ROW_BLOCK_L3_PART = 4  # a column-panel matmul whose row operand is over this part of L3 is row-blocked (row_block_opt): the L3 holds A
+#                        alongside the B panels and output columns streaming through it (and other cores' data): 2048^2, A half of a 32 MB L3,
+#                        ran 96-115 ms unblocked against 78-83 blocked (AVX2 code: 163-169 against 83-87) on a Zen 4 VM
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)
 
 
@@ -443,7 +446,7 @@ def _unpack_aliased_rows(ast: UOp, opts: list[Opt]) -> list[Opt]:
 
 def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:
   """Cache blocking of a big column-panel matmul (OUTER: each packed panel of B, K x P, sits in L2 while all rows
-  of A stream past it). When A (M x K) is over half of L3, every panel re-reads it from DRAM; BLOCK the row axis into
+  of A stream past it). When A (M x K) is over L3/ROW_BLOCK_L3_PART, every panel re-reads it from DRAM; BLOCK the row axis into
   chunks of at most L3/ROW_CHUNK_L3_PART bytes of A, outermost, so the panels meet a chunk that is in L3 and each
   panel is re-read once per chunk instead (4096^2 on one core: 135 -> 170 GFLOPS). `l3`: the L3 bytes (0: unknown,
   nothing); ROW_BLOCK=0 turns it off. The BLOCK's rid is the row range's id after the OUTER relabelling."""
@@ -456,7 +459,7 @@ def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:
   row = rngs[rows[0].rid]
   item = max((n.dtype.itemsize for n in ast.toposort() if n.op is Ops.LOAD), default=4)
   a_bytes, row_bytes = const_end(row) * const_end(red[0]) * item, rows[0].amount * const_end(red[0]) * item
-  if a_bytes * 2 <= l3: return None
+  if a_bytes * ROW_BLOCK_L3_PART <= l3: return None
   blocks, chunk = int(row_blocks(rngs, rows, unknown=0)), 1
   cmax = min(blocks - 1, l3 // (row_bytes * ROW_CHUNK_L3_PART))   # the most row blocks a chunk may hold
   while blocks % (chunk * 2) == 0 and chunk * 2 <= cmax: chunk *= 2
@@ -464,6 +467,9 @@ def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:
     # from cmax/2..cmax that leaves the fewest blocks computed twice by an overlapping last chunk
     c = min(range(max(2, cmax // 2), cmax + 1), key=lambda c: (-blocks % c, -c))
     if -blocks % c * TILE_OVERLAP_WASTE <= blocks: chunk = c
+  # the cores split the chunk loop: a few chunks, a count that 4 divides (1, 2 and 4 cores even: 1536^2's 3 chunks on 2
+  # cores took 45 ms against 34 unblocked, 12 chunks 35)
+  while -(-blocks // chunk) < 16 and -(-blocks // chunk) % 4 and chunk % 2 == 0 and chunk >= 4: chunk //= 2
   return Opt("BLOCK", glbl[1].arg[0] if row is glbl[0] else row.arg[0], chunk) if chunk >= 2 else None
 
 
