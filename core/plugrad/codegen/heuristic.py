@@ -48,7 +48,7 @@ TILE_OVERLAP_WASTE = 16  # a tile's rows may overlap the block before when at mo
 PACK_CHUNK_L3_PART = 8  # a packed column operand over L3/2 is packed and used in chunks of at most this part of L3 (as ROW_CHUNK_L3_PART)
 ALIASED_ROW_BYTES = 4096  # a row operand whose rows are a multiple of this apart (a page: same cache sets) is packed too
 PACK_CHUNK_MIN_REDUCE = 64  # and of at least this many reduce steps (each chunk is two launches)
-ROW_BLOCK_L3_PART = 4  # a column-panel matmul whose row operand is over this part of L3 is row-blocked (row_block_opt): the L3 holds A
+ROW_BLOCK_L3_PART = 4  # a column-panel matmul whose row operand is over L3 / this is row-blocked (row_block_opt): the L3 holds A
 #                        alongside the B panels and output columns streaming through it (and other cores' data): 2048^2, A half of a 32 MB L3,
 #                        ran 96-115 ms unblocked against 78-83 blocked (AVX2 code: 163-169 against 83-87) on a Zen 4 VM
 ROW_CHUNK_L3_PART = 8  # a row chunk of a blocked matmul holds this part of L3 (the other cores' chunks and the panels share it)

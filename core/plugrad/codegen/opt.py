@@ -13,8 +13,9 @@ of its variables, such as `8*T`), into an outer loop `r'` of size N/k and an inn
 - UNROLL a small reduce range (k = N): the range is marked "unroll" whole, and the REDUCE becomes an op chain (with
   other reduce ranges left: k REDUCEs over them, k accumulators, as SPLIT).
 - FOLD a small reduce range (k = N) into the body of the REDUCE over its other ranges, marked "fold": one REDUCE of the
-  op chain of the k copies, so one accumulator takes k updates a trip (a convolution's 3x3 taps: each of a register
-  tile's accumulators gets 9 FMAs a channel step, where UNROLL would give each tap its own accumulator, 9x the tile).
+  op chain of the k copies, so one accumulator takes k updates a trip (a convolution's innermost taps: each of a
+  register tile's accumulators gets the 3 taps' FMAs a trip, where UNROLL would give each tap its own accumulator,
+  3x the tile's registers).
 - VECTOR a global or reduce range: the inner part becomes a new RANGE `i` of size k marked as a vector lane
   (arg `(id, kind, "vector")`). The AST stays scalar and valid for every renderer (a lane range is an ordinary
   loop); renderers with vector types (`vector_lanes` > 0) turn it into SIMD values with codegen/vectorize.py.
