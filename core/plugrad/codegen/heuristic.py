@@ -467,9 +467,9 @@ def row_block_opt(ast: UOp, opts: list[Opt], l3: int) -> Opt | None:
     # from cmax/2..cmax that leaves the fewest blocks computed twice by an overlapping last chunk
     c = min(range(max(2, cmax // 2), cmax + 1), key=lambda c: (-blocks % c, -c))
     if -blocks % c * TILE_OVERLAP_WASTE <= blocks: chunk = c
-  # the cores split the chunk loop: a few chunks, a count that 4 divides (1, 2 and 4 cores even: 1536^2's 3 chunks on 2
-  # cores took 45 ms against 34 unblocked, 12 chunks 35)
-  while -(-blocks // chunk) < 16 and -(-blocks // chunk) % 4 and chunk % 2 == 0 and chunk >= 4: chunk //= 2
+  # the cores split the chunk loop: a few exact chunks come in a count that 4 divides (1, 2 and 4 cores even: 1536^2's 3
+  # chunks on 2 cores took 45 ms against 34 unblocked, 12 chunks 35; an overlapping last chunk's size stays as chosen)
+  while blocks % chunk == 0 and blocks // chunk < 16 and (blocks // chunk) % 4 and chunk % 2 == 0 and chunk >= 4: chunk //= 2
   return Opt("BLOCK", glbl[1].arg[0] if row is glbl[0] else row.arg[0], chunk) if chunk >= 2 else None
 
 
