@@ -277,29 +277,25 @@ def _store(ctx: _LaneCtx, st: UOp) -> UOp | None:
   return store_group(st.replace(src=(ctx.at(ix, i), _lane_of(val, i), *st.src[2:]), tag=_LANE) for i in range(ctx.k))
 
 
+def _fold_halves(vs: list[UOp], g: int, op: Ops) -> UOp:
+  """`op` of the lower and upper halves of each of g groups of lanes in vectors `vs` (one, or two of the same width):
+  a vector of half their lanes, the groups kept in order."""
+  w, sc = vs[0].dtype.count, vs[0].dtype.scalar()
+  p, out = w // g, sc.vec(len(vs) * w // 2)
+  def half(off: int) -> UOp:
+    return UOp(Ops.VECTORIZE, out, tuple(UOp(Ops.GEP, sc, (v,), (j * p + off + i,)) for v in vs for j in range(g) for i in range(p // 2)))
+  return UOp(op, out, (half(0), half(p // 2)))
+
+
 def _joint_horizontal(accs: list[UOp], op: Ops) -> UOp:
   """The lanes of each of g vector accumulators (g a power of two, at most their width W) combined with `op`, all at
   once: a W-wide vector of lanes from two accumulators' lower halves meets one of their upper halves, so each op folds
   two accumulators at a time; once one vector holds all g, its groups fold in place. Lane i of the result is
   accumulator i's. 16 lanes and 8 accumulators take 8 ops (7 pairings, 1 fold) against 32 in separate trees."""
-  W = accs[0].dtype.count
-  sc = accs[0].dtype.scalar()
-  def gep(v: UOp, i: int) -> UOp: return UOp(Ops.GEP, sc, (v,), (i,))
   items = [(a, 1) for a in accs]   # (vector, number of accumulators in it); each holds W // g partials of each
-  while len(items) > 1:
-    nxt = []
-    for (a, g), (b, _) in zip(items[0::2], items[1::2]):
-      p = W // g
-      lo = [gep(v, j * p + i) for v in (a, b) for j in range(g) for i in range(p // 2)]
-      hi = [gep(v, j * p + p // 2 + i) for v in (a, b) for j in range(g) for i in range(p // 2)]
-      nxt.append((UOp(op, sc.vec(W), (UOp(Ops.VECTORIZE, sc.vec(W), tuple(lo)), UOp(Ops.VECTORIZE, sc.vec(W), tuple(hi)))), 2 * g))
-    items = nxt
+  while len(items) > 1: items = [(_fold_halves([a, b], g, op), 2 * g) for (a, g), (b, _) in zip(items[0::2], items[1::2])]
   v, g = items[0]
-  while (w := v.dtype.count) > g:
-    p = w // g
-    lo = [gep(v, j * p + i) for j in range(g) for i in range(p // 2)]
-    hi = [gep(v, j * p + p // 2 + i) for j in range(g) for i in range(p // 2)]
-    v = UOp(op, sc.vec(w // 2), (UOp(Ops.VECTORIZE, sc.vec(w // 2), tuple(lo)), UOp(Ops.VECTORIZE, sc.vec(w // 2), tuple(hi))))
+  while v.dtype.count > g: v = _fold_halves([v], g, op)
   return v
 
 
