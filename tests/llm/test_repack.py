@@ -17,8 +17,8 @@ from plugrad import TinyJit
 from plugrad.apps.llm.generate import Generator
 from plugrad.device import Device, canonicalize
 from plugrad.apps.llm.model import Transformer, linear
-from plugrad.apps.llm.quant import (_REPACKABLE, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear, fits_dot4,
-                                    has_dot2, prefers_dot4, repack, row_lanes, rows_linear, vector_lanes)
+from plugrad.apps.llm.quant import (_REPACKABLE, _repack_blocks, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound,
+                                    dot4_linear, fits_dot4, has_dot2, prefers_dot4, repack, row_lanes, row_width, rows_linear, vector_lanes)
 from plugrad.codegen import get_program
 from plugrad.engine.realize import buffer_for, runner_of
 from plugrad.nn.serialize import dequantize
@@ -97,19 +97,21 @@ def bw_sub_block(qtype: str) -> int:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # gguf multiplies nan/inf scales of random blocks
 @pytest.mark.parametrize("qtype", ROW_LANE_TYPES)
+@pytest.mark.parametrize("width", [2, 4])
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example, HealthCheck.data_too_large])
 @given(data=st.data())
-def test_row_lanes_repack_is_bit_exact(qtype, data):
-  """Arbitrary blocks (non-finite scales included) of a weight whose rows fill the lanes, so it is stored output rows in
-  lanes on this host: bit-identical to the `gguf` package's dequantize, the K types' sub-block scales included."""
+def test_row_lanes_repack_is_bit_exact(qtype, width, data):
+  """Arbitrary blocks (non-finite scales included) of a weight stored output rows in lanes, as pairs of codes (int16
+  activations) and as quads of unsigned codes (int8 activations): bit-identical to the `gguf` package's dequantize,
+  the K types' sub-block scales included."""
   elems, tsize = GEOMETRY[qtype]
   rows, row_blocks = row_lanes("CPU"), 2
   raw = data.draw(st.binary(min_size=rows * row_blocks * tsize, max_size=rows * row_blocks * tsize))
   blocks = np.frombuffer(raw, np.uint8).reshape(rows * row_blocks, tsize).copy()
   ref = gguf.quants.dequantize(blocks.reshape(rows, -1), getattr(gguf.GGMLQuantizationType, qtype))
-  w = packed(blocks, qtype, rows)
-  assert blockwise_of(w.uop).rows is not None
-  np.testing.assert_array_equal(bits(w.numpy()), bits(ref), err_msg=f"rows-in-lanes {qtype}")
+  bw = _repack_blocks(blocks, qtype, rows, rows, width)
+  assert bw.rows is not None and bw.rows.width == width
+  np.testing.assert_array_equal(bits(bw.dense().reshape(rows, -1).numpy()), bits(ref), err_msg=f"rows-in-lanes {qtype}")
 
 
 @pytest.mark.parametrize("rows", [8, 16])
@@ -229,11 +231,12 @@ def test_dot4_kernel_multiplies_bytes(qtype, cpu_host):
 
 
 def test_act_bits_chooses_the_product(monkeypatch, cpu_host):
-  """ACT_BITS=8 routes a one-token product of a sub-block-32 weight through `dot4_linear` (the byte dot products both
-  host kinds have: VNNI's vpdpbusd on AVX-512, pmaddubsw on AVX2), the default 16 through the int16 products (DOT2:
+  """ACT_BITS=8 routes a one-token product of a sub-block-32 weight through int8 products (the byte dot products both
+  host kinds have: VNNI's vpdpbusd on AVX-512, pmaddubsw on AVX2: `rows_linear` over quads where the weight is stored
+  rows in lanes, `dot4_linear` elsewhere), the default 16 through the int16 products (DOT2:
   `rows_linear` where the weight is stored rows in lanes, which an AVX2 host's 8 lanes do for 8 rows, `dot2_linear`
-  elsewhere); another value is refused with its name. ACT_BITS is read at load too (the layout), so each setting
-  gets its own weight, as the app loads it."""
+  elsewhere); another value is refused with its name when a weight is loaded. ACT_BITS is read at load (the layout), so
+  each setting gets its own weight, as the app loads it."""
   rows, cols = 8, 256
   dev = "CPU"
   def kernels(w: Tensor) -> str:
@@ -245,11 +248,12 @@ def test_act_bits_chooses_the_product(monkeypatch, cpu_host):
   assert "pg_dot2_" in kernels(w) and "pg_dot4_" not in kernels(w)
   monkeypatch.setenv("ACT_BITS", "8")
   w, ref, _ = quantized_weight("Q4_0", rows, cols, 3)
-  assert blockwise_of(w.uop).rows is None and prefers_dot4(blockwise_of(w.uop), dot4_bound(dev))
+  bw = blockwise_of(w.uop)   # (8 rows: quads of rows in lanes on AVX2, the sub-block layout on AVX-512)
+  assert (bw.rows is not None and bw.rows.width == 4) if cpu_host == "avx2" else (bw.rows is None and prefers_dot4(bw, dot4_bound(dev)))
   assert "pg_dot4_" in kernels(w)
   np.testing.assert_allclose(linear(x, w).numpy()[0, 0], int8_activations(x.numpy(), 32)[0, 0] @ ref.T, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 16)
   monkeypatch.setenv("ACT_BITS", "4")
-  with pytest.raises(ValueError, match="ACT_BITS must be 8 or 16"): linear(x, w)
+  with pytest.raises(ValueError, match="ACT_BITS must be 8 or 16"): quantized_weight("Q4_0", rows, cols, 3)   # at load
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])
@@ -473,6 +477,31 @@ def test_rows_linear_matches_float64(qtype, batch, cpu_host):
   np.testing.assert_array_equal(w.numpy(), ref.astype(np.float32))   # (last: realizing w drops its parts)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("qtype", ROW_LANE_TYPES)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_rows_of_quads_are_w_times_int8_x(qtype, batch, cpu_host, monkeypatch):
+  """With ACT_BITS=8 a weight whose rows fill the lanes is stored as quads of unsigned codes (`RowLanes.width` 4) where
+  the host's byte dot products take its codes: every type on AVX-512 VNNI, all but Q8_0 (codes + 128 reach 255) on
+  AVX2 (pmaddubsw: 127), whose Q8_0 keeps pairs and int16 activations. Still bit-identical to gguf's dequantize; the
+  decode product (`linear` -> `rows_linear`) is exactly w times x quantized to int8 per sub-block (float64 oracle),
+  its kernel multiplying bytes (pg_dot4) for 1 and 4 rows of x."""
+  monkeypatch.setenv("ACT_BITS", "8")
+  w, ref, rng = quantized_weight(qtype, 64, 512, 29)
+  bw, S, L = blockwise_of(w.uop), bw_sub_block(qtype), row_lanes("CPU")
+  W = 4 if qtype != "Q8_0" or cpu_host == "avx512" else 2
+  assert bw.rows is not None and bw.rows.q.shape == (64 // L, 512 // S, S // W, L, W) and row_width("CPU", qtype) == W
+  x = rng.standard_normal((batch, 1, 512)).astype(np.float32)
+  got = linear(Tensor(x), w).numpy()[:, 0]
+  srcs = " ".join(runner_of(it).spec.src for it in linear(Tensor(x), w).schedule() if it.ast.op is Ops.SINK)
+  assert ("pg_dot4_" in srcs) is (W == 4) and ("pg_dot2_" in srcs) is (W == 2)
+  if W == 4:
+    want = int8_activations(x[:, 0], S) @ ref.T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(ref).max() * np.abs(x).max() * np.sqrt(512))
+  else: np.testing.assert_allclose(got, x[:, 0].astype(np.float64) @ ref.T, rtol=1e-4, atol=1e-4 * np.abs(ref).max() * np.sqrt(512))
+  np.testing.assert_array_equal(w.numpy(), ref.astype(np.float32))   # (last: realizing w drops its parts)
+
+
 @pytest.mark.parametrize("rows", [48, 40, 20])
 def test_rows_not_a_multiple_of_the_lanes_keep_the_sub_block_layout(rows, cpu_host):
   """A weight whose row count the lanes don't divide keeps the sub-block layout (20 rows on AVX2's 8 lanes, 40 and 20
@@ -485,9 +514,9 @@ def test_rows_not_a_multiple_of_the_lanes_keep_the_sub_block_layout(rows, cpu_ho
                              atol=1e-4 * np.abs(ref).max() * np.sqrt(256))
 
 
-@pytest.mark.parametrize("env", [{"ROW_LANES": "0"}, {"DOT2": "0"}, {"ACT_BITS": "8"}])
+@pytest.mark.parametrize("env", [{"ROW_LANES": "0"}, {"DOT2": "0"}, {"ROW_LANES": "0", "ACT_BITS": "8"}])
 def test_row_lanes_off(env, monkeypatch):
-  """ROW_LANES=0, DOT2=0 and ACT_BITS=8 (whose products read the sub-block layout) keep the sub-block layout."""
+  """ROW_LANES=0 and DOT2=0 keep the sub-block layout (with ACT_BITS=8 too)."""
   for k, v in env.items(): monkeypatch.setenv(k, v)
   w, _, _ = quantized_weight("Q4_0", 64, 256, 3)
   assert blockwise_of(w.uop).rows is None and row_lanes("CPU") == 0

@@ -31,7 +31,7 @@ from plugrad.tensor import Tensor
 from plugrad.uop.ops import Ops, UOp
 
 from .quant import (REPACK_CHUNK_BYTES, _REPACKABLE, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound, dot4_linear,
-                    has_dot2, prefers_dot4, repack_blocks, repacked, row_lanes, rows_linear, vector_lanes)
+                    has_dot2, prefers_dot4, repack_blocks, repacked, row_lanes, row_width, rows_linear, vector_lanes)
 
 sint = int | UOp
 
@@ -220,10 +220,11 @@ def _one_token(x: Tensor) -> bool: return x.ndim >= 2 and isinstance(x.shape[-2]
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None, dense: UOp | None = None) -> Tensor:
   """x @ w.T (+ b) with w stored (out, in) as in GGUF. One token per row (decode, and the batched decode step) with a
-  block-quantized weight (`repack`): with ACT_BITS=8 on a device with byte dot products (`dot4`) and sub-blocks of 32,
-  x is quantized to int8 per sub-block and multiplied with the unsigned codes (quant.dot4_linear, llama.cpp's
-  numerics); else on one with pairwise int16 multiply-adds (`dot2`), x is quantized to int16 per sub-block and
-  multiplied with the integer codes (quant.dot2_linear; DOT2=0 turns it off); else, for a lone token
+  block-quantized weight (`repack`): a weight stored output rows in lanes goes through quant.rows_linear (int16 x
+  against pairs of codes, or with ACT_BITS=8 int8 x against quads of unsigned codes); else with ACT_BITS=8 on a device
+  with byte dot products (`dot4`) and sub-blocks of 32, x is quantized to int8 per sub-block and multiplied with the
+  unsigned codes (quant.dot4_linear, llama.cpp's numerics); else on one with pairwise int16 multiply-adds (`dot2`), x
+  is quantized to int16 per sub-block and multiplied with the integer codes (quant.dot2_linear; DOT2=0 turns it off); else, for a lone token
   on a device with SIMD lanes, the codes are summed against x per sub-block and the scales applied once per sub-block
   (quant.blockwise_linear). Otherwise one token per row dequantizes inside the matrix-vector product. With more than
   one token the (quantized) weight is read as a float32 (in, out) matrix, the register-blocked form codegen vectorizes:
@@ -231,8 +232,8 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, dense: UOp | None = No
   inside the matmul."""
   static = all(isinstance(s, int) for s in x.shape)
   if _one_token(x) and static and (bw := blockwise_of(w.uop)) is not None and (lanes := vector_lanes(x.device)) >= 4:
-    if activation_bits() == 8 and prefers_dot4(bw, dot4_bound(x.device)): return dot4_linear(x, bw, w.shape[0], lanes, b)
     if bw.rows is not None and has_dot2(x.device): return rows_linear(x, bw, w.shape[0], b)
+    if activation_bits() == 8 and prefers_dot4(bw, dot4_bound(x.device)): return dot4_linear(x, bw, w.shape[0], lanes, b)
     if has_dot2(x.device) and getenv("DOT2", 1): return dot2_linear(x, bw, w.shape[0], lanes, b)
     if x.shape[:-1] == (1,) * (x.ndim - 1): return blockwise_linear(x, bw, w.shape[0], lanes, b)
   if _one_token(x) or is_buffer_view(w.uop): return x.linear(w.transpose(), b)
@@ -363,7 +364,8 @@ def read_weight(fd: int, path: str, u: UOp, device: str) -> UOp:
     if qtype is None: return Tensor(u).realize().uop
     def blocks(start: int, count: int) -> np.ndarray:
       return np.frombuffer(_pread(fd, path, offset + start * tsize, count * tsize), np.uint8).reshape(count, tsize)
-    bw = repack_blocks(blocks, n, tsize, qtype, int(u.shape[0]) if len(u.shape) == 2 else 0, row_lanes(device), device)
+    bw = repack_blocks(blocks, n, tsize, qtype, int(u.shape[0]) if len(u.shape) == 2 else 0, row_lanes(device), device,
+                       row_width(device, qtype))
     return repacked(bw, u.shape)
   t = Tensor.empty(*u.shape, dtype=u.dtype, device=device).realize()
   buf = buffer_for(buffer_of(t.uop))

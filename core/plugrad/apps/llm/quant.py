@@ -14,8 +14,9 @@ sum of x over a sub-block's chunks, instead of every element dequantized (a mult
 its FMA. The sub-block is split into C chunks of L = the device's vector lanes, so the lanes run along l and the short
 chunk loop unrolls (at least 8 wide: at most 4 chunks; SmolLM2 Q4_1 gate/up on AVX2: 72 -> 43 us a call).
 `dot2_linear` does the same in int16 integer products; `rows_linear` over weights stored with output rows in the
-vector lanes (`RowLanes`: Q4_0-Q8_0 and Q4_K-Q6_K where the renderer has dot2) scales a sub-block once for a vector of rows
-(Q4_0-Q8_0's float16 scales of L rows converted in one vector where the renderer has `f16_vectors`: F16C).
+vector lanes (`RowLanes`: Q4_0-Q8_0 and Q4_K-Q6_K where the renderer has dot2; pairs of codes for int16 activations,
+quads of unsigned codes for int8 ones) scales a sub-block once for a vector of rows (Q4_0-Q8_0's float16 scales of L
+rows converted in one vector where the renderer has `f16_vectors`: F16C).
 """
 from __future__ import annotations
 
@@ -111,15 +112,22 @@ def _sub_scales(d: Tensor, codes: np.ndarray | Tensor) -> Tensor:
 @dataclass(frozen=True)
 class RowLanes:
   """A block-affine weight (out, in) with sub-blocks of S laid out for decode products with L output rows in a vector's
-  lanes (`rows_linear`): q (out/L, in/S, S/2, L, 2) int32 codes (an expression of the stored bytes: code pair p of
-  sub-block b of rows g*L..g*L+L-1 side by side, 2L codes one contiguous run with one shift), d and m (out/L, in/S, L)
-  float32 scales and mins (the file's float16 converted at load: a vector load, not L conversions; the constant added
-  to every code is `Blockwise.off`; for Q4_K-Q6_K, expressions: the super-block's float32 scale times the sub-block's
-  byte, both stored in that layout). One pmaddwd / vpdpwssd then multiplies a pair of codes of L rows with a pair of x
-  broadcast to them, and a sub-block's int32 sums are scaled once for L rows."""
+  lanes (`rows_linear`): q (out/L, in/S, S/W, L, W) int32 codes (an expression of the stored bytes: W consecutive codes
+  j of sub-block b of rows g*L..g*L+L-1 side by side, W*L codes one contiguous run with one shift), d and m (out/L,
+  in/S, L) float32 scales and mins (the file's float16 converted at load: a vector load, not L conversions; the
+  constant added to every code is `Blockwise.off`; for Q4_K-Q6_K, expressions: the super-block's float32 scale times
+  the sub-block's byte, both stored in that layout). W = 2 (pairs, int16 activations): one pmaddwd / vpdpwssd
+  multiplies a pair of codes of L rows with a pair of x broadcast to them. W = 4 (quads of unsigned codes, int8
+  activations, `ACT_BITS=8`): one vpdpbusd, or pmaddubsw + pmaddwd, multiplies 4 codes of L rows with 4 bytes of x.
+  A sub-block's int32 sums are scaled once for L rows."""
   q: UOp
   d: UOp
   m: UOp | None = None
+
+  @property
+  def width(self) -> int:
+    """W: the codes of a row a lane holds (2 or 4)."""
+    return self.q.shape[-1]
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,9 @@ _ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K
 # (a 5-bit type here has its fifth bits stored inverted: low nibble - 16 * (1 - fifth bit), a subtraction where an OR
 # and the offset's add were)
 _ROW_LANE_CODES = {"Q6_K": (-32, 31), "Q5_0": (-16, 15)}
+# the quads layout (int8 activations) stores unsigned codes: Q8_0's q + 128, the others their file codes; the constant
+# added to every one
+_QUAD_OFF = {"Q4_0": -8.0, "Q5_0": -16.0, "Q6_K": -32.0, "Q8_0": -128.0}
 REPACK_CHUNK_BYTES = 4 << 20   # raw bytes of a weight repacked at a time (the load's transient memory is a few times this)
 
 
@@ -174,12 +185,12 @@ def _f16(raw: np.ndarray, col: int) -> np.ndarray:
   return np.ascontiguousarray(raw[:, col:col + 2]).view(np.float16)
 
 
-def _host_parts(raw: np.ndarray, qtype: str, rows: int = 0, lanes: int = 0) -> list[np.ndarray]:
+def _host_parts(raw: np.ndarray, qtype: str, rows: int = 0, lanes: int = 0, width: int = 2) -> list[np.ndarray]:
   """The arrays a weight's blocks `raw` (uint8 (n, block bytes)) are stored as, computed on the host: the sub-block
   layout's (`_device_parts`), or with `lanes` the output-rows-in-lanes layout of `rows` rows (`RowLanes`). Every array's
   first axis follows the blocks, so the arrays of consecutive chunks of blocks (whole groups of 8 blocks, or of
   `lanes` rows) are consecutive runs of the whole weight's."""
-  if lanes: return _host_row_lanes(raw, qtype, rows, lanes)
+  if lanes: return _host_row_lanes(raw, qtype, rows, lanes, width)
   if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):   # element i < 16 in byte i's low nibble, 16 + i in its high one
     codes = _block_codes(raw, qtype)
     p = _padded(codes & 15, 2)
@@ -253,11 +264,12 @@ def _k_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
   return q.reshape(-1, 32)
 
 
-def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.ndarray]:
+def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int, W: int = 2) -> list[np.ndarray]:
   """The blocks `raw` (uint8 (out*blocks a row, block bytes)) of `out` rows stored output rows in lanes (`RowLanes`),
-  on the host: per group of L rows and sub-block, the S/2 code pairs of L rows; 4-bit codes: pair j in the low
-  nibbles of a run of 2L bytes, pair j+8 in the high ones; Q5's fifth bits: pair 2u+t in bit u of run t of 2L bytes
-  (Q5_0's inverted, see _ROW_LANE_CODES); Q8_0 and Q6_K: one int8 a code. Q4_0-Q8_0's float16 scales and mins as the
+  on the host: per group of L rows and sub-block, the S/W runs of W codes of L rows (W = 2: pairs; W = 4: quads of
+  unsigned codes, `_QUAD_OFF`); 4-bit codes: run j in the low nibbles of WL bytes, run j + S/2W in the high ones;
+  Q5's fifth bits: bit u of 4L bytes holds those of the u-th 4L codes (pairs: Q5_0's inverted, see _ROW_LANE_CODES);
+  Q8_0 and Q6_K: one byte a code (pairs: int8, quads: uint8). Q4_0-Q8_0's float16 scales and mins as the
   file's float16 (out/L, sub-blocks, L): 2 bytes a block less than float32, and as fast where L of them convert at
   once (F16C); the K types' byte sub-block scales (and mins) as bytes (out/L, sub-blocks, L) and their super-block
   scales as float32 (out/L, super-blocks, L): their float16 made Q4_K's product 1.4x slower on AVX2 code (1536x2048:
@@ -270,27 +282,30 @@ def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int) -> list[np.nd
   def f16(col: int) -> np.ndarray: return lay(_f16(raw, col)[:, 0])
   def f32(col: int) -> np.ndarray: return f16(col).astype(np.float32)
   codes = _k_codes(raw, qtype) if k > 1 else _block_codes(raw, qtype)
-  pairs = lay(codes).reshape(G, B, L, S // 2, 2).transpose(0, 1, 3, 2, 4).reshape(G * B, S // 2, 2 * L)   # (G*B, pair, 2L)
-  if qtype == "Q6_K": return [np.ascontiguousarray(pairs), lay(raw[:, 192:208].view(np.int8).reshape(-1)), f32(208)]
+  if W == 4 and qtype in ("Q6_K", "Q8_0"): codes = (codes.astype(np.int16) - int(_QUAD_OFF[qtype])).astype(np.uint8)   # unsigned
+  runs = lay(codes).reshape(G, B, L, S // W, W).transpose(0, 1, 3, 2, 4).reshape(G * B, S // W, W * L)   # (G*B, run, WL)
+  if qtype == "Q6_K": return [np.ascontiguousarray(runs), lay(raw[:, 192:208].view(np.int8).reshape(-1)), f32(208)]
   if k > 1: scales = [lay(a.reshape(-1)) for a in _k_scale_min(raw)] + [f32(0), f32(2)]
   else: scales = [f16(0)] + ([f16(2)] if qtype in ("Q4_1", "Q5_1") else [])
-  if qtype == "Q8_0": return [np.ascontiguousarray(pairs), *scales]
-  out_ = [((pairs[:, :8] & 15) | ((pairs[:, 8:] & 15) << 4)).reshape(G * B, -1)]
-  if qtype in ("Q5_0", "Q5_1", "Q5_K"): out_.append(_pack_bits(((pairs >> 4) ^ (qtype in _ROW_LANE_CODES)).reshape(G * B, 8, 4 * L)))
+  if qtype == "Q8_0": return [np.ascontiguousarray(runs), *scales]
+  h = S // (2 * W)
+  out_ = [((runs[:, :h] & 15) | ((runs[:, h:] & 15) << 4)).reshape(G * B, -1)]
+  if qtype in ("Q5_0", "Q5_1", "Q5_K"):
+    out_.append(_pack_bits(((runs >> 4) ^ (W == 2 and qtype in _ROW_LANE_CODES)).reshape(G * B, 8, 4 * L)))
   return out_ + scales
 
 
-def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> Blockwise:
+def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int, W: int = 2) -> Blockwise:
   """The output-rows-in-lanes parts over `_host_row_lanes`' arrays (on the device); `Blockwise.q/d/m` are views of
   them in the usual (sub-block, S) order (dense dequantization, the prefill): the same values, bit for bit (a K
   type's sub-block scale is its super-block's float32 scale times the byte, the `gguf` package's product)."""
   k, S = _K_SUBS.get(qtype, (1, 32))
   B, G = n * k // out, out // L
   five = qtype in ("Q5_0", "Q5_1", "Q5_K")
-  if qtype in ("Q8_0", "Q6_K"): q = t[0]
+  if qtype in ("Q8_0", "Q6_K"): q = t[0] & 63 if qtype == "Q6_K" and W == 4 else t[0]   # (quads: 6 bits, a bound byte dots read)
   else:
     q = _fields(t[0], 1, 4, 2)
-    if five and qtype in _ROW_LANE_CODES: q = q - (_fields(t[1], 1, 1, 8) << 4)   # fifth bits stored inverted: q - 16, offset included
+    if five and W == 2 and qtype in _ROW_LANE_CODES: q = q - (_fields(t[1], 1, 1, 8) << 4)   # fifth bits stored inverted: q - 16, offset included
     elif five: q = q | (_fields(t[1], 1, 1, 8) << 4)
   scales = t[1 + five:]
   if k > 1:   # the byte sub-block scales (and mins) times their super-block's float32 scale (and -dmin)
@@ -298,30 +313,32 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int) -> 
                                                           byte.cast(dtypes.float32))
     d, m = (sub(scales[1], scales[0]), None) if qtype == "Q6_K" else (sub(scales[2], scales[0]), sub(-scales[3], scales[1]))
   else: d, m = scales[0].cast(dtypes.float32), (scales[1].cast(dtypes.float32) if qtype in ("Q4_1", "Q5_1") else None)
-  rl = RowLanes(q.reshape(G, B, S // 2, L, 2).uop, d.uop, None if m is None else m.uop)
+  rl = RowLanes(q.reshape(G, B, S // W, L, W).uop, d.uop, None if m is None else m.uop)
   std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n * k, S)
   def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n * k, 1)
-  off = 0.0 if qtype in _ROW_LANE_CODES else _CODE_OFF.get(qtype, 0.0)   # stored with the offset included
+  # pairs: stored with the offset included (_ROW_LANE_CODES); quads: unsigned, the offset a constant (_QUAD_OFF)
+  off = _QUAD_OFF.get(qtype, 0.0) if W == 4 else 0.0 if qtype in _ROW_LANE_CODES else _CODE_OFF.get(qtype, 0.0)
   return Blockwise(std_q.uop, std(rl.d).uop, off, None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
-def _repack_blocks(raw: np.ndarray, qtype: str, out: int = 0, lanes: int = 0) -> Blockwise:
+def _repack_blocks(raw: np.ndarray, qtype: str, out: int = 0, lanes: int = 0, width: int = 2) -> Blockwise:
   """The parts of the blocks `raw` in one piece (tests; loading goes through `repack_blocks`, in chunks)."""
-  return repack_blocks(lambda s, c: raw[s:s + c], raw.shape[0], raw.shape[1], qtype, out, lanes, None)
+  return repack_blocks(lambda s, c: raw[s:s + c], raw.shape[0], raw.shape[1], qtype, out, lanes, None, width)
 
 
 def repack_blocks(read: Callable[[int, int], np.ndarray], n: int, tsize: int, qtype: str, out: int = 0, lanes: int = 0,
-                  device: str | None = None) -> Blockwise:
+                  device: str | None = None, width: int = 2) -> Blockwise:
   """The block-affine parts of a weight of `n` blocks of `qtype` (`tsize` bytes each) whose blocks `read(start, count)`
   returns (uint8 (count, tsize), e.g. from the model file): the stored arrays (`_host_parts`) are allocated on `device`
   once and filled chunk by chunk (about REPACK_CHUNK_BYTES of blocks at a time), so repacking a weight takes its
   repacked size plus a few chunks, never a copy of the whole weight. For a weight of `out` rows of the types
-  `_row_lanes` lays out, with `lanes` > 0 dividing `out`, the output-rows-in-lanes layout."""
+  `_row_lanes` lays out, with `lanes` > 0 dividing `out`, the output-rows-in-lanes layout of `width` codes a lane
+  (`RowLanes`: 2, or 4 for int8 activations)."""
   L = lanes if lanes and out and out % lanes == 0 and qtype in _ROW_LANE_TYPES else 0
   quantum = L * (n // out) if L else 8   # blocks whose arrays are computed together (a group of L rows, or of 8 blocks)
   step = max(1, REPACK_CHUNK_BYTES // (tsize * quantum)) * quantum
   with np.errstate(invalid="ignore", over="ignore"):   # inf/nan scales stay inf/nan, as in the file
-    def arrays(raw: np.ndarray) -> list[np.ndarray]: return _host_parts(raw, qtype, raw.shape[0] // max(n // max(out, 1), 1) if L else 0, L)
+    def arrays(raw: np.ndarray) -> list[np.ndarray]: return _host_parts(raw, qtype, raw.shape[0] // max(n // max(out, 1), 1) if L else 0, L, width)
     unit, rest = arrays(np.zeros((quantum, tsize), np.uint8)), arrays(np.zeros((n % quantum, tsize), np.uint8)) if n % quantum else None
     shapes = [((n // quantum) * u.shape[0] + (r.shape[0] if rest is not None else 0), *u.shape[1:])
               for u, r in zip(unit, rest if rest is not None else unit)]
@@ -333,8 +350,15 @@ def repack_blocks(read: Callable[[int, int], np.ndarray], n: int, tsize: int, qt
         a = np.ascontiguousarray(a)
         bufs[k].view(a.size, bufs[k].dtype, at[k]).copyin(a)
         at[k] += a.nbytes
-  bw = _device_row_lanes(ts, qtype, n, out, L) if L else _device_parts(ts, qtype, n)
-  return dataclasses.replace(bw, codes=_ROW_LANE_CODES.get(qtype, _CODES[qtype]) if L else _CODES[qtype])
+  bw = _device_row_lanes(ts, qtype, n, out, L, width) if L else _device_parts(ts, qtype, n)
+  return dataclasses.replace(bw, codes=_row_lane_codes(qtype, width) if L else _CODES[qtype])
+
+
+def _row_lane_codes(qtype: str, width: int) -> tuple[int, int]:
+  """The stored codes' (least, greatest) values in the output-rows-in-lanes layout of `width` codes a lane."""
+  lo, hi = _CODES[qtype]
+  if width == 4: return (0, hi - min(lo, 0))
+  return _ROW_LANE_CODES.get(qtype, _CODES[qtype])
 
 
 _DTYPES = {np.dtype(np.uint8): dtypes.uint8, np.dtype(np.int8): dtypes.int8, np.dtype(np.float16): dtypes.float16,
@@ -356,7 +380,7 @@ def repack(u: UOp) -> UOp:
   b, elems, tsize = found
   raw = Tensor(b).numpy().reshape(-1, tsize)
   bw = repack_blocks(lambda s, c: raw[s:s + c], raw.shape[0], tsize, qtype, int(u.shape[0]) if len(u.shape) == 2 else 0,
-                     row_lanes(u.device), u.device)
+                     row_lanes(u.device), u.device, row_width(u.device, qtype))
   return repacked(bw, u.shape)
 
 
@@ -372,10 +396,17 @@ def vector_lanes(device: str | tuple[str, ...]) -> int:
 
 def row_lanes(device: str | tuple[str, ...]) -> int:
   """The output rows a weight on `device` keeps in a vector's lanes (`RowLanes`, `rows_linear`): the renderer's lanes
-  where it has `dot2` and the decode products use it (not DOT2=0, not ACT_BITS=8's `dot4_linear`, which reads the
-  sub-block layout), unless ROW_LANES=0; else 0 (the sub-block layout)."""
-  if not has_dot2(device) or not getenv("DOT2", 1) or not getenv("ROW_LANES", 1) or activation_bits() == 8: return 0
+  where it has `dot2` and the decode products use it (not DOT2=0), unless ROW_LANES=0; else 0 (the sub-block layout)."""
+  if not has_dot2(device) or not getenv("DOT2", 1) or not getenv("ROW_LANES", 1): return 0
   return vector_lanes(device)
+
+
+def row_width(device: str | tuple[str, ...], qtype: str) -> int:
+  """The codes a lane of the output-rows-in-lanes layout holds for a `qtype` weight on `device` (`RowLanes.width`):
+  4 with ACT_BITS=8 where the renderer's byte dot products (`dot4`) take the type's unsigned codes (int8
+  activations), else 2 (int16 activations; Q8_0's codes need 255, which pmaddubsw alone doesn't take)."""
+  lo, hi = _CODES[qtype]
+  return 4 if activation_bits() == 8 and 0 < hi - min(lo, 0) <= dot4_bound(device) else 2
 
 
 def has_dot2(device: str | tuple[str, ...]) -> bool:
@@ -460,27 +491,33 @@ def _row_major(x: Tensor) -> bool:
 
 
 def rows_linear(x: Tensor, bw: Blockwise, out_features: int, b: Tensor | None = None) -> Tensor:
-  """x @ w.T (+ b) for x (..., 1, in) of a weight stored output rows in lanes (`bw.rows`, `RowLanes`), with
-  `dot2_linear`'s numerics: x quantized to int16 per sub-block, sum_b d*dx*(sum_(p,j) (q + off)*xq) + m*xs with a
+  """x @ w.T (+ b) for x (..., 1, in) of a weight stored output rows in lanes (`bw.rows`, `RowLanes`). Pairs (W = 2):
+  `dot2_linear`'s numerics, x quantized to int16 per sub-block, sum_b d*dx*(sum_(p,j) (q + off)*xq) + m*xs with a
   sub-block's products summed in int32 (pairs p, j of a pair) for L rows at once and scaled once (xs: x summed over
   the sub-block). A renderer with `dot2` does one pair of L rows in one instruction against a pair of x broadcast to
   the lanes (SmolLM2's Q4_1 gate/up, 1536x576, on an AVX-512 box: 4 rows 82 -> 23 us, 1 row 34 -> 14 us against
-  `dot2_linear`'s lanes along the sub-block)."""
+  `dot2_linear`'s lanes along the sub-block). Quads (W = 4, ACT_BITS=8): `dot4_linear`'s numerics (int8 x, the mins
+  and the codes' constant times the quantized x's sums), 4 codes of L rows against 4 bytes of x in one byte dot."""
   if (rl := bw.rows) is None: raise ValueError("rows_linear needs a weight stored output rows in lanes (Blockwise.rows)")
-  G, B, P, L, _ = rl.q.shape
-  S, K, R = 2 * P, B * 2 * P, math.prod(x.shape[:-1])
+  G, B, P, L, W = rl.q.shape
+  S, K, R = W * P, B * W * P, math.prod(x.shape[:-1])
   if x.shape[-1] != K or G * L != out_features:
     raise ValueError(f"rows_linear: x's last dim {x.shape[-1]} and {out_features} outputs don't fit the weight's {G * L}x{K}")
   if not _row_major(x): x = x.contiguous()   # read by three kernels (scales, codes, sums): not recomputed by each (a SwiGLU's exp)
-  xq, dx = quantize16(x.reshape(R, K), S)
+  xq, dx = (quantize8 if W == 4 else quantize16)(x.reshape(R, K), S)
   q = Tensor(rl.q).cast(dtypes.int32)
-  if bw.off: q = q + int(bw.off)
-  # the pairs as 2 halves of P/2 (the halves' loop unrolls: a 4-bit code's shift is a constant, and the loop over a
-  # half steps through the codes 2L bytes a trip, a stream the renderer prefetches)
-  t = (q.reshape(1, G, B, 2, P // 2, L, 2) * xq.reshape(R, 1, B, 2, P // 2, 1, 2).cast(dtypes.int32)).sum((3, 4, 6))   # (R, G, B, L) int32
-  y = (Tensor(rl.d).reshape(1, G, B, L) * dx.reshape(R, 1, B, 1)) * t.cast(dtypes.float32)
+  if bw.off and W == 2: q = q + int(bw.off)
+  # the runs as 2 halves of P/2 (the halves' loop unrolls: a 4-bit code's shift is a constant, and the loop over a
+  # half steps through the codes WL bytes a trip, a stream the renderer prefetches)
+  t = (q.reshape(1, G, B, 2, P // 2, L, W) * xq.reshape(R, 1, B, 2, P // 2, 1, W).cast(dtypes.int32)).sum((3, 4, 6))   # (R, G, B, L) int32
+  dxb = dx.reshape(R, 1, B, 1)
+  if W == 4:
+    xqs = xq.reshape(R, 1, B, S).cast(dtypes.int32).sum(3, keepdim=True)   # (R, 1, B, 1)
+    if bw.off: t = t + (xqs * int(bw.off)).contiguous()   # (the add becomes the dot's accumulator)
+  y = (Tensor(rl.d).reshape(1, G, B, L) * dxb) * t.cast(dtypes.float32)
   if rl.m is not None:
-    y = y + Tensor(rl.m).reshape(1, G, B, L) * x.reshape(R, B, S).cast(dtypes.float32).sum(2).contiguous().reshape(R, 1, B, 1)
+    xs = (dxb * xqs.cast(dtypes.float32)) if W == 4 else x.reshape(R, B, S).cast(dtypes.float32).sum(2).reshape(R, 1, B, 1)
+    y = y + Tensor(rl.m).reshape(1, G, B, L) * xs.contiguous()
   y = y.sum(2).reshape(*x.shape[:-1], out_features)
   return y + b if b is not None else y
 
@@ -505,8 +542,9 @@ def unsigned_codes(bw: Blockwise) -> tuple[Tensor, int]:
 
 def activation_bits() -> int:
   """ACT_BITS, the integer decode products' activation precision: 16 (default; x quantized to int16 per sub-block,
-  `dot2_linear`, error 2^-16 of a sub-block's largest) or 8 (llama.cpp's int8 activations, `dot4_linear`: faster on
-  CPUs with byte dot products, 258x coarser; greedy answers of small models can change, SmolLM2's among them)."""
+  `dot2_linear` / `rows_linear` over pairs, error 2^-16 of a sub-block's largest) or 8 (llama.cpp's int8 activations,
+  `rows_linear` over quads / `dot4_linear`, for the types the byte dot products take: faster on every x86 kind measured,
+  258x coarser; greedy answers of small models change: SmolLM2 no longer answers "Paris" to the capital of France)."""
   if (bits := getenv("ACT_BITS", 16)) not in (8, 16): raise ValueError(f"ACT_BITS must be 8 or 16, got {bits}")
   return bits
 
