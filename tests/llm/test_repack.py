@@ -18,7 +18,8 @@ from plugrad.apps.llm.generate import Generator
 from plugrad.device import Device, canonicalize
 from plugrad.apps.llm.model import Transformer, linear
 from plugrad.apps.llm.quant import (_REPACKABLE, _repack_blocks, activation_bits, blockwise_linear, blockwise_of, dot2_linear, dot4_bound,
-                                    dot4_linear, fits_dot4, has_dot2, prefers_dot4, repack, row_lanes, row_width, rows_linear, vector_lanes)
+                                    dot4_linear, fits_dot4, has_dot2, prefers_dot4, repack, row_lanes, row_width, rows_linear, vector_lanes,
+                                    _round_small, quantize16)
 from plugrad.codegen import get_program
 from plugrad.engine.realize import buffer_for, runner_of
 from plugrad.nn.serialize import dequantize
@@ -254,6 +255,21 @@ def test_act_bits_chooses_the_product(monkeypatch, cpu_host):
   np.testing.assert_allclose(linear(x, w).numpy()[0, 0], int8_activations(x.numpy(), 32)[0, 0] @ ref.T, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 16)
   monkeypatch.setenv("ACT_BITS", "4")
   with pytest.raises(ValueError, match="ACT_BITS must be 8 or 16"): quantized_weight("Q4_0", rows, cols, 3)   # at load
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-(2.0 ** 22) + 1, 2.0 ** 22 - 1, width=32), min_size=1, max_size=64), st.integers(-2 ** 21, 2 ** 21))
+def test_activation_codes_round_half_to_even(vals, half):
+  """The activations' codes round as `Tensor.round` does (half to even, numpy's rint), through the two adds of
+  `_round_small`, for every float32 the quantizers can scale to (|v| < 2^22), exact halves included; a C compiler
+  or a rewrite that folded (v + c) - c into v would fail this."""
+  v = np.array(vals + [half + 0.5, -half - 0.5, 0.5, -0.5, 1.5, 2.5], np.float32)
+  np.testing.assert_array_equal(_round_small(Tensor(v)).numpy(), np.rint(v))
+  x = np.random.default_rng(len(vals)).standard_normal((2, 64)).astype(np.float32)
+  xq, dx = quantize16(Tensor(x), 32)
+  amax = np.abs(x.reshape(2, 2, 32)).max(-1, keepdims=True)
+  want = np.rint(x.reshape(2, 2, 32) * np.where(amax > 0, np.float32(32767) / amax, np.float32(0)))
+  np.testing.assert_array_equal(xq.numpy().reshape(2, 2, 32), want.astype(np.int16))
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])
