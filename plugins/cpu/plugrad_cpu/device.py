@@ -94,6 +94,10 @@ MACRO_FLAGS = {"__AVX512F__": "avx512f", "__AVX512VL__": "avx512vl", "__AVX512VN
 # float -> bfloat16 conversion (vcvtneps2bf16, which clang emits for a __bf16 cast) flushes subnormal inputs and results
 # to zero, and a cast must round like IEEE (Zen 4: 9.18e-41 cast to bfloat16 read 0)
 WITHOUT_FLAGS = {"avx512_bf16": "-mno-avx512bf16"}
+# clang's loop vectorizer turns strided stores into AVX-512 scatters, which are microcoded (Zen 4: a stride-2 input
+# gradient's interleave kernel, 32x128x28x28, took 1.91 ms with vscatterqps, 0.84 without); kernels are built without
+# them where the target has AVX-512 and the compiler the switch (clang 18 on; gcc 12 rejects it)
+NO_SCATTER = ("avx512f", "-mno-scatter")
 
 def cpu_march() -> str:
   """The -march CPU kernels are compiled for: `CPU_MARCH` (e.g. x86-64-v3, an AVX2 box's code and capabilities on an
@@ -521,10 +525,26 @@ class ClangCompiler(Compiler):
   def __init__(self, cc: str | None = None) -> None:
     self.cc = cc or find_cc()
     if self.cc is None: raise RuntimeError("no C compiler found: install clang or gcc, or set CC")
-    self.flags = tuple(f"-march={cpu_march()}" if f == "-march=native" else f for f in self.FLAGS) + \
-      tuple(off for flag, off in WITHOUT_FLAGS.items() if flag in cpu_flags())
     ver = subprocess.run([*self.cc.split(), "--version"], capture_output=True, text=True).stdout.splitlines()
+    self.flags = tuple(f"-march={cpu_march()}" if f == "-march=native" else f for f in self.FLAGS) + \
+      tuple(off for flag, off in WITHOUT_FLAGS.items() if flag in cpu_flags()) + \
+      ((NO_SCATTER[1],) if NO_SCATTER[0] in cpu_flags() and self.accepts(NO_SCATTER[1], ver[0] if ver else "?") else ())
     super().__init__(f"cc={self.cc} version={ver[0] if ver else '?'} flags={' '.join(self.flags)}")
+
+  def accepts(self, flag: str, version: str) -> bool:
+    """Whether this compiler (`version`: its first --version line) takes command-line `flag`; cached on disk."""
+    f = cache_dir() / "probe" / hashlib.sha256(f"{self.cc}|{version}|{flag}|flag".encode()).hexdigest()[:24]
+    try:
+      if (known := f.read_text()) in ("0", "1"): return known == "1"
+    except OSError: pass
+    with tempfile.TemporaryDirectory(prefix="plugrad-cc-") as d:
+      ok = subprocess.run([*self.cc.split(), flag, "-x", "c", "-c", "-", "-o", os.path.join(d, "probe.o")], input="int pg_probe;\n",
+                          capture_output=True, text=True).returncode == 0
+    try:
+      f.parent.mkdir(parents=True, exist_ok=True)
+      f.write_text("1" if ok else "0")
+    except OSError: pass
+    return ok
 
   def supports_type(self, ctype: str) -> bool:
     """Whether this compiler has arithmetic on `ctype` (e.g. _Float16) in a library that loads: clang 19 compiles
