@@ -76,7 +76,11 @@ def test_packed_batched_matmul_and_same_operand_twice():
 def test_b_read_only_through_the_pack_is_not_a_parameter():
   a, b = rand(64, 32), rand(32, 256)
   ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
-  (pk,), main = packs_and_main(ta @ tb)
+  pks, main = packs_and_main(ta @ tb)
+  # (seen once in ten runs of tests/llm + tests/codegen under xdist: no pack; the message says what was chosen)
+  assert len(pks) == 1, (heuristic_opts(unoptimized_kernel(ta @ tb), Device["CPU"].renderer.caps), Device["CPU"].renderer.caps,
+                         [(it.ast.op, len(it.bufs), runner_of(it).spec.name) for it in (ta @ tb).schedule() if it.ast.op is Ops.SINK])
+  (pk,) = pks
   assert len(runner_of(main).spec.globals) == 3 and len(main.bufs) == 3  # output, A, packed B (B itself only feeds the pack)
   assert main.bufs[1] is buffer_of(ta.uop) and main.bufs[2] is pk.bufs[0] and pk.bufs[1:] == [buffer_of(tb.uop)]
 
