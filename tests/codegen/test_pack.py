@@ -77,7 +77,7 @@ def test_b_read_only_through_the_pack_is_not_a_parameter():
   a, b = rand(64, 32), rand(32, 256)
   ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
   pks, main = packs_and_main(ta @ tb)
-  # (seen once in ten runs of tests/llm + tests/codegen under xdist: no pack; the message says what was chosen)
+  # (seen in two of ten runs of tests/llm + tests/codegen under xdist: no pack; the message says what was chosen)
   assert len(pks) == 1, (heuristic_opts(unoptimized_kernel(ta @ tb), Device["CPU"].renderer.caps), Device["CPU"].renderer.caps,
                          [(it.ast.op, len(it.bufs), runner_of(it).spec.name) for it in (ta @ tb).schedule() if it.ast.op is Ops.SINK])
   (pk,) = pks

@@ -93,11 +93,10 @@ MACRO_FLAGS = {"__AVX512F__": "avx512f", "__AVX512VL__": "avx512vl", "__AVX512VN
 # instruction sets the kernels are built without where the target has them, and the flag that turns each off: AVX512-BF16's
 # float -> bfloat16 conversion (vcvtneps2bf16, which clang emits for a __bf16 cast) flushes subnormal inputs and results
 # to zero, and a cast must round like IEEE (Zen 4: 9.18e-41 cast to bfloat16 read 0)
-WITHOUT_FLAGS = {"avx512_bf16": "-mno-avx512bf16"}
-# clang's loop vectorizer turns strided stores into AVX-512 scatters, which are microcoded (Zen 4: a stride-2 input
-# gradient's interleave kernel, 32x128x28x28, took 1.91 ms with vscatterqps, 0.84 without); kernels are built without
-# them where the target has AVX-512 and the compiler the switch (clang 18 on; gcc 12 rejects it)
-NO_SCATTER = ("avx512f", "-mno-scatter")
+# AVX-512's scatters: clang's loop vectorizer turns strided stores into them, and they are microcoded (Zen 4: a stride-2
+# input gradient's interleave kernel, 32x128x28x28, took 1.91 ms with vscatterqps, 0.84 without). A switch the compiler
+# doesn't take is left out (gcc 12 has no -mno-scatter; clang has it from 18)
+WITHOUT_FLAGS = {"avx512_bf16": "-mno-avx512bf16", "avx512f": "-mno-scatter"}
 
 def cpu_march() -> str:
   """The -march CPU kernels are compiled for: `CPU_MARCH` (e.g. x86-64-v3, an AVX2 box's code and capabilities on an
@@ -526,41 +525,41 @@ class ClangCompiler(Compiler):
     self.cc = cc or find_cc()
     if self.cc is None: raise RuntimeError("no C compiler found: install clang or gcc, or set CC")
     ver = subprocess.run([*self.cc.split(), "--version"], capture_output=True, text=True).stdout.splitlines()
+    self.version = ver[0] if ver else "?"
     self.flags = tuple(f"-march={cpu_march()}" if f == "-march=native" else f for f in self.FLAGS) + \
-      tuple(off for flag, off in WITHOUT_FLAGS.items() if flag in cpu_flags()) + \
-      ((NO_SCATTER[1],) if NO_SCATTER[0] in cpu_flags() and self.accepts(NO_SCATTER[1], ver[0] if ver else "?") else ())
-    super().__init__(f"cc={self.cc} version={ver[0] if ver else '?'} flags={' '.join(self.flags)}")
+      tuple(off for flag, off in WITHOUT_FLAGS.items() if flag in cpu_flags() and self.accepts(off))
+    super().__init__(f"cc={self.cc} version={self.version} flags={' '.join(self.flags)}")
 
-  def accepts(self, flag: str, version: str) -> bool:
-    """Whether this compiler (`version`: its first --version line) takes command-line `flag`; cached on disk."""
-    f = cache_dir() / "probe" / hashlib.sha256(f"{self.cc}|{version}|{flag}|flag".encode()).hexdigest()[:24]
+  def _probed(self, key: str, probe) -> bool:
+    """`probe()` for this compiler, remembered on disk under `key` (with the compiler's identity)."""
+    f = cache_dir() / "probe" / hashlib.sha256(f"{self.cc}|{self.version}|{key}".encode()).hexdigest()[:24]
     try:
-      if (known := f.read_text()) in ("0", "1"): return known == "1"
+      if (known := f.read_text()) in ("0", "1"): return known == "1"   # anything else (a torn write): probe again
     except OSError: pass
-    with tempfile.TemporaryDirectory(prefix="plugrad-cc-") as d:
-      ok = subprocess.run([*self.cc.split(), flag, "-x", "c", "-c", "-", "-o", os.path.join(d, "probe.o")], input="int pg_probe;\n",
-                          capture_output=True, text=True).returncode == 0
+    ok = probe()
     try:
       f.parent.mkdir(parents=True, exist_ok=True)
       f.write_text("1" if ok else "0")
     except OSError: pass
     return ok
+
+  def accepts(self, flag: str) -> bool:
+    """Whether this compiler takes command-line `flag` (cached on disk)."""
+    def probe() -> bool:
+      with tempfile.TemporaryDirectory(prefix="plugrad-cc-") as d:
+        return subprocess.run([*self.cc.split(), flag, "-x", "c", "-c", "-", "-o", os.path.join(d, "probe.o")], input="int pg_probe;\n",
+                              capture_output=True, text=True).returncode == 0
+    return self._probed(f"{flag}|flag", probe)
 
   def supports_type(self, ctype: str) -> bool:
     """Whether this compiler has arithmetic on `ctype` (e.g. _Float16) in a library that loads: clang 19 compiles
     __bf16 arithmetic into calls of compiler-rt's __truncsfbf2, which libgcc before GCC 13 lacks (an undefined symbol
-    at load). The answer is cached on disk per compiler."""
-    f = cache_dir() / "probe" / hashlib.sha256(f"{self.cachekey}|{ctype}|loads".encode()).hexdigest()[:24]
-    try:
-      if (known := f.read_text()) in ("0", "1"): return known == "1"  # anything else (a torn write): probe again
-    except OSError: pass
-    try: load_library(self.compile(f"{ctype} pg_probe({ctype} a, {ctype} b) {{ return a * b + ({ctype})1; }}\n"), f"the {ctype} probe"); ok = True
-    except (CompileError, RuntimeError): ok = False
-    try:
-      f.parent.mkdir(parents=True, exist_ok=True)
-      f.write_text("1" if ok else "0")
-    except OSError: pass
-    return ok
+    at load). The answer is cached on disk per compiler and flags."""
+    def probe() -> bool:
+      try: load_library(self.compile(f"{ctype} pg_probe({ctype} a, {ctype} b) {{ return a * b + ({ctype})1; }}\n"), f"the {ctype} probe")
+      except (CompileError, RuntimeError): return False
+      return True
+    return self._probed(f"{' '.join(self.flags)}|{ctype}|loads", probe)
 
   def compile(self, src: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="plugrad-cc-") as d:

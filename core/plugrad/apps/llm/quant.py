@@ -78,7 +78,7 @@ def _pack_bits(bits: np.ndarray) -> np.ndarray:
 
 # Q4_0-Q8_0: the byte where a block's codes start, and the constant added to every code
 _CODES_AT = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "Q8_0": 2}
-_CODE_OFF = {"Q4_0": -8.0, "Q5_0": -16.0}
+_CODE_OFF = {"Q4_0": -8.0, "Q5_0": -16.0, "Q6_K": -32.0}   # (and Q6_K's)
 
 
 def _block_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
@@ -167,9 +167,6 @@ _ROW_LANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K
 # (a 5-bit type here has its fifth bits stored inverted: low nibble - 16 * (1 - fifth bit), a subtraction where an OR
 # and the offset's add were)
 _ROW_LANE_CODES = {"Q6_K": (-32, 31), "Q5_0": (-16, 15)}
-# the quads layout (int8 activations) stores unsigned codes: Q8_0's q + 128, the others their file codes; the constant
-# added to every one
-_QUAD_OFF = {"Q4_0": -8.0, "Q5_0": -16.0, "Q6_K": -32.0, "Q8_0": -128.0}
 REPACK_CHUNK_BYTES = 4 << 20   # raw bytes of a weight repacked at a time (the load's transient memory is a few times this)
 
 
@@ -244,7 +241,7 @@ def _device_parts(t: list[Tensor], qtype: str, n: int) -> Blockwise:
   if qtype == "Q6_K":   # 16 sub-blocks of 16: w = d*sc[j]*(q - 32), q = 4 low bits | 2 high bits << 4
     # one byte a code: 8 bits a weight against the file's 6.56, but the decode product is compute-bound on unpacking
     # 6-bit codes (qwen2's down projection: ~15 vector ops per 16 weights)
-    return Blockwise.of(t[0], _sub_scales(f32(t[2]), t[1]), -32.0)
+    return Blockwise.of(t[0], _sub_scales(f32(t[2]), t[1]), _CODE_OFF[qtype])
   raise ValueError(f"no repacked layout for {qtype}")
 
 
@@ -267,7 +264,7 @@ def _k_codes(raw: np.ndarray, qtype: str) -> np.ndarray:
 def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int, W: int = 2) -> list[np.ndarray]:
   """The blocks `raw` (uint8 (out*blocks a row, block bytes)) of `out` rows stored output rows in lanes (`RowLanes`),
   on the host: per group of L rows and sub-block, the S/W runs of W codes of L rows (W = 2: pairs; W = 4: quads of
-  unsigned codes, `_QUAD_OFF`); 4-bit codes: run j in the low nibbles of WL bytes, run j + S/2W in the high ones;
+  unsigned codes, `_quad_off`); 4-bit codes: run j in the low nibbles of WL bytes, run j + S/2W in the high ones;
   Q5's fifth bits: bit u of 4L bytes holds those of the u-th 4L codes (pairs: Q5_0's inverted, see _ROW_LANE_CODES);
   Q8_0 and Q6_K: one byte a code (pairs: int8, quads: uint8). Q4_0-Q8_0's float16 scales and mins as the
   file's float16 (out/L, sub-blocks, L): 2 bytes a block less than float32, and as fast where L of them convert at
@@ -282,7 +279,7 @@ def _host_row_lanes(raw: np.ndarray, qtype: str, out: int, L: int, W: int = 2) -
   def f16(col: int) -> np.ndarray: return lay(_f16(raw, col)[:, 0])
   def f32(col: int) -> np.ndarray: return f16(col).astype(np.float32)
   codes = _k_codes(raw, qtype) if k > 1 else _block_codes(raw, qtype)
-  if W == 4 and qtype in ("Q6_K", "Q8_0"): codes = (codes.astype(np.int16) - int(_QUAD_OFF[qtype])).astype(np.uint8)   # unsigned
+  if W == 4 and qtype in ("Q6_K", "Q8_0"): codes = (codes.astype(np.int16) - int(_quad_off(qtype))).astype(np.uint8)   # unsigned
   runs = lay(codes).reshape(G, B, L, S // W, W).transpose(0, 1, 3, 2, 4).reshape(G * B, S // W, W * L)   # (G*B, run, WL)
   if qtype == "Q6_K": return [np.ascontiguousarray(runs), lay(raw[:, 192:208].view(np.int8).reshape(-1)), f32(208)]
   if k > 1: scales = [lay(a.reshape(-1)) for a in _k_scale_min(raw)] + [f32(0), f32(2)]
@@ -316,8 +313,8 @@ def _device_row_lanes(t: list[Tensor], qtype: str, n: int, out: int, L: int, W: 
   rl = RowLanes(q.reshape(G, B, S // W, L, W).uop, d.uop, None if m is None else m.uop)
   std_q = Tensor(rl.q).permute(0, 3, 1, 2, 4).reshape(n * k, S)
   def std(u: UOp) -> Tensor: return Tensor(u).permute(0, 2, 1).reshape(n * k, 1)
-  # pairs: stored with the offset included (_ROW_LANE_CODES); quads: unsigned, the offset a constant (_QUAD_OFF)
-  off = _QUAD_OFF.get(qtype, 0.0) if W == 4 else 0.0 if qtype in _ROW_LANE_CODES else _CODE_OFF.get(qtype, 0.0)
+  # pairs: stored with the offset included (_ROW_LANE_CODES); quads: unsigned, the offset a constant (_quad_off)
+  off = _quad_off(qtype) if W == 4 else 0.0 if qtype in _ROW_LANE_CODES else _CODE_OFF.get(qtype, 0.0)
   return Blockwise(std_q.uop, std(rl.d).uop, off, None if rl.m is None else std(rl.m).uop, rows=rl)
 
 
@@ -352,6 +349,12 @@ def repack_blocks(read: Callable[[int, int], np.ndarray], n: int, tsize: int, qt
         at[k] += a.nbytes
   bw = _device_row_lanes(ts, qtype, n, out, L, width) if L else _device_parts(ts, qtype, n)
   return dataclasses.replace(bw, codes=_row_lane_codes(qtype, width) if L else _CODES[qtype])
+
+
+def _quad_off(qtype: str) -> float:
+  """The constant added to every code of the quads layout, which stores unsigned codes (Q8_0's q + 128, the others
+  their file codes): the type's offset, less the codes' least value where it is negative."""
+  return _CODE_OFF.get(qtype, 0.0) + min(_CODES[qtype][0], 0)
 
 
 def _row_lane_codes(qtype: str, width: int) -> tuple[int, int]:
@@ -405,8 +408,7 @@ def row_width(device: str | tuple[str, ...], qtype: str) -> int:
   """The codes a lane of the output-rows-in-lanes layout holds for a `qtype` weight on `device` (`RowLanes.width`):
   4 with ACT_BITS=8 where the renderer's byte dot products (`dot4`) take the type's unsigned codes (int8
   activations), else 2 (int16 activations; Q8_0's codes need 255, which pmaddubsw alone doesn't take)."""
-  lo, hi = _CODES[qtype]
-  return 4 if activation_bits() == 8 and 0 < hi - min(lo, 0) <= dot4_bound(device) else 2
+  return 4 if activation_bits() == 8 and 0 < _row_lane_codes(qtype, 4)[1] <= dot4_bound(device) else 2
 
 
 def has_dot2(device: str | tuple[str, ...]) -> bool:
