@@ -7,7 +7,8 @@ import importlib.metadata
 import numpy as np
 import pytest
 
-from plugrad.apps.llm.model import Config, Transformer
+from plugrad.apps.llm.model import Config, Transformer, kv_dtype
+from plugrad.dtype import dtypes
 from plugrad.tensor import Tensor
 
 
@@ -84,8 +85,10 @@ def _rope(x: np.ndarray, pos: np.ndarray, cfg: Config, theta: float | None = Non
   return out
 
 
-def np_forward(cfg: Config, w: dict[str, np.ndarray], tokens: list[int]) -> np.ndarray:
-  """Logits (T, vocab) of every position, in float64, written straight from the architecture's definition."""
+def np_forward(cfg: Config, w: dict[str, np.ndarray], tokens: list[int], kv: str | None = None) -> np.ndarray:
+  """Logits (T, vocab) of every position, in float64, written straight from the architecture's definition; keys and
+  values rounded to the KV caches' dtype (`kv_dtype(kv)`, float16 by default) as the caches store them."""
+  kv_np = np.float16 if kv_dtype(kv) == dtypes.float16 else np.float32
   w = {k: v.astype(np.float64) for k, v in w.items()}
   T, hd, H, KV = len(tokens), cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
   x, pos = w["token_embd.weight"][tokens] * cfg.embed_scale, np.arange(T, dtype=np.float64)
@@ -102,6 +105,7 @@ def np_forward(cfg: Config, w: dict[str, np.ndarray], tokens: list[int]) -> np.n
     if cfg.arch in ("qwen3", "qwen3moe", "gemma3"):
       q, k = _rms(q, w[p + "attn_q_norm.weight"], cfg.norm_eps), _rms(k, w[p + "attn_k_norm.weight"], cfg.norm_eps)
     q, k = _rope(q, pos, cfg, theta, scale), _rope(k, pos, cfg, theta, scale)
+    k, v = k.astype(kv_np).astype(np.float64), v.astype(kv_np).astype(np.float64)
     out = np.zeros((T, H, hd))
     for hh in range(H):
       kv = hh // (H // KV)
@@ -202,4 +206,4 @@ def tiny_gguf(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def embedded_llm(embedded_path):
   from plugrad.apps.llm.generate import LLM
-  return LLM.load(embedded_path, max_context=128, name="smollm2-135m")
+  return LLM.load(embedded_path, max_context=128, name="smollm2-135m", kv="float16")

@@ -96,3 +96,12 @@ def test_serve_on_a_taken_port_fails_before_loading(tiny_gguf, tmp_path):
 def test_serve_port_out_of_range_is_a_usage_error(tiny_gguf):
   r = run_app("-m", tiny_gguf, "--serve", "70000")
   assert r.returncode == 2 and "--serve PORT must be in [0, 65535], got 70000" in r.stderr
+
+
+def test_kv_dtype_option_and_a_bad_one(tiny_gguf):
+  r = run_app("-m", tiny_gguf, "--prompt", "hi", "--max_tokens", "2", "--kv_dtype", "float32")
+  assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+  r = run_app("-m", tiny_gguf, "--prompt", "hi", "--max_tokens", "2", "--kv_dtype", "int8")
+  assert r.returncode == 2 and "argument --kv_dtype: invalid choice: 'int8'" in r.stderr, r.stderr
+  r = run_app("-m", tiny_gguf, "--prompt", "hi", "--max_tokens", "2", env={"KV_DTYPE": "int8"})
+  assert r.returncode == 2 and "error: KV_DTYPE must be one of ['float16', 'float32'], got 'int8'" in r.stderr and "Traceback" not in r.stderr, r.stderr

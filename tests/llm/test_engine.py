@@ -162,7 +162,7 @@ def test_a_job_whose_event_loop_closed_does_not_stop_the_engine(engine):
 def smollm2_engine(embedded_path):
   """The embedded SmolLM2 (Q4_1: decode steps read the weights through int16 products, prefill through float32
   matmuls, so the same position's logits differ in their last bits between the two) behind a 2-slot engine."""
-  llm = LLM.load(embedded_path, max_context=256, batch=2, name="smollm2-135m")
+  llm = LLM.load(embedded_path, max_context=256, batch=2, name="smollm2-135m", kv="float16")
   e = Engine(llm.backend(), llm.tok, prefill_chunk=32)
   yield llm, e
   e.shutdown()

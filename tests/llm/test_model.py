@@ -6,6 +6,7 @@ from llm_helpers import np_forward, tiny_config, tiny_model, tiny_weights
 
 from plugrad.apps.llm.generate import Generator
 from plugrad.apps.llm.model import PREFILL_MULTIPLE, Config, Transformer
+from plugrad.dtype import dtypes
 from plugrad.engine.realize import GlobalCounters, buffer_for
 from plugrad.uop.buffers import buffer_of
 from plugrad.tensor import Tensor
@@ -93,9 +94,9 @@ def test_embedded_logits_match_numpy_gguf(embedded_path, embedded_llm):
   w = {t.name: dequantize(t.data, t.tensor_type).reshape([int(d) for d in reversed(t.shape)]).astype(np.float32) for t in r.tensors}
   m = embedded_llm.model
   toks = [1, 9690, 198, 2683, 359, 253, 5356, 2]
-  ref = np_forward(m.cfg, w, toks)[-1]
+  ref = np_forward(m.cfg, w, toks, "float16")[-1]   # the app's float16 caches
   got = embedded_llm.gen.forward(toks, 0)
-  assert m.cfg.arch == "llama" and m.cfg.n_layers == 30 and m.output is m.tok_embd
+  assert m.kv_dtype == dtypes.float16 and m.cfg.arch == "llama" and m.cfg.n_layers == 30 and m.output is m.tok_embd
   np.testing.assert_allclose(got, ref, atol=2e-3 * np.abs(ref).max())
   assert got.argmax() == ref.argmax()
 

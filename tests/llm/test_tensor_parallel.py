@@ -17,17 +17,21 @@ from plugrad.uop.ops import Ops
 D2 = ("CPU:0", "CPU:1")
 
 
-def test_tiny_model_split_over_two_devices():
+@pytest.mark.parametrize("kv", ["float32", "float16"])
+def test_tiny_model_split_over_two_devices(kv, monkeypatch):
+  monkeypatch.setenv("KV_DTYPE", kv)
   kw = dict(max_context=64, n_heads=6, n_kv_heads=3, ffn_dim=50)   # 3 KV heads over 2 devices: uneven shards
   one, _ = tiny_model(**kw)
   two, _ = tiny_model(**kw)
   shard_transformer(two, D2)
   blk = two.layers[0]
   assert blk.wq.op is Ops.MULTI and blk.wq.arg == 0 and [s.shape[0] for s in blk.wq.src] == [2 * 2 * 8, 1 * 2 * 8]
-  assert blk.cache_k.device == ("CPU", "CPU:1") and blk.cache_k.shard_bounds == ((0, 2), (2, 3))
+  assert blk.cache_k.device == ("CPU", "CPU:1") and blk.cache_k.shard_bounds == ((0, 2), (2, 3)) and blk.cache_k.dtype.name == kv
   p = SamplingParams(max_tokens=10, temperature=0)
   assert list(Generator(two).generate([1, 5, 9, 2], p)) == list(Generator(one).generate([1, 5, 9, 2], p))
-  np.testing.assert_allclose(Generator(two).prefill([3, 4, 5, 6, 7]), Generator(one).prefill([3, 4, 5, 6, 7]), atol=1e-4)
+  a, b = Generator(two).prefill([3, 4, 5, 6, 7]), Generator(one).prefill([3, 4, 5, 6, 7])
+  # (float16: a key the shards' kernels compute an ulp apart may round to the other neighbour, ~1e-2 in these logits)
+  np.testing.assert_allclose(a, b, atol=1e-4 if kv == "float32" else 0.02 * np.abs(b).max())
 
 
 @pytest.mark.skipif(os.environ.get("PLUGRAD_LONG_TESTS") != "1", reason="~80 s on the 2-core box: make test-long")

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from plugrad.apps.llm.generate import LLM, ContextLengthExceeded, SamplingParams
+from plugrad.apps.llm.model import KV_DTYPES
 from plugrad.apps.llm.registry import DEFAULT_MODEL, resolve_model
 from plugrad.device import DeviceError
 from plugrad.engine.realize import buffer_for
@@ -25,6 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   ap.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"registry name or path to a .gguf file (default {DEFAULT_MODEL})")
   ap.add_argument("--prompt", help="answer this one prompt and exit (default: an interactive chat)")
   ap.add_argument("--max_context", type=int, default=4096, help="KV cache length in tokens (default 4096)")
+  ap.add_argument("--kv_dtype", choices=sorted(KV_DTYPES), default=None,
+                  help="KV cache element type (default KV_DTYPE, else float16: half the bytes attention reads)")
   ap.add_argument("--max_tokens", type=int, default=512, help="longest answer in tokens (default 512)")
   ap.add_argument("--seed", type=int, default=None, help="sampling seed")
   ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -61,7 +64,7 @@ def load(args: argparse.Namespace) -> tuple[LLM, str, float]:
     def progress(xs: Any) -> Any: return tqdm(xs, desc=f"loading {name}", unit="tensor", leave=False, file=sys.stderr)
   except ImportError: progress = None
   llm = LLM.load(path, max_context=args.max_context, progress=progress, name=name, dense_prefill_mb=args.dense_prefill_mb,
-                 batch=args.parallel if args.serve is not None else 1)
+                 batch=args.parallel if args.serve is not None else 1, kv=args.kv_dtype)
   return llm, path, time.perf_counter() - t0
 
 

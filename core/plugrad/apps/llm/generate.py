@@ -250,13 +250,15 @@ class LLM:
     return Generator(self.model)
 
   @staticmethod
-  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 0, batch: int = 1) -> LLM:
-    """A GGUF model with its tokenizer and template; `batch` KV-cache rows (the server's slots). The metadata is checked
+  def load(path: str, max_context: int = 4096, progress: Any = None, name: str = "model", dense_prefill_mb: int = 0, batch: int = 1,
+           kv: str | None = None) -> LLM:
+    """A GGUF model with its tokenizer and template; `batch` KV-cache rows (the server's slots) of `kv` elements
+    ("float16" or "float32"; default KV_DTYPE, else float16: model.kv_dtype). The metadata is checked
     before any weight is read: the tokenizer's keys, the chat template (a string that renders within its limits), the
     model's keys and tensor shapes (`Transformer.from_loaded`); each problem is a ValueError naming the key or tensor."""
     meta, tensors = gguf_load(path)
     llm = LLM.from_metadata(meta, {k: t.shape for k, t in tensors.items()}, name)
-    llm.model = Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_mb << 20, batch)
+    llm.model = Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_mb << 20, batch, kv)
     return llm
 
   @staticmethod

@@ -45,6 +45,19 @@ CACHE_PAD = 2 * PREFILL_MULTIPLE - 1   # positions past max_context a padded pre
 CACHE_ROW_ALIGN = 16
 
 
+KV_DTYPES = {"float16": dtypes.float16, "float32": dtypes.float32}
+
+
+def kv_dtype(name: str | None = None) -> DType:
+  """The KV caches' element type: `name`, else KV_DTYPE, default float16 (as llama.cpp keeps them): attention reads
+  half the bytes a key of float32 (SmolLM2's decode step at 400 positions, 4 slots, AVX-512 code: ~11 -> ~8.3 ms) and
+  the caches take half the memory. Keys and values are rounded to float16 where they are written (a magnitude past
+  65504 becomes inf: KV_DTYPE=float32 for a model whose activations reach it); attention computes in float32."""
+  key = name if name is not None else getenv("KV_DTYPE", "float16")
+  if key not in KV_DTYPES: raise ValueError(f"KV_DTYPE must be one of {sorted(KV_DTYPES)}, got {key!r}")
+  return KV_DTYPES[key]
+
+
 def cache_rows(max_context: int) -> int:
   """Positions allocated in each KV cache: max_context + CACHE_PAD, rounded up to a multiple of CACHE_ROW_ALIGN."""
   return -(-(max_context + CACHE_PAD) // CACHE_ROW_ALIGN) * CACHE_ROW_ALIGN
@@ -312,12 +325,12 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scratch
   return (probs @ values.reshape(B, KV, 1, S, D)).contiguous().reshape(B, H, T, D)
 
 
-def zeroed(*shape: int) -> Tensor:
-  """A float32 tensor of its own buffer on the default device, reading as zero (BufferOptions.zeroed): where the device
+def zeroed(*shape: int, dtype: DType = dtypes.float32) -> Tensor:
+  """A `dtype` tensor of its own buffer on the default device, reading as zero (BufferOptions.zeroed): where the device
   gives fresh zero pages (CPU), a KV cache reserved for max_context is resident only where tokens were written. The
   cache must read as zeros, not garbage: a padded prefill reads a few keys past those written, and masks them by adding
   -inf to their scores, which only a finite key leaves at -inf."""
-  t = Tensor.empty(*shape)
+  t = Tensor.empty(*shape, dtype=dtype)
   set_buffer(buffer_of(t.uop), Buffer(t.device, t.numel(), t.dtype, BufferOptions(zeroed=True)).ensure_allocated())
   return t
 
@@ -326,9 +339,9 @@ def _t(u: UOp | None) -> Tensor | None: return None if u is None else Tensor(u)
 
 
 def written(cache: Tensor, start: sint, T: sint, x: Tensor, axis: int = 2) -> Tensor:
-  """cache[..., start:start+T, ...] = x in place (positions along `axis`); returns the cache as seen after that write
-  (an AFTER node, so every kernel reading it is ordered after the write within the same graph)."""
-  w = cache[(slice(None),) * axis + (slice(start, start + T),)].assign(x)
+  """cache[..., start:start+T, ...] = x in place (positions along `axis`, x cast to the cache's dtype); returns the cache
+  as seen after that write (an AFTER node, so every kernel reading it is ordered after the write within the same graph)."""
+  w = cache[(slice(None),) * axis + (slice(start, start + T),)].assign(x.cast(cache.dtype))
   return Tensor(UOp(Ops.AFTER, cache.dtype, (cache.uop, w.uop)))
 
 
@@ -387,7 +400,7 @@ def release_file(path: str) -> None:
 
 
 class Block:
-  def __init__(self, cfg: Config, w: dict[str, Tensor], i: int, max_context: int, batch: int = 1):
+  def __init__(self, cfg: Config, w: dict[str, Tensor], i: int, max_context: int, batch: int = 1, kv: DType = dtypes.float16):
     # weights are kept as UOps and wrapped in Tensors when a graph is built: live lazy Tensors make every realize
     # walk their graphs (see the report on Tensor.realize_all)
     self.cfg, self.i = cfg, i
@@ -408,8 +421,8 @@ class Block:
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
     rows = cache_rows(max_context)
-    self.cache_k = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim)
-    self.cache_v = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim)
+    self.cache_k = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim, dtype=kv)
+    self.cache_v = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim, dtype=kv)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
     self.scratch: ScoresScratch | None = None   # the prefill attention's scores (one the Transformer gives every block)
 
@@ -451,8 +464,8 @@ class Block:
     q, k, v = self._qkv(x, cos, sin, fused)
     end = keys_len if keys_len is not None else T if isinstance(start, int) and start == 0 else start + T  # 0+T != T structurally
     ck, cv = (self.cache_k, self.cache_v) if slot is None else (self.cache_k[slot:slot + 1], self.cache_v[slot:slot + 1])
-    keys = written(ck, start, T, k)[:, :, 0:end]
-    values = written(cv, start, T, v)[:, :, 0:end]
+    keys = written(ck, start, T, k)[:, :, 0:end].cast(dtypes.float32)
+    values = written(cv, start, T, v)[:, :, 0:end].cast(dtypes.float32)
     one = isinstance(T, int) and T == 1 and keys_len is None and not self.window   # one token over exactly its keys: nothing to mask
     mask = None if one else causal_mask(T, end, start, self.window, x.device)
     out = attend(q, keys, values, mask, self.scratch)
@@ -465,10 +478,11 @@ class Block:
     c = self.cfg
     B = x.shape[0]
     q, k, v = self._qkv(x, cos, sin)
-    wk = [self.cache_k[b:b + 1, :, p:p + 1].assign(k[b:b + 1]) for b, p in enumerate(positions)]
-    wv = [self.cache_v[b:b + 1, :, p:p + 1].assign(v[b:b + 1]) for b, p in enumerate(positions)]
+    wk = [self.cache_k[b:b + 1, :, p:p + 1].assign(k[b:b + 1].cast(self.cache_k.dtype)) for b, p in enumerate(positions)]
+    wv = [self.cache_v[b:b + 1, :, p:p + 1].assign(v[b:b + 1].cast(self.cache_v.dtype)) for b, p in enumerate(positions)]
     keys = Tensor(UOp(Ops.AFTER, self.cache_k.dtype, (self.cache_k.uop, *[w.uop for w in wk])))[:, :, 0:keys_len]
     values = Tensor(UOp(Ops.AFTER, self.cache_v.dtype, (self.cache_v.uop, *[w.uop for w in wv])))[:, :, 0:keys_len]
+    keys, values = keys.cast(dtypes.float32), values.cast(dtypes.float32)
     out = attend(q, keys, values, mask)
     return self.lin(out.transpose(1, 2).reshape(B, 1, c.n_heads * c.head_dim), self.wo)
 
@@ -518,11 +532,11 @@ class Block:
 
 
 class Transformer:
-  """A decoder with per-block KV caches of `max_context` positions. `forward(x, start)`: x (B, T, dim) embeddings of
+  """A decoder with per-block KV caches of `max_context` positions (of `kv_dtype(kv)`). `forward(x, start)`: x (B, T, dim) embeddings of
   the tokens at positions [start, start + T) -> logits (B, vocab) of the last one (float32)."""
 
   def __init__(self, cfg: Config, weights: dict[str, Tensor], max_context: int = 4096, batch: int = 1,
-               dense_prefill_bytes: int = 0):
+               dense_prefill_bytes: int = 0, kv: str | None = None):
     if (cfg.rope_dim or cfg.head_dim) != cfg.head_dim:
       raise ValueError(f"partial rotary embeddings (rope dim {cfg.rope_dim} < head dim {cfg.head_dim}) aren't supported")
     if not isinstance(max_context, int) or max_context < 2: raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
@@ -532,7 +546,8 @@ class Transformer:
     self.tok_embd = weights["token_embd.weight"].uop
     self.output = weights["output.weight"].uop if "output.weight" in weights else self.tok_embd  # tied when absent
     self.norm = weights["output_norm.weight"].uop if "output_norm.weight" in weights else None
-    self.layers = [Block(cfg, weights, i, max_context, batch) for i in range(cfg.n_layers)]
+    self.kv_dtype = kv_dtype(kv)
+    self.layers = [Block(cfg, weights, i, max_context, batch, self.kv_dtype) for i in range(cfg.n_layers)]
     self.scores = ScoresScratch()
     for layer in self.layers: layer.scratch = self.scores
     ff = weights.get("rope_freqs.weight")
@@ -627,8 +642,8 @@ class Transformer:
     return linear(h, _t(self.output)).cast(dtypes.float32).reshape(x.shape[0], -1)
 
   def reference_logits(self, tokens: list[int]) -> np.ndarray:
-    """All positions' logits (T, vocab) of `tokens` from position 0, without touching the KV cache: plain concrete
-    shapes and a causal mask, for tests."""
+    """All positions' logits (T, vocab) of `tokens` from position 0, without touching the KV cache (keys and values
+    rounded to its dtype all the same): plain concrete shapes and a causal mask, for tests."""
     x = Tensor(self.embed(tokens)[None])
     T = len(tokens)
     for layer in self.layers:
@@ -640,6 +655,7 @@ class Transformer:
       v = linear(h, _t(layer.wv), _t(layer.bv)).reshape(1, T, c.n_kv_heads, c.head_dim)
       q, k = layer._qk_norm(q, _t(layer.q_norm)), layer._qk_norm(k, _t(layer.k_norm))
       q, k = apply_rope(q, cos[0:T], sin[0:T], c.rope_neox), apply_rope(k, cos[0:T], sin[0:T], c.rope_neox)
+      k, v = (t.cast(self.kv_dtype).cast(dtypes.float32) for t in (k, v))   # as the caches round them
       if layer.window: o = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal_mask(T, T, 0, layer.window, x.device))
       else: o = q.transpose(1, 2).scaled_dot_product_attention(k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
       a = linear(o.transpose(1, 2).reshape(1, T, c.n_heads * c.head_dim), _t(layer.wo))
@@ -649,19 +665,21 @@ class Transformer:
 
   @staticmethod
   def from_gguf(path: str, max_context: int = 4096, progress: Callable[[Iterable], Iterable] | None = None,
-                dense_prefill_bytes: int = 0, batch: int = 1) -> tuple[Transformer, dict[str, Any]]:
+                dense_prefill_bytes: int = 0, batch: int = 1, kv: str | None = None) -> tuple[Transformer, dict[str, Any]]:
     """Load a GGUF file: (model, metadata). Quantized weights stay quantized in memory and are dequantized inside the
     kernels that use them (plus float32 prefill copies within `dense_prefill_bytes`, see `keep_dense_weights`).
     `progress` wraps the iteration over tensors being read (e.g. tqdm)."""
     meta, tensors = gguf_load(path)
-    return Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_bytes, batch), meta
+    return Transformer.from_loaded(path, meta, tensors, max_context, progress, dense_prefill_bytes, batch, kv), meta
 
   @staticmethod
   def from_loaded(path: str, meta: dict[str, Any], tensors: dict[str, Tensor], max_context: int = 4096,
-                  progress: Callable[[Iterable], Iterable] | None = None, dense_prefill_bytes: int = 0, batch: int = 1) -> Transformer:
+                  progress: Callable[[Iterable], Iterable] | None = None, dense_prefill_bytes: int = 0, batch: int = 1,
+                  kv: str | None = None) -> Transformer:
     """The model of `gguf_load(path)`'s (meta, tensors): the metadata and every tensor's shape checked first
     (`Config.from_gguf`, `check_shapes`: a ValueError naming the key or tensor, before anything is read), then the
     tensors read one at a time (`read_weight`)."""
+    kv_dtype(kv)   # a bad KV_DTYPE is refused before anything is read
     uops = {k: t.uop for k, t in tensors.items()}
     tensors.clear()   # no live lazy Tensors while realizing (each realize walks them)
     cfg = Config.from_gguf(meta, uops["token_embd.weight"].shape[0] if "token_embd.weight" in uops else None)
@@ -672,7 +690,7 @@ class Transformer:
       for name in (progress(list(uops)) if progress is not None else list(uops)): uops[name] = read_weight(fd, path, uops[name], dev)
     finally: os.close(fd)
     release_file(path)
-    model = Transformer(cfg, {k: Tensor(u) for k, u in uops.items()}, max_context, batch=batch, dense_prefill_bytes=dense_prefill_bytes)
+    model = Transformer(cfg, {k: Tensor(u) for k, u in uops.items()}, max_context, batch, dense_prefill_bytes, kv)
     del uops
     release_file(path)
     return model
