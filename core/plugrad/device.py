@@ -123,6 +123,9 @@ class Allocator:
     self._free(opaque, size, options or DEFAULT_OPTIONS)
   def copyin(self, dest: Any, src: memoryview) -> None: self._copyin(dest, src)
   def copyout(self, dest: memoryview, src: Any) -> None: self._copyout(dest, src)
+  def discard(self, opaque: Any, size: int, offset: int = 0) -> None:
+    """Bytes [offset, offset+size) of `opaque` hold nothing anyone will read: the device may take their memory back
+    (the buffer stays allocated, and those bytes read as anything until written again). By default it keeps it."""
   def as_host(self, opaque: Any) -> memoryview | None:
     """The buffer's bytes as a host memoryview (no copy) when the memory is host-visible (DISK's mmap), else None."""
     return None
@@ -260,6 +263,13 @@ class Buffer:
   def __del__(self) -> None:
     try: self.deallocate()
     except Exception: pass
+
+  def discard(self, offset: int = 0, nbytes: int | None = None) -> None:
+    """Its bytes [offset, offset+nbytes) (default: to the end) are dead, scratch between uses: let the device reclaim
+    their memory where it can (`Allocator.discard`; the CPU's pages come back zeroed when next written)."""
+    nbytes = self.nbytes - offset if nbytes is None else nbytes
+    if not 0 <= offset <= offset + nbytes <= self.nbytes: raise ValueError(f"discard of bytes [{offset}, {offset + nbytes}) of {self!r}")
+    if self._buf is not None and nbytes: self.allocator.discard(self._buf, nbytes, offset)
 
   def copyin(self, src: Any) -> Buffer:
     """Copy host data (bytes-like or numpy, exactly nbytes long) into the buffer."""

@@ -196,3 +196,47 @@ def test_decode_steps_embed_their_tokens_inside_the_jit(arch, monkeypatch):
       np.testing.assert_allclose(out[s], np_forward(m.cfg, w, seqs[s])[-1], rtol=2e-4, atol=2e-4, err_msg=f"step {i} slot {s}")
   with pytest.raises(IndexError, match="token id out of range"): g.forward([m.cfg.vocab_size], 8)
   with pytest.raises(IndexError, match="token id out of range"): b.decode({0: (-1, 8)})
+
+
+def _resident_pages(addr: int, nbytes: int) -> int:
+  import ctypes
+  import mmap
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+  lo, hi = addr // mmap.PAGESIZE * mmap.PAGESIZE, -(-(addr + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+  vec = (ctypes.c_ubyte * ((hi - lo) // mmap.PAGESIZE))()
+  assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) == 0
+  return sum(v & 1 for v in vec)
+
+
+def test_prefills_give_their_scratch_back(monkeypatch):
+  """After a prefill (batch-1 and a batched slot's), its attention scores scratch and the JIT arena past what the
+  decode steps use leave memory (mincore: at most the partial pages at their ends stay), and the next prefill and
+  decode steps give the logits of generators that kept that memory, bit for bit."""
+  import plugrad.apps.llm.generate as G
+  from plugrad.engine.realize import buffer_for
+  from plugrad.uop.buffers import buffer_of
+  m, w = tiny_model("llama", max_context=128, seed=4)
+  long = [(5 * i) % 60 + 1 for i in range(90)]   # past SHORT_PREFILL: the long prefill graph with the scores scratch
+  def run(g, batched: bool) -> list:
+    out = []
+    for _ in range(3):   # run, capture, replay
+      out.append(g.prefill(1, long, 0) if batched else g.forward(long, 0))
+      out.append(g.decode({1: (7, 90)})[1] if batched else g.forward([7], 90))
+    return out
+  for batched in (False, True):
+    mk = (lambda: BatchGenerator(Transformer(m.cfg, {k: Tensor(v) for k, v in w.items()}, max_context=128, batch=2))) if batched else \
+         (lambda: Generator(Transformer(m.cfg, {k: Tensor(v) for k, v in w.items()}, max_context=128)))
+    g = mk()
+    got = run(g, batched)
+    scores = buffer_for(buffer_of(g.model.scores.buf.uop))
+    decode = [c for jit in ((g.decode_jit, g.decode1_jit) if batched else (g.decode_jit,)) for c in jit.captures]
+    decode_need = max(g.arena._users[c][1].need.get("CPU", 0) for c in decode)
+    g.decode({1: (7, 90)}) if batched else g.forward([7], 90)
+    for name, buf, start in (("scores", scores, 0), *(("arena", b, decode_need) for b in g.arena.bases.values())):
+      assert buf.nbytes - start > 8 * 4096, (name, buf.nbytes, start)   # something to give back
+      assert _resident_pages(buf._buf.ctypes.data + start, buf.nbytes - start) <= 2, name
+    monkeypatch.setattr(G, "release_prefill_memory", lambda *a: None)
+    want = run(mk(), batched)
+    monkeypatch.undo()
+    for a, b in zip(got, want): np.testing.assert_array_equal(a, b)

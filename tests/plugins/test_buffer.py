@@ -141,3 +141,45 @@ def test_cpu_zeroed_pages_are_resident_only_once_written():
   assert not b._buf.any() and _rss() - before < (8 << 20)
   b._buf[:n // 4] = 1
   assert (n // 4) - (4 << 20) < _rss() - before < (n // 4) + (8 << 20)
+
+
+def _resident_pages(addr: int, nbytes: int) -> int:
+  """Pages of [addr, addr + nbytes) in memory (Linux mincore)."""
+  import ctypes
+  import mmap
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+  lo, hi = addr // mmap.PAGESIZE * mmap.PAGESIZE, -(-(addr + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+  vec = (ctypes.c_ubyte * ((hi - lo) // mmap.PAGESIZE))()
+  assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) == 0, os.strerror(ctypes.get_errno())
+  return sum(v & 1 for v in vec)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="mincore page residency is read on Linux")
+def test_cpu_discard_gives_whole_pages_back():
+  """`Buffer.discard` on the CPU: the whole pages inside the bytes leave memory (mincore) and read as zero when next
+  read; the bytes of partial pages at either end and outside the range keep their values; a view discards its part of
+  the base; a range outside the buffer is a ValueError naming it; an unallocated buffer has nothing to give back. A
+  device without the means (the base Allocator) keeps the memory."""
+  import mmap
+  n = 64 * mmap.PAGESIZE
+  b = Buffer("CPU", n, dtypes.uint8).ensure_allocated()
+  b.copyin(np.full(n, 7, np.uint8))
+  addr = b._buf.ctypes.data
+  assert _resident_pages(addr, n) >= 63
+  b.discard(100, n // 2)   # from byte 100: the first partial page kept, then 31 whole pages
+  got = np.frombuffer(b.copyout(), np.uint8)
+  lo, hi = -(-(addr + 100) // mmap.PAGESIZE) * mmap.PAGESIZE - addr, (addr + 100 + n // 2) // mmap.PAGESIZE * mmap.PAGESIZE - addr
+  assert (got[:lo] == 7).all() and (got[lo:hi] == 0).all() and (got[hi:] == 7).all() and hi - lo >= 30 * mmap.PAGESIZE
+  b.copyin(np.full(n, 7, np.uint8))
+  v = b.view(8 * mmap.PAGESIZE, dtypes.uint8, 16 * mmap.PAGESIZE).ensure_allocated()
+  before = _resident_pages(addr, n)
+  v.discard()
+  assert before - _resident_pages(addr, n) >= 7 and (np.frombuffer(b.copyout(), np.uint8)[:16 * mmap.PAGESIZE] == 7).all()
+  b.discard()
+  assert _resident_pages(addr, n) <= 2
+  with pytest.raises(ValueError, match=r"discard of bytes \[10, 20\)"): Buffer("CPU", 16, dtypes.uint8).ensure_allocated().discard(10, 10)
+  Buffer("CPU", 1 << 20, dtypes.uint8).discard()   # never allocated: nothing happens
+  kept = bytearray(b"\x07" * 64)
+  CountingAllocator().discard(kept, 64)
+  assert kept == bytearray(b"\x07" * 64)

@@ -235,6 +235,11 @@ class TinyJit(Generic[R]):
   def __get__(self, obj, objtype=None):  # a jitted method binds like a function
     return self if obj is None else functools.partial(self.__call__, obj)
 
+  @property
+  def captures(self) -> list[_Capture]:
+    """The captures held (one per key of non-tensor arguments): the owners of their memory in the arena."""
+    return list(self._captures.values())
+
   def reset(self) -> None:
     """Forget every capture: the next call runs normally again."""
     self._captures: OrderedDict[Any, _Capture] = OrderedDict()

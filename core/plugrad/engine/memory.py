@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from plugrad.device import Buffer, BufferOptions, Device
 from plugrad.dtype import dtypes
@@ -115,6 +115,17 @@ class JitArena:
     self._fit(shrink=False, owner=owner)
     self._point(items, layout)
     for b in replaced: b.deallocate(cache=False)
+
+  def discard(self, keep: Iterable[Any] = ()) -> None:
+    """Between calls no byte of the arena holds anything (a capture's internal buffers live within one call): give
+    each device's memory back to the system past what the captures in `keep` use, whose pages stay for their next
+    call (`Buffer.discard`; a long prefill's intermediates, where the decode step that follows needs a few MB)."""
+    need: dict[str, int] = {}
+    for owner in keep:
+      if (u := self._users.get(owner)) is not None:
+        for d, n in u[1].need.items(): need[d] = max(need.get(d, 0), n)
+    for d, b in self.bases.items():
+      if (n := need.get(d, 0)) < b.nbytes: b.discard(n)
 
   def trim(self) -> None:
     """Shrink (or free) each device's base to what the captures still alive need, re-pointing them: after captures

@@ -45,6 +45,11 @@ def spin_us() -> int:
   return us
 
 
+# the C library's madvise (None where there is none: discard keeps the memory)
+_MADVISE = getattr(ctypes.CDLL(None, use_errno=True), "madvise", None) if hasattr(mmap, "MADV_DONTNEED") else None
+if _MADVISE is not None: _MADVISE.restype, _MADVISE.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
 class CPUAllocator(LRUAllocator):
   """Host memory as numpy uint8 arrays aligned to 64 bytes; the opaque handle is the array (views are slices). A zeroed
   buffer is an anonymous private mapping of its own: its pages read as zero and take no memory until written (a KV
@@ -56,6 +61,12 @@ class CPUAllocator(LRUAllocator):
     raw = np.empty(size + 64, np.uint8)
     return raw[(-raw.ctypes.data) % 64:][:size]
   def _free(self, opaque: np.ndarray, size: int, options: BufferOptions) -> None: pass
+  def discard(self, opaque: np.ndarray, size: int, offset: int = 0) -> None:
+    """madvise(MADV_DONTNEED) on the whole pages inside the bytes: the system takes them back now, and they return as
+    zero pages when next written (the bytes of partial pages at either end stay as they are)."""
+    lo, hi = -(-(opaque.ctypes.data + offset) // mmap.PAGESIZE) * mmap.PAGESIZE, (opaque.ctypes.data + offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo and _MADVISE is not None and _MADVISE(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED) != 0:
+      raise OSError(ctypes.get_errno(), f"CPU: madvise(MADV_DONTNEED) of {hi - lo} bytes failed: {os.strerror(ctypes.get_errno())}")
   def _copyin(self, dest: np.ndarray, src: memoryview) -> None: dest[:] = np.frombuffer(src, np.uint8)
   def _copyout(self, dest: memoryview, src: np.ndarray) -> None: np.frombuffer(dest, np.uint8)[:] = src
   def _offset(self, opaque: np.ndarray, size: int, offset: int) -> np.ndarray: return opaque[offset:offset + size]

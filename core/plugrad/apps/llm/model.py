@@ -294,6 +294,10 @@ class ScoresScratch:
 
   def __init__(self) -> None: self.buf: Tensor | None = None
 
+  def discard(self) -> None:
+    """The scores are dead between prefills: give the buffer's memory back until the next one writes it."""
+    if self.buf is not None: buffer_for(buffer_of(self.buf.uop)).discard()
+
   def view(self, shape: tuple[sint, ...], device: str | tuple[str, ...]) -> Tensor | None:
     """A contiguous float32 (shape) view of the buffer (laid out for the call's sizes), or None on several devices."""
     if not isinstance(device, str): return None
