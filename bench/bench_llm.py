@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_peer import LlamaCpp, load_avg, read_bandwidth, replay_profile, resident_bytes, rss_mb, synthetic_qwen2, timed
+from llm_peer import LlamaCpp, load_avg, read_bandwidth, replay_profile, rss_mb, synthetic_qwen2, timed
 
 TEXT = ("The history of computing is a story of abstractions layered on abstractions. Early machines were programmed by "
         "rewiring panels; later, stored programs let the same hardware run many tasks. Compilers turned human-readable "
@@ -91,6 +91,7 @@ def memory_breakdown(ours: "Ours", fsize: int, kv: int) -> None:
   from plugrad.apps.llm.__main__ import weight_bytes
   from plugrad.device import Device
   from plugrad.engine import realize
+  from plugrad.helpers import resident_bytes
   from plugrad.uop.buffers import buffer_of
   w = weight_bytes(ours.llm.model, embedding=True)
   scores = [realize.buffer_for(buffer_of(ours.llm.model.scores.buf.uop))] if ours.llm.model.scores.buf is not None else []

@@ -10,8 +10,6 @@ bench cache directory, never committed.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import multiprocessing
 import os
@@ -41,24 +39,6 @@ def status_mb(key: str = "VmRSS") -> float:
 def rss_mb() -> float:
   """This process's resident memory (VmRSS) in MB."""
   return status_mb("VmRSS")
-
-
-@functools.cache
-def _mincore() -> Any:
-  libc = ctypes.CDLL(None, use_errno=True)
-  libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-  return libc.mincore
-
-
-def resident_bytes(addr: int, nbytes: int) -> int:
-  """How many bytes of [addr, addr + nbytes) are resident (Linux mincore, page granular): memory a buffer reserved
-  counts only once something touched it."""
-  page = os.sysconf("SC_PAGE_SIZE")
-  lo, hi = addr // page * page, -(-(addr + nbytes) // page) * page
-  vec = (ctypes.c_ubyte * ((hi - lo) // page))()
-  if _mincore()(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) != 0:
-    raise OSError(ctypes.get_errno(), "mincore failed")
-  return sum(v & 1 for v in vec) * page
 
 
 def _blocks(rng: np.random.Generator, qtype: Any, rows: int, cols: int) -> np.ndarray:

@@ -54,3 +54,23 @@ def trim_heap() -> None:
   """Give the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere): after a burst of
   short-lived Python objects (compiling, capturing) the freed memory would otherwise stay resident."""
   if (trim := _malloc_trim()) is not None: trim(0)
+
+
+@functools.cache
+def _mincore() -> Any:
+  try: f = getattr(ctypes.CDLL(None, use_errno=True), "mincore", None)
+  except OSError: return None
+  if f is not None: f.restype, f.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+  return f
+
+
+def resident_bytes(addr: int, nbytes: int) -> int:
+  """How many bytes of the pages covering [addr, addr + nbytes) are in memory (mincore, page granular): what of a
+  buffer's reservation something touched. An OSError where the system has no mincore or refuses the range."""
+  if (mincore := _mincore()) is None: raise OSError("resident_bytes needs mincore, which this system's C library lacks")
+  page = os.sysconf("SC_PAGE_SIZE")
+  lo, hi = addr // page * page, -(-(addr + nbytes) // page) * page
+  vec = (ctypes.c_ubyte * ((hi - lo) // page))()
+  if mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) != 0:
+    raise OSError(ctypes.get_errno(), f"mincore: {os.strerror(ctypes.get_errno())}")
+  return sum(v & 1 for v in vec) * page

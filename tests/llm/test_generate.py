@@ -1,12 +1,18 @@
 """Generation: decode after prefill, multi-turn cache reuse and divergence under the JIT against a cache-free
 reference, sampling, stop strings and context limits."""
+import mmap
+
 import numpy as np
 import pytest
 from llm_helpers import np_forward, tiny_model
 
+import plugrad.apps.llm.generate as G
 from plugrad.apps.llm.generate import BatchGenerator, ContextLengthExceeded, Generator, SamplingParams, StopMatcher, sample
 from plugrad.apps.llm.model import Transformer
+from plugrad.engine.realize import buffer_for
+from plugrad.helpers import resident_bytes
 from plugrad.tensor import Tensor
+from plugrad.uop.buffers import buffer_of
 
 TOKS = [3, 7, 1, 60, 22, 9, 41, 5, 17, 33, 2, 8]
 
@@ -198,24 +204,13 @@ def test_decode_steps_embed_their_tokens_inside_the_jit(arch, monkeypatch):
   with pytest.raises(IndexError, match="token id out of range"): b.decode({0: (-1, 8)})
 
 
-def _resident_pages(addr: int, nbytes: int) -> int:
-  import ctypes
-  import mmap
-  libc = ctypes.CDLL(None, use_errno=True)
-  libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-  lo, hi = addr // mmap.PAGESIZE * mmap.PAGESIZE, -(-(addr + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
-  vec = (ctypes.c_ubyte * ((hi - lo) // mmap.PAGESIZE))()
-  assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) == 0
-  return sum(v & 1 for v in vec)
+def _resident_pages(addr: int, nbytes: int) -> int: return resident_bytes(addr, nbytes) // mmap.PAGESIZE
 
 
 def test_prefills_give_their_scratch_back(monkeypatch):
   """After a prefill (batch-1 and a batched slot's), its attention scores scratch and the JIT arena past what the
   decode steps use leave memory (mincore: at most the partial pages at their ends stay), and the next prefill and
   decode steps give the logits of generators that kept that memory, bit for bit."""
-  import plugrad.apps.llm.generate as G
-  from plugrad.engine.realize import buffer_for
-  from plugrad.uop.buffers import buffer_of
   m, w = tiny_model("llama", max_context=128, seed=4)
   long = [(5 * i) % 60 + 1 for i in range(90)]   # past SHORT_PREFILL: the long prefill graph with the scores scratch
   def run(g, batched: bool) -> list:

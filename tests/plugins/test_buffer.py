@@ -1,11 +1,13 @@
 """Buffers, allocators (LRU caching, OOM retry, offsets, transfer) and the NULL device."""
 from __future__ import annotations
+import mmap
 import os
 
 import numpy as np
 import pytest
 from plugrad import Buffer, Device, dtypes
 from plugrad.device import Allocator, BufferOptions, LRUAllocator
+from plugrad.helpers import resident_bytes
 
 class CountingAllocator(LRUAllocator):
   """Host allocator with a byte budget, counting real allocations and frees."""
@@ -143,16 +145,7 @@ def test_cpu_zeroed_pages_are_resident_only_once_written():
   assert (n // 4) - (4 << 20) < _rss() - before < (n // 4) + (8 << 20)
 
 
-def _resident_pages(addr: int, nbytes: int) -> int:
-  """Pages of [addr, addr + nbytes) in memory (Linux mincore)."""
-  import ctypes
-  import mmap
-  libc = ctypes.CDLL(None, use_errno=True)
-  libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-  lo, hi = addr // mmap.PAGESIZE * mmap.PAGESIZE, -(-(addr + nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
-  vec = (ctypes.c_ubyte * ((hi - lo) // mmap.PAGESIZE))()
-  assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) == 0, os.strerror(ctypes.get_errno())
-  return sum(v & 1 for v in vec)
+def _resident_pages(addr: int, nbytes: int) -> int: return resident_bytes(addr, nbytes) // mmap.PAGESIZE
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="mincore page residency is read on Linux")
@@ -161,7 +154,6 @@ def test_cpu_discard_gives_whole_pages_back():
   read; the bytes of partial pages at either end and outside the range keep their values; a view discards its part of
   the base; a range outside the buffer is a ValueError naming it; an unallocated buffer has nothing to give back. A
   device without the means (the base Allocator) keeps the memory."""
-  import mmap
   n = 64 * mmap.PAGESIZE
   b = Buffer("CPU", n, dtypes.uint8).ensure_allocated()
   b.copyin(np.full(n, 7, np.uint8))
