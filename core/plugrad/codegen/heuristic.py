@@ -129,8 +129,8 @@ def vector_opts(ast: UOp, lanes: int, regs: int, dots: Dots = NO_DOTS) -> list[O
     # a short vector axis read by a few rows (attention's values: 3 query heads over a head of 64 float16 dims): the
     # panel takes the whole axis where its vectors fit the accumulators, the rows what is left, so each row of the
     # streamed operand is read in one pass over the reduce loop (4 slots x 3 KV heads x 3 x 64 over 400 keys: AVX-512's
-    # 4 vectors beside the 3 rows 39.6 -> 30.6 us; AVX2's 8 vectors, one row a pass, 50.3 -> 45.7 against 2 passes of 4
-    # beside the 3 rows, 45.3 -> 42.7 against 4 passes of 2)
+    # 4 vectors beside the 3 rows 39.6 -> 30.6 us; AVX2's 8 vectors, one row a pass, 42.8 us against 50.7 for 2 vectors
+    # beside the 3 rows and 46.5 for 4)
     if reuse and const_end(vr) is not None and vtrips <= 8 and (rows := math.prod(const_end(g) or budget + 1 for g in reuse)) <= 4:
       cols = vtrips if vtrips <= budget else max(c for c in range(1, vtrips + 1) if vtrips % c == 0 and c * rows <= budget)
     budget //= cols
