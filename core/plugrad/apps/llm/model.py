@@ -404,7 +404,7 @@ def release_file(path: str) -> None:
 
 
 class Block:
-  def __init__(self, cfg: Config, w: dict[str, Tensor], i: int, max_context: int, batch: int = 1, kv: DType = dtypes.float16):
+  def __init__(self, cfg: Config, w: dict[str, Tensor], i: int, max_context: int, batch: int = 1, kv: DType | None = None):
     # weights are kept as UOps and wrapped in Tensors when a graph is built: live lazy Tensors make every realize
     # walk their graphs (see the report on Tensor.realize_all)
     self.cfg, self.i = cfg, i
@@ -424,7 +424,7 @@ class Block:
       self.router, self.gate_exps = get("ffn_gate_inp.weight"), get("ffn_gate_exps.weight")
       self.up_exps, self.down_exps = get("ffn_up_exps.weight"), get("ffn_down_exps.weight")
     else: self.w_gate, self.w_up, self.w_down = get("ffn_gate.weight"), get("ffn_up.weight"), get("ffn_down.weight")
-    rows = cache_rows(max_context)
+    rows, kv = cache_rows(max_context), kv_dtype() if kv is None else kv
     self.cache_k = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim, dtype=kv)
     self.cache_v = zeroed(batch, cfg.n_kv_heads, rows, cfg.head_dim, dtype=kv)
     self.dense: dict[UOp, UOp] = {}   # quantized weight -> realized float32 (in, out) copy for prefill (Transformer fills it)
